@@ -96,10 +96,10 @@ def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = 
 
 
 def stop_ids(tokenizer) -> np.ndarray:
-    """int32[n] ids that end a response: EOS plus the end-of-turn tokens in the vocab."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
+    """int32[n] ids that end a response: EOS first, then the end-of-turn tokens in the vocab."""
+    ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
-    return np.array(sorted(ids), np.int32)
+    ids += [vocab[t] for t in _END_OF_TURN if t in vocab and vocab[t] not in ids]
+    if not ids:
+        raise ValueError("tokenizer has neither an EOS token nor a known end-of-turn token")
+    return np.array(ids, np.int32)

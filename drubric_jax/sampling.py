@@ -1,0 +1,360 @@
+"""Batched autoregressive sampling with a static-shape KV cache.
+
+Prompts are left-padded to a length bucket (powers of two), prefilled in one jitted call,
+then decoded by a `lax.while_loop` that stops when every row has emitted a stop id or
+`max_new_tokens` is reached. With a per-row token constraint (JSON schema via llguidance)
+the same jitted step runs from a host loop, because the allowed-token mask is computed on
+the host after each token.
+
+Axis legend: B batch, P padded prompt length, N max new tokens, S = P + N cache slots,
+V vocab.
+
+Log-probs: `logprobs[b, t]` is log softmax(logits / temperature) of the sampled token over
+the full vocabulary (before top-k/top-p truncation and before any constraint mask), the
+quantity the GRPO ratio uses (METHOD section 11). Greedy decoding reports temperature-1
+log-probs; logits are never divided by 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Sequence, Union
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from drubric_jax.models import llama
+from drubric_jax.models.config import ModelConfig
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy:
+    """Argmax decoding."""
+
+    @property
+    def temperature(self) -> float:
+        return 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Temperature:
+    """Ancestral sampling from softmax(logits / temperature); temperature 0 means greedy."""
+
+    temperature: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK:
+    """Sampling restricted to the k largest logits."""
+
+    k: int
+    temperature: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TopP:
+    """Nucleus sampling: the smallest set of tokens whose mass reaches p (ties: by id)."""
+
+    p: float
+    temperature: float = 1.0
+
+
+Method = Union[Greedy, Temperature, TopK, TopP]
+
+
+def method_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0) -> Method:
+    """Maps the usual (temperature, top_k, top_p) flags to a sampling method.
+
+    Raises:
+        ValueError: negative temperature, top_p outside (0, 1], negative top_k.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if temperature == 0:
+        return Greedy()
+    if top_p < 1:
+        return TopP(top_p, temperature)
+    if top_k > 0:
+        return TopK(top_k, temperature)
+    return Temperature(temperature)
+
+
+def scoring_temperature(method: Method) -> float:
+    """Temperature at which log-probs are reported: the sampling one, 1.0 for greedy."""
+    return method.temperature if method.temperature > 0 else 1.0
+
+
+def truncated_logits(logits: jax.Array, method: Method) -> jax.Array:
+    """Applies temperature and top-k/top-p truncation; removed tokens get -inf.
+
+    Args:
+        logits: float32[B, V]; -inf marks disallowed tokens.
+        method: Temperature, TopK or TopP (not Greedy).
+
+    Returns:
+        float32[B, V] logits whose softmax is the sampling distribution.
+    """
+    scaled = logits / method.temperature
+    if isinstance(method, TopK):
+        kth = jax.lax.top_k(scaled, method.k)[0][:, -1:]
+        return jnp.where(scaled >= kth, scaled, -jnp.inf)
+    if isinstance(method, TopP):
+        order = jnp.argsort(-scaled, axis=-1, stable=True)
+        sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep_sorted = mass_before < method.p
+        keep = jnp.zeros_like(keep_sorted).at[
+            jnp.arange(scaled.shape[0])[:, None], order].set(keep_sorted)
+        return jnp.where(keep, scaled, -jnp.inf)
+    return scaled
+
+
+def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
+    """Draws one token per row.
+
+    Args:
+        key: PRNG key.
+        logits: float32[B, V]; -inf for disallowed tokens.
+        method: sampling method.
+
+    Returns:
+        (tokens int32[B], logprobs float32[B] of the token under softmax(logits / T) over
+        all tokens, invalid bool[B]: the row had no finite logit; its token is then 0 and
+        must not be used — callers raise or stop the row).
+    """
+    invalid = ~jnp.any(jnp.isfinite(logits), axis=-1)
+    safe = jnp.where(invalid[:, None], 0.0, logits)
+    if isinstance(method, Greedy) or method.temperature == 0:
+        tokens = jnp.argmax(safe, axis=-1)
+        temp = 1.0
+    else:
+        tokens = jax.random.categorical(key, truncated_logits(safe, method), axis=-1)
+        temp = method.temperature
+    logp_all = jax.nn.log_softmax(safe / temp, axis=-1)
+    logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+    tokens = jnp.where(invalid, 0, tokens).astype(jnp.int32)
+    return tokens, jnp.where(invalid, 0.0, logp), invalid
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@flax.struct.dataclass
+class SamplerState:
+    """Decode-loop carry.
+
+    Attributes:
+        cache: KVCache with S = P + N slots.
+        logits: float32[B, V] logits for the next token.
+        positions: int32[B] RoPE position of the next token.
+        tokens: int32[B, N] generated ids (stop token included; `pad_id` after it).
+        logprobs: float32[B, N] log-probs of generated tokens (0 where masked).
+        mask: bool[B, N] True up to and including the first stop token.
+        done: bool[B] row has stopped.
+        invalid: bool[B] row met a step with no allowed token.
+        step: int32[] tokens generated so far.
+        key: PRNG key of this call.
+    """
+
+    cache: llama.KVCache
+    logits: jax.Array
+    positions: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    done: jax.Array
+    invalid: jax.Array
+    step: jax.Array
+    key: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """Result of `generate` (host numpy arrays).
+
+    Attributes:
+        tokens: int32[B, N] generated ids; after the stop token, `pad_id`.
+        logprobs: float32[B, N] per-token log-probs at the scoring temperature.
+        mask: bool[B, N] includes the stop token, excludes everything after it.
+        lengths: int32[B] number of True in mask.
+        truncated: bool[B] the row hit max_new_tokens without a stop id.
+        invalid: bool[B] a step had no allowed token (only with allow_invalid=True).
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    invalid: np.ndarray
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """Smallest power of two >= max(n, minimum) (prompt-length bucket)."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
+    """Left-pads token lists to `length`: (tokens int32[B, length], mask bool[B, length]).
+
+    Raises:
+        ValueError: an empty prompt, or one longer than `length`.
+    """
+    tokens = np.full((len(prompts), length), pad_id, np.int32)
+    mask = np.zeros((len(prompts), length), bool)
+    for i, p in enumerate(prompts):
+        if not 0 < len(p) <= length:
+            raise ValueError(f"prompt {i} has {len(p)} tokens; must be 1..{length}")
+        tokens[i, length - len(p):] = p
+        mask[i, length - len(p):] = True
+    return tokens, mask
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens"))
+def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: int):
+    """Prefills left-padded prompts and returns the initial SamplerState.
+
+    Args:
+        params: model params.  cfg: static model config.
+        tokens: int32[B, P] left-padded prompts.  token_mask: bool[B, P].
+        key: PRNG key for the whole generation.
+        max_new_tokens: N.
+    """
+    b, p = tokens.shape
+    cache = llama.init_cache(cfg, b, p + max_new_tokens)
+    positions = llama.positions_from_mask(token_mask)
+    hidden, cache = llama.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    logits = llama.logits_from_hidden(params, cfg, hidden[:, -1])
+    return SamplerState(
+        cache=cache, logits=logits, positions=positions[:, -1] + 1,
+        tokens=jnp.zeros((b, max_new_tokens), jnp.int32),
+        logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
+        mask=jnp.zeros((b, max_new_tokens), bool), done=jnp.zeros((b,), bool),
+        invalid=jnp.zeros((b,), bool), step=jnp.zeros((), jnp.int32), key=key)
+
+
+def _decode_step(params, cfg, state: SamplerState, method, stop_ids, pad_id,
+                 allowed=None, force_stop=None) -> SamplerState:
+    """Samples one token per row from `state.logits`, then runs the model on it."""
+    logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
+    tok, logp, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method)
+    live = ~state.done
+    if force_stop is not None:  # the constraint is complete: end the row with a stop id
+        tok = jnp.where(force_stop & live, stop_ids[0], tok)
+    tok = jnp.where(live, tok, pad_id)
+    logp = jnp.where(live, logp, 0.0)
+    stopped = live & (jnp.isin(tok, stop_ids) | bad)
+    new_state = state.replace(
+        tokens=state.tokens.at[:, state.step].set(tok),
+        logprobs=state.logprobs.at[:, state.step].set(logp),
+        mask=state.mask.at[:, state.step].set(live),
+        done=state.done | stopped, invalid=state.invalid | (live & bad),
+        step=state.step + 1)
+    hidden, cache = llama.forward_hidden(
+        params, cfg, tok[:, None], state.positions[:, None], live[:, None], state.cache)
+    return new_state.replace(
+        cache=cache, logits=llama.logits_from_hidden(params, cfg, hidden[:, 0]),
+        positions=state.positions + 1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
+def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
+                stop_ids: jax.Array, pad_id: int) -> SamplerState:
+    """Decodes until every row stopped or N tokens were generated (`lax.while_loop`)."""
+    max_new = state.tokens.shape[1]
+
+    def cond(s):
+        return (s.step < max_new) & ~jnp.all(s.done)
+
+    def body(s):
+        return _decode_step(params, cfg, s, method, stop_ids, pad_id)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
+def constrained_step(params, cfg: ModelConfig, state: SamplerState, method: Method,
+                     stop_ids: jax.Array, pad_id: int, allowed: jax.Array,
+                     force_stop: jax.Array) -> SamplerState:
+    """One decode step with a host-computed mask `allowed: bool[B, V]`."""
+    return _decode_step(params, cfg, state, method, stop_ids, pad_id, allowed, force_stop)
+
+
+def _finish(state: SamplerState) -> SampleOutput:
+    tokens, logprobs, mask, done, invalid = jax.device_get(
+        (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
+    lengths = mask.sum(-1).astype(np.int32)
+    return SampleOutput(tokens=tokens, logprobs=logprobs, mask=mask, lengths=lengths,
+                        truncated=~done, invalid=invalid)
+
+
+def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key: jax.Array,
+             max_new_tokens: int, method: Method = Greedy(), stop_ids: Sequence[int],
+             pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
+             allow_invalid: bool = False) -> SampleOutput:
+    """Samples continuations of token-id prompts.
+
+    Args:
+        params, cfg: the model.
+        prompts: B lists of token ids (already chat-formatted), each non-empty.
+        key: PRNG key; the same key, prompts and params give the same tokens.
+        max_new_tokens: N, static (one compile per (B, bucket, N)).
+        method: Greedy / Temperature / TopK / TopP.
+        stop_ids: ids that end a row (EOS, end of turn); the first is used to end rows whose
+            constraint completed.
+        pad_id: filler after the stop token (default: stop_ids[0]); the mask, not the id,
+            tells real tokens from filler.
+        constraint: optional object with `reset(batch)`, `allowed() -> bool[B, V]`,
+            `finished() -> bool[B]` and `advance(tokens int32[B], live bool[B])` (see
+            `drubric_jax.constrained.JsonSchemaConstraint`).
+        min_bucket: smallest prompt bucket.
+        allow_invalid: return rows that met a step with no allowed token (flagged in
+            `invalid`) instead of raising.
+
+    Returns:
+        SampleOutput.
+
+    Raises:
+        ValueError: empty stop_ids or prompts; a row had no allowed token (case-09) and
+            allow_invalid is False.
+    """
+    stop = np.asarray(list(stop_ids), np.int32)
+    if stop.size == 0:
+        raise ValueError("stop_ids must not be empty")
+    if not prompts:
+        raise ValueError("no prompts")
+    pad = int(stop[0] if pad_id is None else pad_id)
+    length = bucket_length(max(len(p) for p in prompts), min_bucket)
+    tokens, mask = left_pad(prompts, length, pad)
+    state = prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(mask), key, max_new_tokens)
+    stop_arr = jnp.asarray(stop)
+    if constraint is None:
+        state = decode_loop(params, cfg, state, method, stop_arr, pad)
+    else:
+        constraint.reset(len(prompts))
+        live = np.ones(len(prompts), bool)
+        for _ in range(max_new_tokens):
+            state = constrained_step(params, cfg, state, method, stop_arr, pad,
+                                     jnp.asarray(constraint.allowed()),
+                                     jnp.asarray(constraint.finished()))
+            step = int(state.step) - 1
+            tok, done = jax.device_get((state.tokens[:, step], state.done))
+            constraint.advance(tok, live)
+            live = ~done
+            if not live.any():
+                break
+    out = _finish(state)
+    if out.invalid.any() and not allow_invalid:
+        rows = np.flatnonzero(out.invalid).tolist()
+        raise ValueError(f"rows {rows} reached a step with no allowed token (all logits -inf)")
+    return out
