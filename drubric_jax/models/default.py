@@ -33,20 +33,35 @@ def default_gguf_path() -> str:
 
 
 def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
-               shardings: Shardings = None) -> tuple[ModelConfig, dict, object]:
+               shardings: Shardings = None, seed: int = 0) -> tuple[ModelConfig, dict, object]:
     """Loads `(ModelConfig, params, tokenizer)` from a model source.
 
     Args:
-        source: "smollm2-135m-instruct" (the packaged default), a path to a `.gguf` file,
-            or a Hugging Face directory with config.json and safetensors.
+        source: "smollm2-135m-instruct" (the packaged default); a tiny random-weight preset
+            ("tiny", "tiny_qwen3", "tiny_llama31", with the default model's tokenizer, for
+            tests and smoke runs); a path to a `.gguf` file; a Hugging Face directory with
+            config.json and safetensors; or a hub id "org/name" (downloaded with
+            `huggingface_hub.snapshot_download`; needs network).
         dtype: "float32" or "bfloat16" for params and compute.
         shardings: optional per-leaf target shardings (see `weights.load_gguf`).
+        seed: PRNG seed of the random-weight presets.
 
     Raises:
         FileNotFoundError: the source does not exist.
     """
     from drubric_jax import tokenizer as tok_lib
 
+    if source.startswith("tiny"):
+        import jax
+
+        from drubric_jax.models.config import preset
+        from drubric_jax.models.llama import init_params
+
+        cfg = preset(source).replace(dtype=dtype, param_dtype=dtype)
+        params = init_params(cfg, jax.random.PRNGKey(seed))
+        if shardings is not None:
+            params = jax.device_put(params, shardings)
+        return cfg, params, tok_lib.tokenizer_from_gguf(default_gguf_path())
     if source == DEFAULT_MODEL:
         source = default_gguf_path()
     if source.endswith(".gguf"):
@@ -60,8 +75,16 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
     if os.path.isdir(source):
         cfg, params = load_hf_dir(source, dtype, shardings)
         return cfg, params, tok_lib.tokenizer_from_hf_dir(source)
+    if source.count("/") == 1 and not os.path.exists(source):
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(source, allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                          "tokenizer*"])
+        cfg, params = load_hf_dir(local, dtype, shardings)
+        return cfg, params, tok_lib.tokenizer_from_hf_dir(local)
     raise FileNotFoundError(
-        f"model source {source!r} is neither {DEFAULT_MODEL!r}, a .gguf file, nor a directory")
+        f"model source {source!r} is neither {DEFAULT_MODEL!r}, a tiny preset, a .gguf file, "
+        "a directory, nor a hub id org/name")
 
 
 def load_default(dtype: str = "float32") -> tuple[ModelConfig, dict, object]:

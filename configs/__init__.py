@@ -1,0 +1,1 @@
+"""ml_collections config files for experiments/run.py and experiments/eval_evaluator.py."""

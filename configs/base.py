@@ -1,0 +1,94 @@
+"""Every field of a co-evolution run, with its unit and paper symbol.
+
+Configs under configs/ start from `base_config()` and override what they change.
+`drubric_jax.config_check.validate(config)` checks the combination before any compute.
+"""
+import ml_collections
+
+
+def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
+    """GRPO optimiser and loss settings for one trainable role (METHOD section 4)."""
+    c = ml_collections.ConfigDict()
+    c.learning_rate = learning_rate  # AdamW peak learning rate
+    c.warmup_steps = 0               # linear warm-up, optimizer steps
+    c.weight_decay = 0.0             # AdamW decoupled weight decay
+    c.b1 = 0.9                       # Adam beta1
+    c.b2 = 0.999                     # Adam beta2
+    c.max_grad_norm = 1.0            # global-norm gradient clipping
+    c.clip_eps = 0.2                 # epsilon of the clipped ratio (Eq. 23)
+    c.beta = 0.01                    # beta, k3 KL coefficient to the frozen reference (Eq. 23)
+    c.aggregation = "seq_mean_token_mean"  # | "token_mean" | "dr_grpo" (METHOD section 11)
+    c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
+    return c
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # every random choice derives from this through jax.random keys
+
+    c.model = ml_collections.ConfigDict()
+    c.model.policy = "smollm2-135m-instruct"     # policy P_0: preset name, .gguf path or HF dir
+    c.model.generator = "smollm2-135m-instruct"  # rubric generator G_0
+    c.model.verifier = "smollm2-135m-instruct"   # frozen verifier
+    c.model.dtype = "float32"                    # params and compute: float32 | bfloat16
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "demo"            # "demo" (packaged demo set) | "shared" (../shared/data) | "custom"
+    c.data.shared_dir = ""          # root of the shared data; "" = ../shared next to the repo
+    c.data.anchor_paths = ()        # JSONL anchor lists (ranked), used when name == "custom"
+    c.data.prompt_paths = ()        # JSONL prompts for the policy phase, name == "custom"
+    c.data.max_anchor_rows = 0      # cap on anchor rows read (0 = all)
+    c.data.max_prompt_rows = 0      # cap on prompt rows read (0 = all)
+    c.data.heldout_anchor_rows = 4  # anchor lists held out for Delta_gap (Eq. 2)
+    c.data.min_responses = 2        # anchor filter: responses per list (Nectar setting: 7)
+    c.data.max_responses = 7        # anchor lists longer than this are cut (lowest ranks dropped)
+    c.data.min_prompt_chars = 0     # Appendix B filter (paper: 50)
+    c.data.min_top_response_chars = 0  # Appendix B filter (paper: 50)
+
+    c.rounds = ml_collections.ConfigDict()
+    c.rounds.num_rounds = 2         # T, co-evolution rounds (Algorithm 1)
+    c.rounds.generator_steps = 2    # generator GRPO steps per round
+    c.rounds.policy_steps = 2       # policy GRPO steps per round
+    c.variant = "full"              # full | disc_only | anchor_only | static (METHOD section 6)
+
+    c.policy = ml_collections.ConfigDict()
+    c.policy.prompts_per_step = 2   # prompts x per policy step
+    c.policy.num_responses = 4      # K, responses per prompt (paper: 8)
+    c.policy.max_prompt_tokens = 128   # prompt budget, tokens (paper: 8K)
+    c.policy.max_new_tokens = 64       # response budget, tokens (paper: 8K)
+    c.policy.temperature = 1.0      # sampling temperature (log-probs use the same)
+    c.policy.top_p = 1.0            # nucleus mass; 1.0 = off
+    c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
+    c.policy.train = trainer_config(1e-6)
+
+    c.generator = ml_collections.ConfigDict()
+    c.generator.anchors_per_step = 1   # anchor examples (x, C_anchor) per generator step
+    c.generator.num_lists = 4          # G, rubric lists sampled per (x, C)
+    c.generator.lam = 1.0              # lambda, weight of A_anchor (Eq. 17, 24-25)
+    c.generator.max_items = 6          # M_max, items per rubric list (JSON schema bound)
+    c.generator.max_item_chars = 120   # characters per item text (JSON schema bound)
+    c.generator.max_new_tokens = 256   # generator output budget, tokens (paper: 8K)
+    c.generator.input_budget = 1024    # generator prompt budget, tokens (paper: 24K)
+    c.generator.temperature = 1.0      # sampling temperature of rubric lists
+    c.generator.train = trainer_config(5e-6)
+
+    c.verifier = ml_collections.ConfigDict()
+    c.verifier.max_prefix_tokens = 512  # instructions + prompt + response budget, tokens
+    c.verifier.max_suffix_tokens = 64   # rubric item question budget, tokens
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1    # data-parallel axis size (-1 = all remaining devices)
+    c.mesh.fsdp = 1     # parameter-sharding axis size
+    c.mesh.tensor = 1   # tensor-parallel axis size
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_steps = 1   # save after every N optimizer steps (either role)
+    c.checkpoint.max_to_keep = 2
+
+    c.log = ml_collections.ConfigDict()
+    c.log.trace_prompts = 2        # prompts shown in trace/round_N.html
+    c.log.tensorboard = True
+    c.log.progress = True          # tqdm bars per phase
+
+    c.export = True  # write DIR/export/{policy,generator}/ Hugging Face directories at the end
+    return c

@@ -1,0 +1,53 @@
+r"""Default run: SmolLM2-135M-Instruct in every role, sized so one round fits on 2 CPU cores.
+
+    python -m experiments.run --config=configs/smollm2_cpu.py --workdir=runs/default
+    python -m experiments.run --config=configs/smollm2_cpu.py:data=shared --workdir=runs/shared
+    python -m experiments.run --config=configs/smollm2_cpu.py:variant=disc_only,tiny ...
+
+The argument after ':' is a comma-separated list of switches:
+    data=demo|shared   packaged demo set (default) or the real files in ../shared/data
+    variant=full|disc_only|anchor_only|static
+    tiny               a random-weight tiny model in every role (tests, smoke runs)
+Any field can then be overridden with --config.<field>=<value>.
+"""
+from configs.base import base_config
+
+
+def _parse(arg: str) -> dict:
+    out = {}
+    for part in filter(None, (arg or "").split(",")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip() or True
+    return out
+
+
+def get_config(arg: str = ""):
+    opts = _parse(arg)
+    unknown = set(opts) - {"data", "variant", "tiny"}
+    if unknown:
+        raise ValueError(f"unknown config switches {sorted(unknown)} in {arg!r}")
+    c = base_config()
+    c.data.name = opts.get("data", "demo")
+    c.variant = opts.get("variant", "full")
+    if c.data.name == "shared":
+        # Prompts from AlpacaEval; anchor lists from RM-Bench chat (6 responses, chosen
+        # tied above rejected) and AlpacaEval listwise (7 responses ranked by judge score).
+        c.data.max_anchor_rows = 64
+        c.data.max_prompt_rows = 64
+        c.data.max_responses = 4
+    if opts.get("tiny"):
+        c.model.policy = c.model.generator = c.model.verifier = "tiny"
+        c.policy.max_new_tokens = 16
+        c.generator.max_new_tokens = 96
+        c.generator.max_items = 3
+        c.generator.max_item_chars = 40
+        c.generator.input_budget = 256
+        c.verifier.max_prefix_tokens = 256
+        c.verifier.max_suffix_tokens = 32
+        c.export = False
+    return c
+
+
+def get_sweep(hyper=None):
+    """The paper's generator ablation as override dicts (METHOD section 6)."""
+    return [{"config.variant": v} for v in ("full", "disc_only", "anchor_only", "static")]

@@ -1,0 +1,138 @@
+"""Run outputs: metrics.jsonl + TensorBoard events, per-round HTML traces, curves.png.
+
+Metric writing uses tensorboardX (event files) and plain JSON lines; plotting uses
+matplotlib with the non-interactive Agg backend.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def _scalar(v):
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)) or (hasattr(v, "shape") and np.ndim(v) == 0):
+        f = float(v)
+        return f if math.isfinite(f) else str(f)
+    if isinstance(v, (list, tuple)):
+        return [_scalar(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _scalar(x) for k, x in v.items()}
+    if hasattr(v, "tolist"):
+        return _scalar(v.tolist())
+    return v
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to `workdir/metrics.jsonl` and mirrors the numeric
+    fields to TensorBoard event files under `workdir/tensorboard/`.
+
+    The JSONL file is opened in append mode so a resumed run continues it; rows carry
+    round/phase/step so duplicates from a crash between a log and a checkpoint can be told
+    apart (the later row wins).
+    """
+
+    def __init__(self, workdir: str, tensorboard: bool = True):
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, global_step: int, row: dict) -> None:
+        """Writes `row` (scalars, lists, nested dicts) for `global_step`."""
+        row = _scalar(row)
+        self._file.write(json.dumps(row, sort_keys=True) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            prefix = row.get("phase", "run")
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{prefix}/{k}", v, global_step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+    """Rows of a metrics.jsonl, keeping the last row per (round, phase, step)."""
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                rows[(r.get("round"), r.get("phase"), r.get("step"), r.get("kind"))] = r
+    return list(rows.values())
+
+
+def plot_curves(metrics_path: str, out_png: str,
+                keys: Sequence[str] = ("r_disc", "r_anchor", "policy_reward", "delta_gap")) -> None:
+    """Plots the per-round mean of each key (one panel per key) to `out_png`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    for ax, key in zip(np.atleast_1d(axes), keys):
+        by_round: dict = {}
+        for r in rows:
+            if isinstance(r.get(key), (int, float)):
+                by_round.setdefault(r["round"], []).append(r[key])
+        xs = sorted(by_round)
+        ax.plot(xs, [np.mean(by_round[x]) for x in xs], marker="o")
+        ax.set_title(key)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
+    """A static HTML page: per prompt, the responses, rubric items with weights, the
+    verdict grid and the scores.
+
+    Each example: {"prompt": str, "responses": [str] (K), "items": [str] (M),
+    "weights": [int] (M), "verdicts": [[0/1] * M] * K, "scores": [float] (K), "valid": bool}.
+    """
+    esc = html.escape
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+             "pre{white-space:pre-wrap;background:#f6f6f6;padding:6px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}"
+             "table{border-collapse:collapse}.y{background:#cfc}.n{background:#fcc}</style>",
+             f"<h1>{esc(title)}</h1>"]
+    for i, ex in enumerate(examples):
+        parts.append(f"<h2>Prompt {i + 1}</h2><pre>{esc(ex['prompt'])}</pre>")
+        if not ex.get("valid", True):
+            parts.append("<p><b>rubric list invalid</b>: every score is 0 (METHOD section 11)</p>")
+        head = "".join(f"<th>R{k + 1}</th>" for k in range(len(ex["responses"])))
+        parts.append(f"<table><tr><th>item</th><th>w</th>{head}</tr>")
+        for m, (item, w) in enumerate(zip(ex["items"], ex["weights"])):
+            cells = "".join(
+                f"<td class='{'y' if ex['verdicts'][k][m] else 'n'}'>"
+                f"{'yes' if ex['verdicts'][k][m] else 'no'}</td>"
+                for k in range(len(ex["responses"])))
+            parts.append(f"<tr><td>{esc(item)}</td><td>{w}</td>{cells}</tr>")
+        scores = "".join(f"<td>{s:.3f}</td>" for s in ex["scores"])
+        parts.append(f"<tr><th colspan=2>score E (Eq. 12)</th>{scores}</tr></table>")
+        for k, r in enumerate(ex["responses"]):
+            parts.append(f"<h3>R{k + 1} (score {ex['scores'][k]:.3f})</h3><pre>{esc(r)}</pre>")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))

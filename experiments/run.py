@@ -1,0 +1,35 @@
+r"""Runs DynamicRubric co-evolution (Algorithm 1): generator and policy rounds.
+
+    python -m experiments.run --config=configs/smollm2_cpu.py --workdir=runs/default
+    python -m experiments.run --config=configs/smollm2_cpu.py:data=shared --workdir=runs/shared \
+        --config.rounds.num_rounds=1
+
+Running the same command on the same workdir resumes from its last checkpoint.
+Multi-host: pass --distributed to call jax.distributed.initialize() (one process per host).
+"""
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output and checkpoint directory.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize().")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    import jax
+
+    from drubric_jax import config_check, rounds
+
+    config_check.validate(_CONFIG.value)  # before any compute
+    if _DISTRIBUTED.value:
+        jax.distributed.initialize()
+    logging.info("JAX devices (process %d of %d): %s", jax.process_index(),
+                 jax.process_count(), jax.devices())
+    rounds.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
