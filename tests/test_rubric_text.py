@@ -1,0 +1,497 @@
+"""Tests for drubric_jax.rubric_text: rubric parsing (cases 11, 13), verdict parsing
+(case 14), the JSON schema, padding, prompt builders and input budgets."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drubric_jax import rubric_text as rt
+from drubric_jax.rubric_text import (
+    COUNTER_KEYS,
+    RUBRIC_JSON_SCHEMA,
+    TRUNCATION_MARKER,
+    fit_responses,
+    pad_rubrics,
+    parse_rubric_output,
+    parse_text_verdict,
+)
+
+# ---------------------------------------------------------------------------
+# case-11: fences, trailing commas, prose, truncation
+# ---------------------------------------------------------------------------
+
+CASE_11_OUTPUTS = {
+    "fenced_trailing_comma_prose": (
+        "stop",
+        "```json\n[{\"rubric\": \"Cites at least one source\", \"weight\": 3},\n"
+        " {\"rubric\": \"Stays under 100 words\", \"weight\": 5},]\n```\n"
+        "These two criteria separate the answers [see note 1]."),
+    "prose_before": (
+        "stop", "Here are the criteria (v2):\n[{\"rubric\": \"Gives a concrete date\", \"weight\": 2}]"),
+    "backticks_in_string": ("stop", "[{\"rubric\": \"Uses `print` only once\", \"weight\": 4}]"),
+    "truncated": (
+        "length",
+        "[{\"rubric\": \"Mentions the deadline\", \"weight\": 4}, {\"rubric\": \"Uses a polite tone\", \"wei"),
+}
+CASE_11_EXPECTED = {
+    "fenced_trailing_comma_prose": [("Cites at least one source", 3), ("Stays under 100 words", 5)],
+    "prose_before": [("Gives a concrete date", 2)],
+    "backticks_in_string": [("Uses `print` only once", 4)],
+}
+
+
+def test_case_11_inputs_match_shared_file(load_case):
+    case = load_case("case-11")
+    if case is None:
+        pytest.skip("../shared not found")
+    for out in case["input"]["outputs"]:
+        assert CASE_11_OUTPUTS[out["name"]] == (out["finish_reason"], out["text"])
+    for name, items in CASE_11_EXPECTED.items():
+        assert [tuple(x) for x in case["expected"][name]] == items
+
+
+@pytest.mark.parametrize("name", sorted(CASE_11_EXPECTED))
+def test_case_11_recovers_rubric_list(name):
+    finish, text = CASE_11_OUTPUTS[name]
+    p = parse_rubric_output(text, finish, max_items=8)
+    assert p.valid and not p.truncated
+    assert p.items == CASE_11_EXPECTED[name]
+    assert p.num_dropped == 0
+    assert p.counters["unparseable"] == 0
+
+
+def test_case_11_truncated_is_invalid_and_flagged():
+    finish, text = CASE_11_OUTPUTS["truncated"]
+    p = parse_rubric_output(text, finish, max_items=8)  # no exception
+    assert not p.valid and p.truncated
+    assert p.texts == [] and p.weights == []  # documented: no salvage
+    assert p.counters["truncated"] == 1 and p.counters["unparseable"] == 0
+
+
+def test_case_11_unclosed_value_without_length_is_truncated():
+    _, text = CASE_11_OUTPUTS["truncated"]
+    p = parse_rubric_output(text, "stop", max_items=8)
+    assert not p.valid and p.truncated and p.counters["truncated"] == 1
+
+
+def test_case_11_length_finish_is_truncated_even_if_closed():
+    p = parse_rubric_output('[{"rubric": "A", "weight": 3}]', "length", 8)
+    assert not p.valid and p.truncated
+
+
+def test_case_11_object_form_fence_and_trailing_prose_brackets():
+    text = ('Sure!\n```json\n{"rubrics": [{"rubric": "States the answer [in bold]", "weight": 5,},'
+            ' {"rubric": "Explains why } matters", "weight": 2}], "note": "x",}\n```\n'
+            'See [1] and {2}.')
+    p = parse_rubric_output(text, "stop", 8)
+    assert p.items == [("States the answer [in bold]", 5), ("Explains why } matters", 2)]
+
+
+def test_case_11_bracketed_prose_before_the_list_is_skipped():
+    for prefix in ("Per note [1]: ", "Draft [v2, final]:\n", 'See {"a": 1} then ', "[[see"):
+        p = parse_rubric_output(prefix + '[{"rubric": "Gives a date", "weight": 2}]', "stop", 8)
+        assert p.items == [("Gives a date", 2)], prefix
+
+
+def test_case_11_long_bracketed_prose_before_the_list():
+    text = "Notes [x] (v2) {y} [1, 2] " * 500 + '["not", "rubric"] [{"rubric": "Ok", "weight": 1}]'
+    assert parse_rubric_output(text, "stop", 8).items == [("Ok", 1)]
+
+
+def test_case_11_commas_inside_strings_are_kept():
+    p = parse_rubric_output('[{"rubric": "Lists a, b, ]", "weight": 1},]', "stop", 8)
+    assert p.items == [("Lists a, b, ]", 1)]
+
+
+def test_case_11_escaped_quotes_and_raw_newlines():
+    p = parse_rubric_output('[{"rubric": "Quotes \\"exactly\\" [x]\nonce", "weight": 3}]', "stop", 8)
+    assert p.items == [('Quotes "exactly" [x]\nonce', 3)]
+
+
+@pytest.mark.parametrize("text", ["", "no json at all", "[1, 2, 3]", '{"criteria": []}',
+                                  "[{'rubric': 'single quotes', 'weight': 3}]", "]]}}[",
+                                  "[" * 3000 + "]" * 3000, "{" * 100])
+def test_case_11_garbage_never_raises(text):
+    p = parse_rubric_output(text, "stop", 8)
+    assert not p.valid
+    assert p.counters["unparseable"] + p.counters["truncated"] + p.counters["no_valid_items"] == 1
+    assert set(p.counters) == set(COUNTER_KEYS)
+
+
+def test_case_11_non_string_input_never_raises():
+    for bad in (None, 3, b"[]"):
+        p = parse_rubric_output(bad, "stop", 8)
+        assert not p.valid and p.counters["unparseable"] == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(list('[]{}",:` \n\\ab0123456') + ['"rubric"', '"weight"']),
+                max_size=60).map("".join),
+       st.sampled_from(["stop", "length", None]))
+def test_case_11_parser_total_on_random_text(text, finish):
+    p = parse_rubric_output(text, finish, 4)
+    assert isinstance(p.valid, bool)
+    assert len(p.texts) == len(p.weights) <= 4
+    assert all(isinstance(w, int) and 1 <= w <= 5 for w in p.weights)
+    assert p.valid == (len(p.texts) > 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=25).filter(lambda t: t.strip()), st.integers(1, 5)),
+                min_size=1, max_size=6),
+       st.sampled_from(["", "Here you go (v2) [note 1]:\n", "Criteria {draft}:\n", "```json\n"]),
+       st.sampled_from(["", "\n```", "\nThat is all [1].", " {done}"]),
+       st.booleans(), st.booleans())
+def test_case_11_roundtrip_with_prose_and_fences(items, before, after, as_object, trailing_comma):
+    body = ", ".join(json.dumps({"rubric": t, "weight": w}) for t, w in items)
+    body = "[" + body + ("," if trailing_comma else "") + "]"
+    text = before + ('{"rubrics": ' + body + "}" if as_object else body) + after
+    expected, seen = [], set()
+    for t, w in items:
+        key = " ".join(t.split()).casefold()
+        if key not in seen:
+            seen.add(key)
+            expected.append((t.strip(), w))
+    p = parse_rubric_output(text, "stop", 10)
+    assert p.valid and p.items == expected
+    assert p.counters["duplicate"] == len(items) - len(expected)
+
+
+# ---------------------------------------------------------------------------
+# case-13: empty rubric / all items invalid (parsing side)
+# ---------------------------------------------------------------------------
+
+def test_case_13_empty_and_zero_weight_lists_are_invalid(load_case):
+    texts = ["[]", '[{"rubric": "A", "weight": 0}, {"rubric": "B", "weight": 0}]']
+    case = load_case("case-13")
+    if case is not None:
+        assert case["input"]["rubric_texts"] == texts
+    empty = parse_rubric_output(texts[0], "stop", 8)
+    assert not empty.valid and not empty.truncated
+    assert empty.counters["no_valid_items"] == 1 and empty.counters["unparseable"] == 0
+    zeros = parse_rubric_output(texts[1], "stop", 8)
+    assert not zeros.valid
+    assert zeros.counters["invalid_weight"] == 2 and zeros.counters["no_valid_items"] == 1
+    assert zeros.texts == [] and zeros.weights == []
+    # padded: nothing masked in, weight sum 0, list flagged invalid
+    _, w, mask, ok = pad_rubrics([empty, zeros], m_max=4)
+    assert w.sum() == 0 and not mask.any() and not ok.any()
+
+
+def test_case_13_object_form_with_empty_list():
+    p = parse_rubric_output('{"rubrics": []}', "stop", 8)
+    assert not p.valid and p.counters["no_valid_items"] == 1
+
+
+# ---------------------------------------------------------------------------
+# Item validity rules (METHOD 11)
+# ---------------------------------------------------------------------------
+
+def test_item_rules_drop_and_count():
+    items = [
+        {"rubric": "bool weight", "weight": True},
+        {"rubric": "float weight", "weight": 3.0},
+        {"rubric": "string weight", "weight": "3"},
+        {"rubric": "too high", "weight": 6},
+        {"rubric": "too low", "weight": 0},
+        {"rubric": "missing weight"},
+        {"rubric": "   ", "weight": 3},
+        {"rubric": 7, "weight": 3},
+        {"weight": 3},
+        "just a string",
+        [1, 2],
+        {"rubric": "Keeps  The Date", "weight": 4, "why": "extra keys are ignored"},
+        {"rubric": "keeps the\tdate ", "weight": 5},
+        {"rubric": "  Second item  ", "weight": 1},
+        {"rubric": "Third item", "weight": 2},
+        {"rubric": "Fourth item", "weight": 3},
+    ]
+    p = parse_rubric_output(json.dumps(items), "stop", max_items=3)
+    assert p.valid
+    assert p.items == [("Keeps  The Date", 4), ("Second item", 1), ("Third item", 2)]
+    c = p.counters
+    assert c["invalid_weight"] == 6
+    assert c["empty_text"] == 3
+    assert c["non_object_item"] == 2
+    assert c["duplicate"] == 1
+    assert c["over_limit"] == 1
+    assert p.num_dropped == 13
+
+
+def test_weights_stay_python_ints():
+    p = parse_rubric_output('[{"rubric": "a", "weight": 5}]', "stop", 8)
+    assert type(p.weights[0]) is int
+
+
+# ---------------------------------------------------------------------------
+# JSON schema
+# ---------------------------------------------------------------------------
+
+def test_schema_structure():
+    s = RUBRIC_JSON_SCHEMA(max_items=6, max_item_chars=120)
+    assert s["type"] == "object" and s["required"] == ["rubrics"]
+    assert s["additionalProperties"] is False
+    arr = s["properties"]["rubrics"]
+    assert arr["type"] == "array" and arr["minItems"] == 1 and arr["maxItems"] == 6
+    item = arr["items"]
+    assert item["required"] == ["rubric", "weight"] and item["additionalProperties"] is False
+    assert item["properties"]["rubric"] == {"type": "string", "minLength": 1, "maxLength": 120}
+    assert item["properties"]["weight"] == {"type": "integer", "minimum": 1, "maximum": 5}
+    allowed = {"type", "properties", "required", "items", "minItems", "maxItems", "minLength",
+               "maxLength", "minimum", "maximum", "additionalProperties"}
+
+    def keys(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield k
+                if k == "properties":
+                    for sub in v.values():
+                        yield from keys(sub)
+                elif isinstance(v, dict):
+                    yield from keys(v)
+
+    assert set(keys(s)) <= allowed
+    json.dumps(s)  # serialisable
+    with pytest.raises(ValueError):
+        RUBRIC_JSON_SCHEMA(0, 10)
+
+
+GOOD = '{"rubrics": [{"rubric": "Gives a date", "weight": 3}]}'
+BAD = ['{"rubrics": [{"rubric": "Gives a date", "weight": 6}]}',
+       '{"rubrics": [{"rubric": "Gives a date", "weight": 0}]}',
+       '{"rubrics": [{"rubric": "Gives a date", "weight": 3.5}]}',
+       '{"rubrics": [{"rubric": "Gives a date", "weight": true}]}',
+       '{"rubrics": [{"rubric": "Gives a date", "weight": "3"}]}',
+       '{"rubrics": []}',
+       '{"rubrics": [{"rubric": "", "weight": 3}]}',
+       '{"rubrics": [{"rubric": "a", "weight": 3, "x": 1}]}',
+       '{"rubrics": [{"rubric": "a", "weight": 1}, {"rubric": "b", "weight": 1},'
+       ' {"rubric": "c", "weight": 1}]}']
+
+
+def test_schema_with_jsonschema_if_installed():
+    jsonschema = pytest.importorskip("jsonschema")
+    s = RUBRIC_JSON_SCHEMA(2, 40)
+    jsonschema.Draft7Validator.check_schema(s)
+    v = jsonschema.Draft7Validator(s)
+    assert v.is_valid(json.loads(GOOD))
+    for b in BAD:
+        assert not v.is_valid(json.loads(b)), b
+
+
+def test_schema_with_llguidance_if_installed():
+    llg = pytest.importorskip("llguidance")
+    tok = llg.LLTokenizer("byte")
+    grammar = llg.LLMatcher.grammar_from_json_schema(RUBRIC_JSON_SCHEMA(2, 40))
+    assert llg.LLMatcher.validate_grammar(grammar) == ""
+
+    def accepts(text):
+        m = llg.LLMatcher(tok, grammar)
+        ids = tok.tokenize_str(text)
+        return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
+
+    assert accepts(GOOD)
+    for b in BAD:
+        assert not accepts(b), b
+    # whatever the grammar accepts, the parser keeps
+    assert parse_rubric_output(GOOD, "stop", 2).items == [("Gives a date", 3)]
+
+
+# ---------------------------------------------------------------------------
+# pad_rubrics
+# ---------------------------------------------------------------------------
+
+def test_pad_rubrics_shapes_and_values():
+    a = parse_rubric_output('[{"rubric": "x", "weight": 2}, {"rubric": "y", "weight": 5}]', "stop", 4)
+    b = parse_rubric_output('[{"rubric": "z", "weight": 1}]', "stop", 4)
+    c = parse_rubric_output("nothing", "stop", 4)
+    texts, w, mask, ok = pad_rubrics([a, b, c], m_max=3)
+    assert texts == [["x", "y", ""], ["z", "", ""], ["", "", ""]]
+    assert w.dtype == np.int32 and w.shape == (3, 3)
+    np.testing.assert_array_equal(w, [[2, 5, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(mask, [[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    assert mask.dtype == bool and ok.dtype == bool
+    np.testing.assert_array_equal(ok, [True, True, False])
+    with pytest.raises(ValueError):
+        pad_rubrics([a], m_max=1)
+    with pytest.raises(ValueError):
+        pad_rubrics([a], m_max=0)
+    texts, w, mask, ok = pad_rubrics([], m_max=2)
+    assert w.shape == (0, 2) and ok.shape == (0,)
+
+
+# ---------------------------------------------------------------------------
+# case-14: verifier yes/no text parsing
+# ---------------------------------------------------------------------------
+
+CASE_14_COMPLETIONS = [
+    "Yes", " yes", "YES.", "**Yes**", "Yes, the response cites a source.", "No", "no.",
+    "No, it never says yes.", "Yesterday's figure is missing.", "",
+    "<think>The answer says yes to part one but misses part two.</think>\nNo",
+]
+CASE_14_V = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+CASE_14_FAIL = [False, False, False, False, False, False, False, False, True, True, False]
+
+
+def test_case_14_text_verdicts(load_case):
+    case = load_case("case-14")
+    if case is not None:
+        assert case["input"]["completions"] == CASE_14_COMPLETIONS
+        assert case["expected"]["v"] == CASE_14_V
+        assert case["expected"]["parse_failure"] == CASE_14_FAIL
+    got = [parse_text_verdict(c) for c in CASE_14_COMPLETIONS]
+    assert [v for v, _ in got] == CASE_14_V
+    assert [f for _, f in got] == CASE_14_FAIL
+
+
+def test_case_14_decoded_with_prompt_parses_completion_only():
+    decoded = "...Does the response cite a source? Answer Yes or No.\nNo"
+    prompt_part, completion = decoded.rsplit("\n", 1)
+    assert completion == "No"
+    assert parse_text_verdict(completion) == (0, False)
+    # the instruction text in the prompt never turns into a "yes"
+    assert parse_text_verdict(decoded)[0] == 0
+
+
+def test_case_14_more_variants():
+    assert parse_text_verdict("`yes`") == (1, False)
+    assert parse_text_verdict("_No_!") == (0, False)
+    assert parse_text_verdict("\n\n  Yes\n") == (1, False)
+    assert parse_text_verdict("</think>\n\nYes") == (1, False)  # template opened the think block
+    assert parse_text_verdict("<think>never closed... Yes") == (0, True)
+    assert parse_text_verdict("Nope") == (0, True)
+    assert parse_text_verdict("Answer: Yes") == (0, True)
+    assert parse_text_verdict(None) == (0, True)
+
+
+# ---------------------------------------------------------------------------
+# Prompt builders
+# ---------------------------------------------------------------------------
+
+HISTORY = [{"role": "user", "content": "Earlier question"},
+           {"role": "assistant", "content": "Earlier answer"}]
+
+
+def test_generator_messages_dynamic_order_and_labels():
+    msgs = rt.generator_messages("What is 2+2?", ["four", "five", "4"], history=HISTORY,
+                                 order=[2, 0, 1], max_items=7)
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    assert msgs[0]["content"] == rt.GENERATOR_SYSTEM_DYNAMIC + "\nWrite at most 7 criteria."
+    u = msgs[1]["content"]
+    assert "What is 2+2?" in u and "Earlier question" in u and "Earlier answer" in u
+    i1, i2, i3 = (u.index(f"[Response {k}]") for k in (1, 2, 3))
+    assert i1 < i2 < i3
+    assert u[i1:i2].split("\n")[1] == "4"       # order[0] = 2
+    assert u[i2:i3].split("\n")[1] == "four"    # order[1] = 0
+    assert u[i3:].split("\n")[1] == "five"      # order[2] = 1
+    assert '"rubrics"' in msgs[0]["content"]
+    with pytest.raises(ValueError):
+        rt.generator_messages("q", ["a", "b"], order=[0, 0])
+    with pytest.raises(ValueError):
+        rt.generator_messages("q", ["a", "b"], order=[0, 1, 2])
+
+
+def test_generator_messages_static_variant():
+    for responses in (None, []):
+        msgs = rt.generator_messages("Write a haiku about rain.", responses)
+        assert msgs[0]["content"] == rt.GENERATOR_SYSTEM_STATIC
+        assert "[Response 1]" not in msgs[1]["content"]
+        assert "Write a haiku about rain." in msgs[1]["content"]
+    assert rt.GENERATOR_SYSTEM_STATIC != rt.GENERATOR_SYSTEM_DYNAMIC
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _chatml(messages):
+    import jinja2
+
+    return jinja2.Template(CHATML).render(messages=messages, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("render", [rt.plain_render, _chatml])
+def test_verifier_prefix_suffix_layout(render):
+    prefix_msgs = rt.verifier_prefix_messages("Name a prime.", "7 is prime.", history=HISTORY)
+    assert prefix_msgs[0] == {"role": "system", "content": rt.VERIFIER_SYSTEM}
+    content = prefix_msgs[1]["content"]
+    assert content.endswith("[Response]\n7 is prime.\n[End of Response]")
+    assert content.index("Earlier question") < content.index("Name a prime.")
+    items = ["Names a prime number", "Explains why it is prime"]
+    suffix_text = rt.verifier_item_suffix(items[0])
+    assert suffix_text.startswith("\n\n") and suffix_text.endswith("Answer Yes or No.")
+    prefix, suffixes = rt.render_verifier_prompts(render, prefix_msgs, items)
+    for item, suf in zip(items, suffixes):
+        full = render([prefix_msgs[0], {"role": "user", "content": content + rt.verifier_item_suffix(item)}])
+        assert prefix + suf == full
+        assert suf.startswith("\n\nCriterion: " + item)
+        # the rendered prompt ends where the answer token goes
+        assert full.endswith("Assistant:" if render is rt.plain_render else "<|im_start|>assistant\n")
+    assert prefix.endswith("[End of Response]")
+
+
+def test_verifier_split_rejects_unstable_renderer():
+    calls = []
+
+    def unstable(msgs):
+        calls.append(1)
+        return str(len(calls)) + msgs[-1]["content"]
+
+    with pytest.raises(ValueError):
+        rt.render_verifier_prompts(unstable, rt.verifier_prefix_messages("q", "r"), ["a"])
+
+
+def test_direct_and_pairwise_judge_messages():
+    d = rt.direct_judge_messages("Q?", "resp", history=HISTORY)
+    assert d[0]["content"] == rt.DIRECT_JUDGE_SYSTEM
+    assert "[Response to judge]\nresp\n" in d[1]["content"]
+    assert d[1]["content"].endswith("Answer Yes or No.")
+    assert "[Response 1]" not in d[1]["content"]
+    d2 = rt.direct_judge_messages("Q?", "resp", response_set=["resp", "other"])
+    assert "[Response 1]\nresp\n" in d2[1]["content"] and "[Response 2]\nother\n" in d2[1]["content"]
+    p = rt.pairwise_judge_messages("Q?", "alpha", "beta")
+    u = p[1]["content"]
+    assert u.index("[Response A]\nalpha") < u.index("[Response B]\nbeta")
+    assert "Is Response A better than Response B" in u and u.endswith("Answer Yes or No.")
+
+
+# ---------------------------------------------------------------------------
+# Input budget
+# ---------------------------------------------------------------------------
+
+def test_fit_responses_water_filling_numbers():
+    assert fit_responses([100, 300, 50, 1000], 600) == [100, 225, 50, 225]
+    assert fit_responses([10, 500, 500], 301) == [10, 146, 145]  # remainder to the first long one
+    assert fit_responses([400, 400, 400, 400], 1000) == [250, 250, 250, 250]
+    assert fit_responses([5, 6, 7], 100) == [5, 6, 7]  # fits: untouched
+    assert fit_responses([5, 6, 7], 18) == [5, 6, 7]
+    assert fit_responses([9, 9], 0) == [0, 0]
+    assert fit_responses([], 10) == []
+    for bad in (([1, -1], 5), ([1, 2], -1), ([1.5], 3)):
+        with pytest.raises(ValueError):
+            fit_responses(*bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 500), max_size=9), st.integers(0, 2000))
+def test_fit_responses_properties(lengths, budget):
+    caps = fit_responses(lengths, budget)
+    assert len(caps) == len(lengths)
+    assert all(0 <= c <= n for c, n in zip(caps, lengths))
+    assert sum(caps) == min(budget, sum(lengths))
+    # max-min fair: a truncated response is within one token of every other cap
+    cut = [c for c, n in zip(caps, lengths) if c < n]
+    if cut:
+        assert max(caps) - min(cut) <= 1
+
+
+def test_truncate_to_caps_marker():
+    marker = [99, 98]
+    out = rt.truncate_to_caps([[1, 2, 3, 4], [5, 6]], [2, 2], marker)
+    assert out == [[1, 2, 99, 98], [5, 6]]
+    assert TRUNCATION_MARKER == " [...truncated]"
+    with pytest.raises(ValueError):
+        rt.truncate_to_caps([[1]], [1, 2], marker)
