@@ -1,0 +1,152 @@
+"""Resumable checkpoints: arrays (params, optimizer state) plus JSON loop state (STYLE 14).
+
+A checkpoint `<directory>/<step_id>/` holds two Orbax items:
+    state  any pytree of arrays (a TrainState, or a dict of them for policy + generator),
+           written with `StandardSave` and restored onto the target's shardings;
+    meta   a JSON dict of loop state: round, phase, step, data iterator positions and the
+           seed key as a list of ints (`key_to_json`).
+
+Axis legend: none here; `state` is any pytree (shapes are the target's on restore).
+
+Key scheme (case-21): the loop keeps ONE seed key in `meta` and derives the key of step s
+as `step_key(seed_key, s) = jax.random.fold_in(seed_key, s)`, s 1-indexed, i.e. s = number
+of completed steps + 1. A run resumed after step 2 draws step 3's key
+fold_in(seed_key, 3) -- the same as the uninterrupted run, never the seed key itself or
+step 1's key again.
+
+Async writes: `save` returns once the arrays are copied off the device (so the next
+donating train step may reuse the buffers); the files are written in the background.
+`latest`, `restore`, `wait` and `close` first wait for every pending write, and the next
+`save` waits for the previous one. Use the Checkpointer as a context manager, or call
+`close()`, so the last checkpoint is complete before the process exits.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+def step_key(seed_key: jax.Array, step: int | jax.Array) -> jax.Array:
+    """PRNG key of step `step` (1-indexed): `jax.random.fold_in(seed_key, step)`."""
+    return jax.random.fold_in(seed_key, step)
+
+
+def key_to_json(key: jax.Array) -> list[int]:
+    """Raw key data of a (legacy uint32 or typed) PRNG key as a list of Python ints."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return [int(x) for x in np.asarray(key).reshape(-1)]
+
+
+def key_from_json(data: list[int]) -> jax.Array:
+    """Inverse of `key_to_json`: a legacy uint32 key (as made by `jax.random.PRNGKey`)."""
+    return jnp.asarray(np.asarray(data, np.uint32))
+
+
+def _abstract(leaf):
+    """ShapeDtypeStruct with a sharding (the restore target of one leaf)."""
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+
+
+class Checkpointer:
+    """Thin wrapper over `orbax.checkpoint.CheckpointManager` with items (state, meta).
+
+    Args:
+        directory: checkpoint root (created if missing; made absolute).
+        max_to_keep: newest checkpoints kept (None keeps all).
+        save_interval: `save` writes only when step_id % save_interval == 0 (or force=True),
+            and never for a step_id <= the newest checkpoint.
+        async_save: write in a background thread (see module docstring).
+    """
+
+    def __init__(self, directory: str | os.PathLike, max_to_keep: Optional[int] = 3,
+                 save_interval: int = 1, async_save: bool = True):
+        if save_interval < 1:
+            raise ValueError(f"save_interval must be >= 1, got {save_interval}")
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        # Only the interval decides (Orbax's default would also force the first save).
+        policy = ocp.checkpoint_managers.FixedIntervalPolicy(save_interval)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, save_decision_policy=policy, create=True,
+            enable_async_checkpointing=async_save)
+        self.directory = os.path.abspath(os.fspath(directory))
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=("state", "meta"))
+
+    def save(self, step_id: int, state: Any, meta: dict, force: bool = False) -> bool:
+        """Saves `state` (pytree of arrays) and `meta` (JSON dict) as checkpoint `step_id`.
+
+        Returns:
+            True if a checkpoint was started (False: step_id off the save interval or not
+            newer than the latest checkpoint).
+
+        Raises:
+            TypeError: meta is not a dict. ValueError (Orbax): step_id already saved.
+        """
+        if not isinstance(meta, dict):
+            raise TypeError(f"meta must be a JSON-able dict, got {type(meta).__name__}")
+        return self._manager.save(
+            int(step_id), force=force,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                    meta=ocp.args.JsonSave(meta)))
+
+    def latest(self) -> Optional[int]:
+        """Newest complete checkpoint step, or None when there is none."""
+        self.wait()
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Every complete checkpoint step, ascending."""
+        self.wait()
+        return sorted(self._manager.all_steps())
+
+    def restore(self, step: Optional[int], target: Any) -> tuple[Any, dict]:
+        """Restores checkpoint `step` (None: the latest) onto `target`'s structure.
+
+        Args:
+            step: checkpoint id or None.
+            target: pytree like the saved state: arrays (their shape, dtype and sharding
+                are used, values ignored) or `jax.ShapeDtypeStruct`s (give them a
+                `sharding`, else device 0 is used).
+
+        Returns:
+            (state with target's structure and shardings, meta dict).
+
+        Raises:
+            FileNotFoundError: no checkpoint (or no such step) in the directory.
+        """
+        self.wait()
+        if step is None:
+            step = self._manager.latest_step()
+        if step is None or step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
+                                    f"(have {sorted(self._manager.all_steps())})")
+        abstract = jax.tree.map(_abstract, target)
+        out = self._manager.restore(
+            int(step), args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                               meta=ocp.args.JsonRestore()))
+        return out.state, dict(out.meta)
+
+    def wait(self) -> None:
+        """Blocks until every pending asynchronous save is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,143 @@
+"""Device mesh and the sharding spec of the decoder's parameters and batches.
+
+One small place: a mesh with three named axes and a dataclass of PartitionSpecs keyed by
+the parameter names of `drubric_jax.models.llama`. Arrays are created already sharded by
+`jax.jit(f, out_shardings=param_shardings(jax.eval_shape(f, ...), mesh))`.
+
+Mesh axes:
+    data    pure data parallelism (params replicated across it).
+    fsdp    data parallelism whose members also split the model dim D of every matrix
+            (ZeRO-3 style; XLA all-gathers a layer's weights when it is used).
+    tensor  Megatron-style model parallelism over heads (H*Dh), the MLP width F and V.
+
+Axis legend (parameter shapes): V vocab, D model dim, L layers, H query heads, Hkv KV heads,
+Dh head dim, F MLP width, B batch rows. L is never sharded (layers run in a `lax.scan`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the leading (row) axis of every batch array
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Optional[list] = None) -> Mesh:
+    """Mesh with axes ("data", "fsdp", "tensor") over all (or the given) devices.
+
+    Args:
+        data, fsdp, tensor: axis sizes; at most one may be -1, meaning "the remaining
+            devices". The product must equal the number of devices.
+        devices: defaults to `jax.devices()`.
+
+    Returns:
+        jax.sharding.Mesh of shape (data, fsdp, tensor).
+
+    Raises:
+        ValueError: more than one -1, a size < 1 (other than -1), a -1 that does not divide
+            evenly, or a product different from the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got data={data}, fsdp={fsdp}, "
+                         f"tensor={tensor}")
+    for name, s in zip(MESH_AXES, sizes):
+        if s != -1 and s < 1:
+            raise ValueError(f"mesh axis {name!r} must be >= 1 or -1, got {s}")
+    if -1 in sizes:
+        known = int(np.prod([s for s in sizes if s != -1]))
+        if n % known:
+            raise ValueError(f"{n} devices cannot be split into data={data}, fsdp={fsdp}, "
+                             f"tensor={tensor}: {n} is not a multiple of {known}")
+        sizes[sizes.index(-1)] = n // known
+    if int(np.prod(sizes)) != n:
+        raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = "
+                         f"{int(np.prod(sizes))} devices, but {n} are available")
+    return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """PartitionSpecs of the parameter kinds, keyed by the leaf's dict key.
+
+    fsdp splits D, tensor splits heads / F / V; the stacked layer axis L stays whole;
+    norms (and anything not named here, e.g. optimizer counters) are replicated. The same
+    rules apply to optimizer moments, whose tree mirrors the params.
+    """
+
+    embed: P = P("tensor", "fsdp")                   # [V, D]
+    lm_head: P = P("fsdp", "tensor")                 # [D, V]
+    wq: P = P(None, "fsdp", "tensor")                # [L, D, H*Dh]
+    wk: P = P(None, "fsdp", "tensor")                # [L, D, Hkv*Dh]
+    wv: P = P(None, "fsdp", "tensor")                # [L, D, Hkv*Dh]
+    wo: P = P(None, "tensor", "fsdp")                # [L, H*Dh, D]
+    w_gate: P = P(None, "fsdp", "tensor")            # [L, D, F]
+    w_up: P = P(None, "fsdp", "tensor")              # [L, D, F]
+    w_down: P = P(None, "tensor", "fsdp")            # [L, F, D]
+
+    def spec(self, name: Optional[str], shape: tuple, mesh: Mesh) -> P:
+        """PartitionSpec for a leaf called `name` with `shape` on `mesh`.
+
+        Unknown names, and rules whose rank differs from the leaf's, give P() (replicated).
+        A dim whose size does not divide by its mesh axes is replicated (that dim only).
+        """
+        rule = getattr(self, name, None) if name in _RULE_NAMES else None
+        if rule is None or len(rule) != len(shape):
+            return P()
+        dims = []
+        for size, axes in zip(shape, rule):
+            ways = 1 if axes is None else int(np.prod(
+                [mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+            dims.append(axes if size % ways == 0 else None)
+        return P(*dims)
+
+
+_RULE_NAMES = frozenset(f.name for f in dataclasses.fields(ShardingRules))
+DEFAULT_RULES = ShardingRules()
+
+
+def _leaf_name(path) -> Optional[str]:
+    for entry in reversed(path):
+        if isinstance(entry, jax.tree_util.DictKey):
+            return str(entry.key)
+    return None
+
+
+def param_shardings(tree: Any, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES) -> Any:
+    """Pytree of NamedSharding matching `tree` (params, a TrainState, or their shapes).
+
+    Args:
+        tree: pytree whose leaves have `.shape` (arrays or `jax.eval_shape` output).
+            A leaf's rule is found from the nearest dict key on its path, so params,
+            Adam moments and a whole TrainState all work; scalars are replicated.
+        mesh: from `make_mesh`.
+        rules: the PartitionSpec table.
+
+    Returns:
+        Pytree of `NamedSharding` with the structure of `tree`.
+    """
+    def one(path, leaf):
+        return NamedSharding(mesh, rules.spec(_leaf_name(path), tuple(leaf.shape), mesh))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of batch arrays [B, ...]: rows over ("data", "fsdp"), the rest replicated.
+
+    B must be a multiple of data * fsdp. As a pytree prefix it covers a whole batch.
+    """
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Fully replicated sharding (metrics, scalars)."""
+    return NamedSharding(mesh, P())

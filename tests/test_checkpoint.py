@@ -1,0 +1,136 @@
+"""Tests of checkpoint resume: optimizer state, warm-up position, PRNG key, shardings.
+
+case-21: 3 uninterrupted Adam steps must equal 2 steps + save/restore + 1 step, and the
+resumed run must draw step 3's key, not replay an earlier one.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from drubric_jax import sharding
+from drubric_jax import train_step as ts
+from drubric_jax.checkpoint import Checkpointer, key_from_json, key_to_json, step_key
+from drubric_jax.models import config, init_params
+
+
+def close(a, b, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=atol)
+
+
+def _apply(optimizer, state, grad):
+    """One update of a TrainState holding a scalar or small pytree."""
+    grads = jax.tree.map(lambda p: jnp.full_like(p, grad), state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    return ts.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state)
+
+
+def test_case_21_resume_optimizer_and_rng(load_case, tmp_path):
+    grads = [1.0, 1.0, -1.0]
+    want_each = [-0.099999, -0.199998, -0.226197]
+    want_key3 = [2467461003, 3840466878]
+    case = load_case("case-21")
+    if case is not None:
+        grads = case["input"]["grads_per_step"]
+        want_each = case["expected"]["param_after_each_step_uninterrupted"]
+        want_key3 = case["expected"]["step3_key_data_threefry"]
+        assert case["expected"]["param_after_step3_resumed"] == want_each[2]
+        assert case["expected"]["adam_count_after_restore"] == 2
+    optimizer = optax.adam(learning_rate=0.1, b1=0.9, b2=0.999, eps=1e-8)
+    key0 = jax.random.PRNGKey(0)
+
+    state = ts.init_train_state(jnp.float32(0.0), optimizer)
+    straight = []
+    for g in grads:
+        state = _apply(optimizer, state, g)
+        straight.append(float(state.params))
+    close(straight, want_each)
+
+    state = ts.init_train_state(jnp.float32(0.0), optimizer)
+    for g in grads[:2]:
+        state = _apply(optimizer, state, g)
+    meta = {"round": 0, "phase": "policy", "step": int(state.step),
+            "data_position": {"policy_prompts": 16}, "rng": key_to_json(key0)}
+    with Checkpointer(tmp_path / "ckpt", max_to_keep=2) as ckpt:
+        assert ckpt.save(2, state, meta)
+
+    # A new process: fresh manager, fresh (wrong-valued) target of the same structure.
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    assert ckpt.latest() == 2
+    target = ts.init_train_state(jnp.float32(123.0), optimizer)
+    restored, meta2 = ckpt.restore(ckpt.latest(), target)
+    ckpt.close()
+    assert meta2 == meta
+    assert int(restored.opt_state[0].count) == 2 and int(restored.step) == 2
+    resumed = _apply(optimizer, restored, grads[2])
+    close(float(resumed.params), want_each[2])
+    assert abs(float(resumed.params) - (-0.099999)) > 0.05  # not a fresh Adam state
+
+    # Key scheme: step s (1-indexed) uses fold_in(seed, s); resume continues at step + 1.
+    key3 = step_key(key_from_json(meta2["rng"]), meta2["step"] + 1)
+    assert np.asarray(key3).tolist() == want_key3
+    assert np.asarray(key3).tolist() not in ([0, 0], key_to_json(step_key(key0, 0)))
+
+
+def test_resume_keeps_warmup_position(tmp_path):
+    cfg = ts.TrainConfig(learning_rate=0.5, warmup_steps=10, max_grad_norm=1e6,
+                         weight_decay=0.1)
+    optimizer = ts.make_optimizer(cfg)
+    params = {"w": jnp.zeros((3,), jnp.float32), "final_norm": jnp.ones((3,), jnp.float32)}
+    state = ts.init_train_state(params, optimizer)
+    for g in (1.0, 2.0):
+        state = _apply(optimizer, state, g)
+    with Checkpointer(tmp_path, max_to_keep=1) as ckpt:
+        ckpt.save(int(state.step), state, {"step": int(state.step)})
+        restored, _ = ckpt.restore(None, ts.init_train_state(params, optimizer))
+    assert int(ts._schedule_count(restored.opt_state)) == 2
+    close(ts.learning_rate_schedule(cfg)(ts._schedule_count(restored.opt_state)), 0.15)
+    a, b = _apply(optimizer, state, -1.0), _apply(optimizer, restored, -1.0)
+    jax.tree.map(lambda x, y: close(x, y, atol=0), a.params, b.params)
+    fresh = _apply(optimizer, ts.TrainState(step=restored.step, params=restored.params,
+                                            opt_state=optimizer.init(params)), -1.0)
+    assert not np.allclose(fresh.params["w"], a.params["w"])  # warm-up restart would differ
+
+
+def test_restore_onto_sharded_target(tmp_path):
+    cfg = config.TINY.replace(vocab_size=256)
+    optimizer = ts.make_optimizer(ts.TrainConfig())
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    saved = ts.shard_train_state(
+        ts.init_train_state(init_params(cfg, jax.random.PRNGKey(0)), optimizer), mesh)
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(5, saved, {"step": 5})
+        target = ts.shard_train_state(
+            ts.init_train_state(init_params(cfg, jax.random.PRNGKey(1)), optimizer), mesh)
+        restored, _ = ckpt.restore(5, target)
+        plain, _ = ckpt.restore(5, jax.eval_shape(lambda: target))  # no shardings: device 0
+    for got, want, tgt in zip(jax.tree.leaves(restored), jax.tree.leaves(saved),
+                              jax.tree.leaves(target)):
+        close(got, want, atol=0)
+        assert got.sharding == tgt.sharding
+    assert restored.params["layers"]["w_up"].sharding.spec == P(None, "fsdp", "tensor")
+    close(plain.params["embed"], saved.params["embed"], atol=0)
+    assert len(plain.params["embed"].sharding.device_set) == 1
+
+
+def test_latest_interval_and_max_to_keep(tmp_path):
+    with Checkpointer(tmp_path, max_to_keep=2, save_interval=2) as ckpt:
+        assert ckpt.latest() is None
+        with pytest.raises(FileNotFoundError):
+            ckpt.restore(None, {"x": jnp.zeros(2)})
+        assert not ckpt.save(1, {"x": jnp.ones(2)}, {"step": 1})
+        for s in (2, 4, 6):
+            x = jnp.full((2,), float(s))
+            assert ckpt.save(s, {"x": x}, {"step": s})
+            x.delete()  # as a donating train step would: save already copied it to host
+        assert ckpt.all_steps() == [4, 6] and ckpt.latest() == 6
+        x, meta = ckpt.restore(4, {"x": jnp.zeros(2)})
+        close(x["x"], [4.0, 4.0])
+        assert meta == {"step": 4}
+        with pytest.raises(TypeError, match="meta"):
+            ckpt.save(8, {"x": jnp.ones(2)}, [1, 2])
+    with pytest.raises(ValueError, match="save_interval"):
+        Checkpointer(tmp_path, save_interval=0)

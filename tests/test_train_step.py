@@ -1,0 +1,266 @@
+"""Tests of the GRPO train step, its log-probs, micro-batching and sharding (METHOD 4, 11).
+
+All on the `tiny` preset (random weights). One sampled batch (B = 8 rows, prompt bucket
+P = 16, N = 8 new tokens at temperature 0.7) is shared by the module; the jitted steps are
+built once per config. Sharded tests run on the 8 fake CPU devices from conftest.py.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from drubric_jax import grpo, sampling, sharding
+from drubric_jax import train_step as ts
+
+TEMPERATURE = 0.7
+N_NEW = 8
+# Every 5th vocabulary id stops a row, so completions have varied lengths (some truncated).
+STOP_IDS = list(range(3, 49152, 5))
+CFG = ts.TrainConfig(learning_rate=1e-4, warmup_steps=0, max_grad_norm=1.0, clip_eps=0.2,
+                     beta=0.01, micro_batch_size=8, temperature=TEMPERATURE, logits_chunk=8)
+CFG_MICRO = dataclasses.replace(CFG, micro_batch_size=2)
+
+
+def close(a, b, atol=1e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=atol)
+
+
+def copy_tree(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    """(cfg, params, batch, optimizer, steps): steps[train_cfg] is the jitted step."""
+    cfg, params = tiny_model
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, 49000, size=n).tolist() for n in (3, 5, 7, 9, 11, 12, 4, 6)]
+    sample = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(1),
+                               max_new_tokens=N_NEW, method=sampling.Temperature(TEMPERATURE),
+                               stop_ids=STOP_IDS)
+    p_tokens, p_mask = sampling.left_pad(prompts, sampling.bucket_length(12), STOP_IDS[0])
+    adv = np.array([1.5, -1.0, 0.5, -0.5, 1.0, -1.5, 0.25, -0.25], np.float32)
+    batch = ts.batch_from_samples(p_tokens, p_mask, sample, adv)
+    # The reference is the sampling policy itself, with a small offset so KL != 0.
+    ref = np.where(batch.loss_mask, batch.old_logprobs - 0.05, 0.0).astype(np.float32)
+    batch = batch.replace(ref_logprobs=ref)
+    optimizer = ts.make_optimizer(CFG)
+    steps = {c: ts.make_train_step(cfg, c, optimizer) for c in (CFG, CFG_MICRO)}
+    return cfg, params, batch, optimizer, steps, sample
+
+
+@pytest.fixture(scope="module")
+def one_step(setup):
+    """(state after one step of CFG, metrics) from a fresh state."""
+    cfg, params, batch, optimizer, steps, _ = setup
+    state = ts.init_train_state(copy_tree(params), optimizer)
+    return steps[CFG](state, batch)
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def test_sequence_logprobs_match_sampler(setup):
+    cfg, params, batch, _, _, sample = setup
+    assert sample.lengths.min() < N_NEW and sample.truncated.any()  # varied lengths
+    fn = jax.jit(ts.sequence_logprobs, static_argnames=("cfg", "temperature", "chunk",
+                                                        "return_entropy"))
+    logp, ent = fn(params, cfg, batch.tokens, batch.token_mask, TEMPERATURE, chunk=8,
+                   return_entropy=True)
+    assert logp.shape == ent.shape == batch.tokens.shape
+    m = batch.loss_mask
+    close(np.where(m, logp, 0.0), batch.old_logprobs, atol=1e-4)
+    assert np.all(np.asarray(logp)[:, 0] == 0) and np.all(np.asarray(logp)[~batch.token_mask] == 0)
+    assert np.all(np.asarray(ent)[m] > 0) and np.all(np.isfinite(ent))
+    # Unchunked gives the same numbers; temperature matters.
+    whole = fn(params, cfg, batch.tokens, batch.token_mask, TEMPERATURE, chunk=4096)
+    close(whole, logp, atol=1e-5)
+    at_one = fn(params, cfg, batch.tokens, batch.token_mask, 1.0, chunk=8)
+    assert np.abs(np.asarray(at_one - logp)[m]).max() > 1e-3
+
+
+# --------------------------------------------------------------------------- train step
+
+
+def test_train_step_pinned_first_step(setup, one_step):
+    _, params, batch, _, _, _ = setup
+    state, metrics = one_step
+    adv = batch.advantages
+    # On-policy first step: ratio 1, so pg_loss = -(1/B) sum_i A_i (Eq. 23, every row has
+    # tokens); k3 with ref = old - 0.05: exp(-0.05) + 0.05 - 1 per token.
+    k3 = np.exp(-0.05) + 0.05 - 1.0
+    close(metrics["pg_loss"], -adv.mean(), atol=1e-5)
+    close(metrics["kl"], k3, atol=1e-5)
+    close(metrics["loss"], -adv.mean() + CFG.beta * k3, atol=1e-5)
+    close(metrics["ratio_mean"], 1.0, atol=1e-5)
+    assert float(metrics["clip_fraction"]) == 0.0
+    lengths = batch.loss_mask.sum(-1)
+    close(metrics["response_length_mean"], lengths.mean())
+    close(metrics["truncated_fraction"], batch.truncated.mean())
+    close(metrics["num_tokens"], lengths.sum())
+    close(metrics["advantage_mean"], adv.mean())
+    close(metrics["advantage_std"], adv.std())
+    close(metrics["advantage_max"], 1.5)
+    close(metrics["advantage_min"], -1.5)
+    close(metrics["learning_rate"], CFG.learning_rate, atol=1e-9)
+    assert 0 < float(metrics["entropy"]) < np.log(49152) + 1e-3
+    assert float(metrics["grad_norm"]) > 0 and float(metrics["update_norm"]) > 0
+    assert int(state.step) == 1
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert set(metrics) >= {"loss", "pg_loss", "kl", "clip_fraction", "grad_norm",
+                            "update_norm", "entropy", "learning_rate"}
+
+
+def test_repeated_steps_raise_positive_advantage_logprobs(setup, one_step):
+    cfg, params, batch, optimizer, steps, _ = setup
+    seq_logp = jax.jit(lambda p: jnp.sum(jnp.where(
+        batch.loss_mask, ts.sequence_logprobs(p, cfg, batch.tokens, batch.token_mask,
+                                              TEMPERATURE, chunk=8), 0.0), axis=-1))
+    before = np.asarray(seq_logp(params))
+    state, metrics = one_step
+    state = copy_tree(state)
+    losses = [float(metrics["loss"])]
+    for _ in range(3):
+        state, metrics = steps[CFG](state, batch)
+        losses.append(float(metrics["loss"]))
+    after = np.asarray(seq_logp(state.params))
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    pos, neg = batch.advantages > 0, batch.advantages < 0
+    assert np.all(after[pos] > before[pos]), (before, after)
+    assert np.all(after[neg] < before[neg]), (before, after)
+    assert float(metrics["clip_fraction"]) >= 0 and int(state.step) == 4
+    assert steps[CFG]._cache_size() == 1  # no retrace across steps (STYLE 15)
+
+
+def test_micro_batches_equal_single_batch(setup, one_step):
+    _, params, batch, optimizer, steps, _ = setup
+    state_full, m_full = one_step
+    state = ts.init_train_state(copy_tree(params), optimizer)
+    state_micro, m_micro = steps[CFG_MICRO](state, batch)  # 4 micro-batches of 2 rows
+    for k in ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm",
+              "update_norm", "num_tokens"):
+        close(m_micro[k], m_full[k], atol=1e-5)
+    jax.tree.map(lambda a, b: close(a, b, atol=1e-5), state_micro.params, state_full.params)
+
+
+@pytest.mark.parametrize("aggregation", grpo.AGGREGATIONS)
+def test_micro_batch_rescaling_sums_to_full_batch_loss(aggregation):
+    """The rescaling `train_step` applies: sum over micro-batches of
+    aggregate(micro) * divisor(micro) / divisor(batch) == aggregate(batch), rows strided."""
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(8, 6)).astype(np.float32)
+    mask = rng.random((8, 6)) < 0.5
+    mask[3] = False  # an empty row must not count as a response
+    full = grpo.aggregate_tokens(jnp.where(mask, values, 0.0), mask, aggregation)
+    denom = ts._loss_denominator(jnp.asarray(mask), aggregation)
+    total = 0.0
+    for i in range(4):  # micro-batch i = rows i, i + 4
+        v, m = values[i::4], mask[i::4]
+        part = grpo.aggregate_tokens(jnp.where(m, v, 0.0), m, aggregation)
+        total += part * ts._loss_denominator(jnp.asarray(m), aggregation) / denom
+    close(total, full, atol=1e-6)
+
+
+def test_garbage_at_masked_positions_gives_finite_identical_step(setup, one_step):
+    _, params, batch, optimizer, steps, _ = setup
+    outside = ~batch.loss_mask
+    bad = batch.replace(
+        old_logprobs=np.where(outside, -1e9, batch.old_logprobs).astype(np.float32),
+        ref_logprobs=np.where(outside, np.nan, batch.ref_logprobs).astype(np.float32))
+    bad = bad.replace(old_logprobs=np.where(outside & (np.arange(24) % 2 == 0), -np.inf,
+                                            bad.old_logprobs).astype(np.float32))
+    state = ts.init_train_state(copy_tree(params), optimizer)
+    new_state, metrics = steps[CFG](state, bad)
+    ts.check_finite(metrics, step=1)
+    state_ref, m_ref = one_step
+    close(metrics["loss"], m_ref["loss"])
+    close(metrics["grad_norm"], m_ref["grad_norm"])
+    jax.tree.map(lambda a, b: close(a, b), new_state.params, state_ref.params)
+
+
+def test_batch_not_multiple_of_micro_batch_raises(setup):
+    cfg, params, batch, optimizer, _, _ = setup
+    c = dataclasses.replace(CFG, micro_batch_size=3)
+    state = ts.init_train_state(params, optimizer)
+    with pytest.raises(ValueError, match="micro_batch_size=3"):
+        ts.train_step(state, batch, model_cfg=cfg, train_cfg=c, optimizer=optimizer)
+
+
+def test_donation_consumes_state(setup):
+    _, params, batch, optimizer, steps, _ = setup
+    state = ts.init_train_state(copy_tree(params), optimizer)
+    new_state, _ = steps[CFG](state, batch)
+    assert state.params["embed"].is_deleted()
+    assert not new_state.params["embed"].is_deleted()
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+def test_sharded_step_matches_unsharded(setup, one_step):
+    cfg, params, batch, optimizer, _, _ = setup
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    c = dataclasses.replace(CFG, micro_batch_size=4)  # 2 micro-batches, 4 rows = data*fsdp
+    shapes = jax.eval_shape(lambda: ts.init_train_state(params, optimizer))
+    step = ts.make_sharded_train_step(cfg, c, optimizer, mesh, shapes)
+    state = ts.shard_train_state(ts.init_train_state(copy_tree(params), optimizer), mesh)
+    wq = state.params["layers"]["wq"]
+    assert wq.sharding.spec == P(None, "fsdp", "tensor")
+    assert state.opt_state[1][0].mu["embed"].sharding.spec == P("tensor", "fsdp")
+    new_state, metrics = step(state, batch)
+    assert wq.is_deleted()  # donated
+    assert new_state.params["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor")
+    state_ref, m_ref = one_step
+    for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "update_norm"):
+        close(metrics[k], m_ref[k], atol=1e-5)
+    jax.tree.map(lambda a, b: close(a, b, atol=1e-5), new_state.params, state_ref.params)
+
+    logprobs = ts.make_sharded_logprobs_fn(cfg, mesh, shapes.params, TEMPERATURE, chunk=8)
+    logp = logprobs(new_state.params, batch.tokens, batch.token_mask)
+    assert logp.sharding.spec == P(("data", "fsdp"))
+    close(np.where(batch.loss_mask, logp, 0.0),
+          np.where(batch.loss_mask, ts.sequence_logprobs(
+              state_ref.params, cfg, batch.tokens, batch.token_mask, TEMPERATURE), 0.0),
+          atol=1e-4)
+
+
+def test_make_mesh_and_rules():
+    mesh = sharding.make_mesh(data=-1, fsdp=2, tensor=2)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    with pytest.raises(ValueError, match="at most one"):
+        sharding.make_mesh(-1, -1, 1)
+    with pytest.raises(ValueError, match="16 devices, but 8"):
+        sharding.make_mesh(4, 2, 2)
+    with pytest.raises(ValueError, match="not a multiple of 3"):
+        sharding.make_mesh(-1, 3, 1)
+    shapes = {"embed": jax.ShapeDtypeStruct((9, 8), jnp.float32),  # V=9: tensor can't split
+              "final_norm": jax.ShapeDtypeStruct((8,), jnp.float32),
+              "layers": {"w_down": jax.ShapeDtypeStruct((2, 6, 8), jnp.float32),
+                         "mlp_norm": jax.ShapeDtypeStruct((2, 8), jnp.float32)},
+              "count": jax.ShapeDtypeStruct((), jnp.int32)}
+    sh = sharding.param_shardings(shapes, mesh)
+    assert sh["embed"].spec == P(None, "fsdp")
+    assert sh["final_norm"].spec == P() and sh["layers"]["mlp_norm"].spec == P()
+    assert sh["layers"]["w_down"].spec == P(None, "tensor", "fsdp")
+    assert sh["count"].spec == P()
+    assert sharding.batch_sharding(mesh).spec == P(("data", "fsdp"))
+
+
+def test_config_validation_and_check_finite():
+    with pytest.raises(ValueError, match="aggregation"):
+        ts.TrainConfig(aggregation="sum")
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        ts.TrainConfig(micro_batch_size=0)
+    assert ts.TrainConfig(temperature=0.0).scoring_temperature == 1.0
+    assert ts.check_finite({"loss": jnp.float32(1.0)}, step=3) == {"loss": 1.0}
+    with pytest.raises(FloatingPointError, match="step 7: metric 'kl' is nan"):
+        ts.check_finite({"loss": jnp.float32(1.0), "kl": jnp.float32(np.nan)}, step=7)
+
+
+def test_warmup_schedule():
+    sched = ts.learning_rate_schedule(ts.TrainConfig(learning_rate=1.0, warmup_steps=4))
+    close([sched(c) for c in range(6)], [0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    close(ts.learning_rate_schedule(ts.TrainConfig(learning_rate=0.5))(7), 0.5)
