@@ -56,6 +56,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.num_responses = 4      # K, responses per prompt (paper: 8)
     c.policy.max_prompt_tokens = 128   # prompt budget, tokens (paper: 8K)
     c.policy.max_new_tokens = 64       # response budget, tokens (paper: 8K)
+    c.policy.min_prompt_bucket = 16    # smallest prompt-length bucket (powers of two), tokens
     c.policy.temperature = 1.0      # sampling temperature (log-probs use the same)
     c.policy.top_p = 1.0            # nucleus mass; 1.0 = off
     c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
@@ -80,6 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = -1    # data-parallel axis size (-1 = all remaining devices)
     c.mesh.fsdp = 1     # parameter-sharding axis size
     c.mesh.tensor = 1   # tensor-parallel axis size
+    c.mesh.num_devices = 0  # devices the mesh uses (first N of jax.devices()); 0 = all
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 1   # save after every N optimizer steps (either role)

@@ -41,8 +41,8 @@ def get_config(arg: str = ""):
         c.generator.max_new_tokens = 96
         c.generator.max_items = 3
         c.generator.max_item_chars = 40
-        c.generator.input_budget = 256
-        c.verifier.max_prefix_tokens = 256
+        c.generator.input_budget = 1024
+        c.verifier.max_prefix_tokens = 512
         c.verifier.max_suffix_tokens = 32
         c.export = False
     return c

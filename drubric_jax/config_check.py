@@ -77,5 +77,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for axis in ("data", "fsdp", "tensor"):
         v = c.mesh[axis]
         _require(v == -1 or v >= 1, f"mesh.{axis}", "must be -1 or >= 1")
+    _require(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
     _require(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
     _require(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")

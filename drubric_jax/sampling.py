@@ -159,7 +159,8 @@ class SamplerState:
         positions: int32[B] RoPE position of the next token.
         tokens: int32[B, N] generated ids (stop token included; `pad_id` after it).
         logprobs: float32[B, N] log-probs of generated tokens (0 where masked).
-        mask: bool[B, N] True up to and including the first stop token.
+        mask: bool[B, N] True up to and including the first stop token (False at a step
+            with no allowed token).
         done: bool[B] row has stopped.
         invalid: bool[B] row met a step with no allowed token.
         step: int32[] tokens generated so far.
@@ -188,7 +189,8 @@ class SampleOutput:
         mask: bool[B, N] includes the stop token, excludes everything after it.
         lengths: int32[B] number of True in mask.
         truncated: bool[B] the row hit max_new_tokens without a stop id.
-        invalid: bool[B] a step had no allowed token (only with allow_invalid=True).
+        invalid: bool[B] a step had no allowed token (only with allow_invalid=True); such a
+            row ends before that step: no token there (filler, mask False).
     """
 
     tokens: np.ndarray
@@ -243,25 +245,40 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         invalid=jnp.zeros((b,), bool), step=jnp.zeros((), jnp.int32), key=key)
 
 
+def _token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
+    """float32[B] log softmax(logits / temperature)[tokens] over the full vocabulary."""
+    logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
+    return jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+
+
 def _decode_step(params, cfg, state: SamplerState, method, stop_ids, pad_id,
                  allowed=None, force_stop=None) -> SamplerState:
-    """Samples one token per row from `state.logits`, then runs the model on it."""
+    """Samples one token per row from `state.logits`, then runs the model on it.
+
+    The token is drawn from the constrained logits (`allowed`), but its log-prob is taken
+    from the unconstrained ones, so it equals what a full forward pass of the model gives
+    (module docstring). A row with no allowed token is stopped without a token: filler,
+    mask False, flagged `invalid`.
+    """
     logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
-    tok, logp, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method)
+    tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method)
     live = ~state.done
     if force_stop is not None:  # the constraint is complete: end the row with a stop id
-        tok = jnp.where(force_stop & live, stop_ids[0], tok)
-    tok = jnp.where(live, tok, pad_id)
-    logp = jnp.where(live, logp, 0.0)
+        tok = jnp.where(force_stop, stop_ids[0], tok)
+        bad = bad & ~force_stop
+    emitted = live & ~bad
+    logp = _token_logprobs(state.logits, tok, scoring_temperature(method))
+    tok = jnp.where(emitted, tok, pad_id)
+    logp = jnp.where(emitted, logp, 0.0)
     stopped = live & (jnp.isin(tok, stop_ids) | bad)
     new_state = state.replace(
         tokens=state.tokens.at[:, state.step].set(tok),
         logprobs=state.logprobs.at[:, state.step].set(logp),
-        mask=state.mask.at[:, state.step].set(live),
+        mask=state.mask.at[:, state.step].set(emitted),
         done=state.done | stopped, invalid=state.invalid | (live & bad),
         step=state.step + 1)
     hidden, cache = llama.forward_hidden(
-        params, cfg, tok[:, None], state.positions[:, None], live[:, None], state.cache)
+        params, cfg, tok[:, None], state.positions[:, None], emitted[:, None], state.cache)
     return new_state.replace(
         cache=cache, logits=llama.logits_from_hidden(params, cfg, hidden[:, 0]),
         positions=state.positions + 1)
@@ -290,9 +307,10 @@ def constrained_step(params, cfg: ModelConfig, state: SamplerState, method: Meth
     return _decode_step(params, cfg, state, method, stop_ids, pad_id, allowed, force_stop)
 
 
-def _finish(state: SamplerState) -> SampleOutput:
+def _finish(state: SamplerState, pad_id: int) -> SampleOutput:
     tokens, logprobs, mask, done, invalid = jax.device_get(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
+    tokens = np.where(mask, tokens, pad_id).astype(np.int32)  # steps skipped by an early exit
     lengths = mask.sum(-1).astype(np.int32)
     return SampleOutput(tokens=tokens, logprobs=logprobs, mask=mask, lengths=lengths,
                         truncated=~done, invalid=invalid)
@@ -342,18 +360,16 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         state = decode_loop(params, cfg, state, method, stop_arr, pad)
     else:
         constraint.reset(len(prompts))
-        live = np.ones(len(prompts), bool)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             state = constrained_step(params, cfg, state, method, stop_arr, pad,
                                      jnp.asarray(constraint.allowed()),
                                      jnp.asarray(constraint.finished()))
-            step = int(state.step) - 1
-            tok, done = jax.device_get((state.tokens[:, step], state.done))
-            constraint.advance(tok, live)
-            live = ~done
-            if not live.any():
+            tok, emitted, done = jax.device_get(
+                (state.tokens[:, step], state.mask[:, step], state.done))
+            constraint.advance(tok, emitted)
+            if done.all():
                 break
-    out = _finish(state)
+    out = _finish(state, pad)
     if out.invalid.any() and not allow_invalid:
         rows = np.flatnonzero(out.invalid).tolist()
         raise ValueError(f"rows {rows} reached a step with no allowed token (all logits -inf)")

@@ -7,6 +7,8 @@ Chat text always comes from the model's own chat template.
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +23,23 @@ def _gguf_strings(reader, name: str) -> list[str]:
 
 
 def tokenizer_from_gguf(path_or_reader):
+    """Builds a tokenizer from a GGUF path (cached per path) or an open `gguf.GGUFReader`.
+
+    See `_tokenizer_from_reader`.
+    """
+    if isinstance(path_or_reader, str):
+        return _tokenizer_from_path(os.path.abspath(path_or_reader))
+    return _tokenizer_from_reader(path_or_reader)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_from_path(path: str):
+    import gguf
+
+    return _tokenizer_from_reader(gguf.GGUFReader(path))
+
+
+def _tokenizer_from_reader(reader):
     """Builds a `PreTrainedTokenizerFast` from GGUF tokenizer metadata.
 
     Supports `tokenizer.ggml.model == "gpt2"` (byte-level BPE, as Llama 3, Qwen and
@@ -35,8 +54,6 @@ def tokenizer_from_gguf(path_or_reader):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    reader = (gguf.GGUFReader(path_or_reader) if isinstance(path_or_reader, str)
-              else path_or_reader)
     kind = bytes(reader.fields["tokenizer.ggml.model"].parts[-1]).decode()
     if kind != "gpt2":
         raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (gpt2 byte-level BPE)")

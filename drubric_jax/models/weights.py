@@ -122,6 +122,12 @@ def gguf_metadata(reader) -> dict:
     return meta
 
 
+def _f32_value(x) -> float:
+    """GGUF stores floats as float32: 1e-5 reads back as 9.99999974e-06. The shortest decimal
+    that round-trips in float32 recovers the written value (so configs equal the presets)."""
+    return float(str(np.float32(x)))
+
+
 def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
     """ModelConfig from GGUF metadata (architectures `llama` and `qwen3`).
 
@@ -148,9 +154,9 @@ def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
         vocab_size=vocab, dim=dim, num_layers=int(get("block_count")), num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
         hidden_dim=int(get("feed_forward_length")),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_theta=_f32_value(get("rope.freq_base", 10000.0)),
         rope_scaling=RopeScaling() if "rope_freqs.weight" in names else None,
-        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        norm_eps=_f32_value(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in names, qk_norm=arch == "qwen3",
         max_seq_len=int(get("context_length", 8192)), dtype=dtype, param_dtype=dtype)
 

@@ -1,0 +1,109 @@
+r"""Evaluator benchmark config: rubric generator + frozen verifier on ranked response sets.
+
+    python -m experiments.eval_evaluator --config=configs/eval_evaluator.py \
+        --config.data=../shared/data/judgebench/gpt.jsonl --config.max_rows=20 \
+        --workdir=runs/eval_judgebench
+    python -m experiments.eval_evaluator --config=configs/eval_evaluator.py:tiny \
+        --config.data=a.jsonl,b.jsonl --workdir=/tmp/eval_smoke
+
+The argument after ':' is a comma-separated list of switches:
+    tiny    random-weight tiny model (real SmolLM2 tokenizer) in both roles, short budgets
+            (tests and smoke runs; numbers are meaningless).
+Any field can then be overridden with --config.<field>=<value>. `validate(config)` checks
+every field before any model is loaded.
+"""
+import os
+
+import ml_collections
+
+METHODS = ("dynamic", "static", "direct", "direct_set", "random")
+"""Evaluators (METHOD sections 6, 7): dynamic rubrics from (x, C); static (RaR) rubrics
+from x only; direct pointwise yes/no judge (pairs: also the pairwise question in both
+orders); direct_set, the pointwise judge shown the whole set; random scores (floor)."""
+
+
+def _parse(arg: str) -> dict:
+    out = {}
+    for part in filter(None, (arg or "").split(",")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip() or True
+    return out
+
+
+def get_config(arg: str = ""):
+    opts = _parse(arg)
+    unknown = set(opts) - {"tiny"}
+    if unknown:
+        raise ValueError(f"unknown config switches {sorted(unknown)} in {arg!r}")
+    c = ml_collections.ConfigDict()
+    c.data = ""               # comma-separated JSONL files of the shared schema (required)
+    c.max_rows = 0            # rows evaluated per file, first rows in file order (0 = all)
+    c.methods = "dynamic,static,direct,random"  # comma-separated subset of METHODS
+    c.n_samples = 3           # n of AVG@n: rubric lists per row and method (paper: 5)
+    c.max_k = 0               # K cap; a row with more responses keeps a seeded random
+    #                           subset of max_k (gold restricted to it); 0 = all responses
+    c.generator_model = "smollm2-135m-instruct"  # default name, .gguf path, HF dir or "tiny"
+    c.verifier_model = "smollm2-135m-instruct"   # same source as the generator = shared weights
+    c.dtype = "float32"       # params and compute: float32 | bfloat16
+    c.seed = 0                # all randomness (orders, sampling, random scores) derives from it
+    c.temperature = 0.7       # generator sampling temperature (0 = greedy; lists then differ
+    #                           only through the response order)
+    c.max_items = 6           # M_max, items per rubric list (JSON schema maxItems)
+    c.max_item_chars = 120    # characters per criterion (JSON schema maxLength)
+    c.max_new_tokens = 256    # generator output budget, tokens (a longer list is invalid)
+    c.generator_input_budget = 1024   # generator prompt budget, tokens (paper: 24K); a power
+    #                                   of two wastes no padding (prompts are bucketed)
+    c.verifier_max_prefix_tokens = 960   # instructions + request + response, tokens
+    #                                      (960 keeps the prefix in the 1024 bucket)
+    c.verifier_max_suffix_tokens = 64    # criterion question + answer opener, tokens
+    c.judge_max_tokens = 1024  # direct / pairwise / direct_set judge prompt budget, tokens
+    c.rows_per_batch = 2      # rows whose rubric lists are sampled in one generator batch
+    c.html_max_examples = 40  # examples per file written to trace.html
+    c.progress = True         # tqdm bar per file (with ETA)
+    c.jax_cache_dir = ""      # persistent XLA compilation cache directory ("" = off)
+    if opts.get("tiny"):
+        c.generator_model = c.verifier_model = "tiny"
+        c.n_samples = 2
+        c.max_items = 3
+        c.max_item_chars = 24
+        c.max_new_tokens = 96
+        c.generator_input_budget = 1024
+        c.verifier_max_prefix_tokens = 256
+        c.verifier_max_suffix_tokens = 64
+        c.judge_max_tokens = 384
+        c.rows_per_batch = 2
+    return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Checks every field; raises ValueError("config.<field>: ...") on the first bad one."""
+    def need(ok, field, msg):
+        if not ok:
+            raise ValueError(f"config.{field}: {msg}")
+
+    paths = [p for p in c.data.split(",") if p.strip()]
+    need(paths, "data", "give one or more JSONL paths (comma-separated)")
+    for p in paths:
+        need(os.path.isfile(p.strip()), "data", f"file not found: {p.strip()}")
+    methods = [m.strip() for m in c.methods.split(",") if m.strip()]
+    need(methods, "methods", f"choose from {METHODS}")
+    for m in methods:
+        need(m in METHODS, "methods", f"unknown method {m!r}; known: {METHODS}")
+    need(len(set(methods)) == len(methods), "methods", "a method is listed twice")
+    need(c.max_rows >= 0, "max_rows", "must be >= 0")
+    need(c.n_samples >= 1, "n_samples", "must be >= 1")
+    need(c.max_k == 0 or c.max_k >= 2, "max_k", "must be 0 (all) or >= 2")
+    need(c.dtype in ("float32", "bfloat16"), "dtype", "float32 | bfloat16")
+    need(c.temperature >= 0, "temperature", "must be >= 0")
+    need(1 <= c.max_items <= 64, "max_items", "must be in 1..64")
+    need(c.max_item_chars >= 8, "max_item_chars", "must be >= 8")
+    need(c.max_new_tokens >= 16, "max_new_tokens", "must be >= 16")
+    need(c.generator_input_budget >= 128, "generator_input_budget", "must be >= 128")
+    need(c.verifier_max_prefix_tokens >= 64, "verifier_max_prefix_tokens", "must be >= 64")
+    need(c.verifier_max_suffix_tokens >= 32, "verifier_max_suffix_tokens", "must be >= 32")
+    need(c.judge_max_tokens >= 128, "judge_max_tokens", "must be >= 128")
+    need(c.rows_per_batch >= 1, "rows_per_batch", "must be >= 1")
+    need(c.html_max_examples >= 0, "html_max_examples", "must be >= 0")
+    for field in ("generator_model", "verifier_model"):
+        src = getattr(c, field)
+        need(bool(src), field, "must name a model source")

@@ -1,0 +1,144 @@
+r"""Cost of one DynamicRubric policy step against plain rule-reward GRPO (a benchmark).
+
+    python -m experiments.bench_round                       # both parts, each in its own process
+    python -m experiments.bench_round --part=cost           # DynamicRubric vs rule step
+    python -m experiments.bench_round --part=tunix_shape    # plain GRPO at the tunix peer's shape
+
+Prints JSON lines.
+- part "cost": one warm DynamicRubric policy step (sampling, rubric generation,
+  verification, reference log-probs, update) and one warm plain GRPO step whose reward is a
+  rule (exact match with the prompt's reference answer, 0 when there is none), on the same
+  prompts, model (SmolLM2-135M, float32) and K. `ratio` = DynamicRubric seconds / rule
+  seconds (paper: 3.0x; our goal: <= 2.0x).
+- part "tunix_shape": plain GRPO at the shape google-tunix's GRPOLearner was measured at
+  (../shared/peers/anchor_tunix.py): 4 prompts x G=4, prompts padded to 128 tokens, 64 new
+  tokens (no early stop), temperature 0.9, beta 0.04 with a reference model, AdamW 1e-6,
+  length reward. Reports the warm step seconds and the process's peak RSS next to tunix's
+  53-56 s and 14.4 GB (goal: <= 0.7x the time, <= 0.5x the memory).
+Each part runs in a fresh process so its peak RSS is its own. Steps are timed after one
+warm-up step (which compiles).
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+_PART = flags.DEFINE_enum("part", "all", ["all", "cost", "tunix_shape"], "What to time.")
+_STEPS = flags.DEFINE_integer("steps", 2, "Timed (warm) steps per measurement.")
+_TUNIX_STEP_S = 54.5   # google-tunix 0.1.7 GRPOLearner warm step here (peers/README.md)
+_TUNIX_PEAK_GB = 14.4
+
+_QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
+              "What is 12 times 7?", "Write a haiku about the sea.", "Who wrote Hamlet?",
+              "What is photosynthesis?", "Give a synonym for happy.",
+              "How many legs does a spider have?"]
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def _timed_steps(step, n):
+    step(0)  # warm-up (compiles)
+    out = []
+    for i in range(1, n + 1):
+        t = time.perf_counter()
+        metrics = step(i)
+        out.append((time.perf_counter() - t, metrics))
+    return out
+
+
+def _phase_seconds(runs):
+    keys = sorted({k for _, m in runs for k in m if k.startswith("seconds_")})
+    return {k[len("seconds_"):]: round(sum(m.get(k, 0.0) for _, m in runs) / len(runs), 3)
+            for k in keys}
+
+
+def cost_part(steps: int) -> None:
+    from configs.smollm2_cpu import get_config
+    from drubric_jax import rounds
+
+    c = get_config("")
+    c.policy.prompts_per_step, c.policy.num_responses = 2, 4
+    c.log.progress = c.log.tensorboard = False
+    with tempfile.TemporaryDirectory() as workdir:
+        loop = rounds.CoEvolution(c, workdir)
+        try:
+            def rule(item, response):
+                ref = (item.reference or "").strip().lower()
+                return float(bool(ref) and response.strip().lower() == ref)
+
+            dyn = _timed_steps(lambda i: loop.policy_step(rounds.phase_key(0, 0, "policy", i)),
+                               steps)
+            plain = _timed_steps(lambda i: loop.rule_policy_step(
+                rounds.phase_key(0, 0, "policy", 100 + i), rule), steps)
+        finally:
+            loop.close()
+    d = sum(s for s, _ in dyn) / len(dyn)
+    p = sum(s for s, _ in plain) / len(plain)
+    shape = dict(prompts=c.policy.prompts_per_step, K=c.policy.num_responses,
+                 new_tokens=c.policy.max_new_tokens, model="smollm2-135m", dtype="float32")
+    _emit(part="cost", impl="dynamic_rubric", step_s=round(d, 3),
+          phases=_phase_seconds(dyn), **shape)
+    _emit(part="cost", impl="rule_grpo", step_s=round(p, 3), phases=_phase_seconds(plain),
+          **shape)
+    _emit(part="cost", ratio=round(d / p, 3), paper_ratio=3.0, goal="<= 2.0",
+          peak_rss_mb=round(_peak_rss_mb(), 1))
+
+
+def tunix_shape_part(steps: int) -> None:
+    import jax
+    import numpy as np
+
+    from configs.smollm2_cpu import get_config
+    from drubric_jax import data, rounds
+
+    c = get_config("")
+    c.policy.prompts_per_step, c.policy.num_responses = 4, 4
+    c.policy.max_new_tokens, c.policy.min_prompt_bucket = 64, 128
+    c.policy.temperature = 0.9
+    c.policy.train.beta, c.policy.train.learning_rate = 0.04, 1e-6
+    c.log.progress = c.log.tensorboard = False
+    with tempfile.TemporaryDirectory() as workdir:
+        loop = rounds.CoEvolution(c, workdir)
+        try:
+            loop.prompt_iter = data.EpochIterator(
+                [data.PromptItem(id=str(i), source="bench", prompt=q)
+                 for i, q in enumerate(_QUESTIONS)], 4, 0)
+            loop.pol_stop = np.array([-1], np.int32)  # never matches: always 64 new tokens
+            runs = _timed_steps(lambda i: loop.rule_policy_step(
+                jax.random.PRNGKey(i), lambda item, y: float(len(y))), steps)
+        finally:
+            loop.close()
+    step_s = sum(s for s, _ in runs) / len(runs)
+    peak = _peak_rss_mb()
+    _emit(part="tunix_shape", impl="drubric_jax", prompts=4, G=4, prompt_len_padded=128,
+          new_tokens=64, beta=0.04, warm_step_s=round(step_s, 3), phases=_phase_seconds(runs),
+          peak_rss_mb=round(peak, 1), tunix_step_s=_TUNIX_STEP_S, tunix_peak_gb=_TUNIX_PEAK_GB,
+          step_ratio=round(step_s / _TUNIX_STEP_S, 3),
+          memory_ratio=round(peak / 1024 / _TUNIX_PEAK_GB, 3))
+
+
+def main(argv):
+    del argv
+    if _PART.value == "all":
+        for part in ("cost", "tunix_shape"):
+            subprocess.run([sys.executable, "-m", "experiments.bench_round", f"--part={part}",
+                            f"--steps={_STEPS.value}"], check=True, env=dict(os.environ))
+    elif _PART.value == "cost":
+        cost_part(_STEPS.value)
+    else:
+        tunix_shape_part(_STEPS.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
