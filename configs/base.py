@@ -19,6 +19,7 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     c.beta = 0.01                    # beta, k3 KL coefficient to the frozen reference (Eq. 23)
     c.aggregation = "seq_mean_token_mean"  # | "token_mean" | "dr_grpo" (METHOD section 11)
     c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
+    c.logits_chunk = 128             # tokens per output-head chunk (bounds [rows, chunk, V] logits)
     return c
 
 
@@ -66,15 +67,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.anchors_per_step = 1   # anchor examples (x, C_anchor) per generator step
     c.generator.num_lists = 4          # G, rubric lists sampled per (x, C)
     c.generator.lam = 1.0              # lambda, weight of A_anchor (Eq. 17, 24-25)
-    c.generator.max_items = 6          # M_max, items per rubric list (JSON schema bound)
-    c.generator.max_item_chars = 120   # characters per item text (JSON schema bound)
-    c.generator.max_new_tokens = 256   # generator output budget, tokens (paper: 8K)
-    c.generator.input_budget = 1024    # generator prompt budget, tokens (paper: 24K)
+    c.generator.max_items = 4          # M_max, items per rubric list (JSON schema bound)
+    c.generator.max_item_chars = 100   # characters per item text (JSON schema bound)
+    c.generator.max_new_tokens = 160   # generator output budget, tokens (paper: 8K)
+    c.generator.input_budget = 896     # generator prompt budget, tokens (paper: 24K)
     c.generator.temperature = 1.0      # sampling temperature of rubric lists
     c.generator.train = trainer_config(5e-6)
 
     c.verifier = ml_collections.ConfigDict()
-    c.verifier.max_prefix_tokens = 512  # instructions + prompt + response budget, tokens
+    c.verifier.max_prefix_tokens = 384  # instructions + prompt + response budget, tokens
     c.verifier.max_suffix_tokens = 64   # rubric item question budget, tokens
 
     c.mesh = ml_collections.ConfigDict()

@@ -57,7 +57,7 @@ def get_config(arg: str = ""):
     #                                      (960 keeps the prefix in the 1024 bucket)
     c.verifier_max_suffix_tokens = 64    # criterion question + answer opener, tokens
     c.judge_max_tokens = 1024  # direct / pairwise / direct_set judge prompt budget, tokens
-    c.rows_per_batch = 2      # rows whose rubric lists are sampled in one generator batch
+    c.rows_per_batch = 4      # rows whose rubric lists are sampled in one generator batch
     c.html_max_examples = 40  # examples per file written to trace.html
     c.progress = True         # tqdm bar per file (with ETA)
     c.jax_cache_dir = ""      # persistent XLA compilation cache directory ("" = off)

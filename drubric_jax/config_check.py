@@ -27,6 +27,7 @@ def _check_trainer(c: ml_collections.ConfigDict, prefix: str, batch: int) -> Non
     _require(c.beta >= 0, f"{prefix}.beta", "must be >= 0")
     _require(c.aggregation in AGGREGATIONS, f"{prefix}.aggregation",
              f"{c.aggregation!r} not in {AGGREGATIONS}")
+    _require(c.logits_chunk >= 1, f"{prefix}.logits_chunk", "must be >= 1")
     mb = c.micro_batch_size
     _require(mb >= 0 and (mb == 0 or batch % mb == 0), f"{prefix}.micro_batch_size",
              f"{mb} must be 0 or divide the {batch} responses of a step")

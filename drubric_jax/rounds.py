@@ -123,7 +123,8 @@ def _train_config(c: ml_collections.ConfigDict, batch: int, temperature: float):
         learning_rate=c.learning_rate, warmup_steps=c.warmup_steps,
         weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, max_grad_norm=c.max_grad_norm,
         clip_eps=c.clip_eps, beta=c.beta, aggregation=c.aggregation,
-        micro_batch_size=c.micro_batch_size or batch, temperature=temperature)
+        micro_batch_size=c.micro_batch_size or batch, temperature=temperature,
+        logits_chunk=c.logits_chunk)
 
 
 def _spread(items: Sequence, keep: int) -> list:
@@ -226,7 +227,8 @@ def _train_fns(model_cfg: ModelConfig, tc: ts.TrainConfig, mesh):
 
 
 _ref_logprobs = jax.jit(ts.sequence_logprobs,
-                        static_argnames=("cfg", "temperature", "chunk", "return_entropy"))
+                        static_argnames=("cfg", "temperature", "chunk", "return_entropy",
+                                         "start"))
 
 
 def phase_key(seed: int, round_: int, phase: str, step: int) -> jax.Array:
@@ -432,9 +434,10 @@ class CoEvolution:
         if tc.beta > 0:
             with timer("logprobs"):
                 ref = _ref_logprobs(model.params, cfg=model.cfg,
-                                               tokens=jnp.asarray(batch.tokens),
-                                               token_mask=jnp.asarray(batch.token_mask),
-                                               temperature=tc.scoring_temperature)
+                                    tokens=jnp.asarray(batch.tokens),
+                                    token_mask=jnp.asarray(batch.token_mask),
+                                    temperature=tc.scoring_temperature,
+                                    start=batch.prompt_len)
             batch = batch.replace(ref_logprobs=ref)
         step_fn = self.policy_step_fn if role == "policy" else self.generator_step_fn
         with timer("update"):

@@ -119,6 +119,17 @@ def truncated_logits(logits: jax.Array, method: Method) -> jax.Array:
     return scaled
 
 
+def _argmax(x: jax.Array) -> jax.Array:
+    """int32[B] first index of the row maximum of x: float[B, V] without NaN (= jnp.argmax).
+
+    A max and a min-of-index reduction; XLA CPU runs them faster than argmax's
+    (value, index) reduction.
+    """
+    top = jnp.max(x, axis=-1, keepdims=True)
+    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    return jnp.min(jnp.where(x == top, ids, x.shape[-1]), axis=-1)
+
+
 def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
     """Draws one token per row.
 
@@ -129,13 +140,14 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
 
     Returns:
         (tokens int32[B], logprobs float32[B] of the token under softmax(logits / T) over
-        all tokens, invalid bool[B]: the row had no finite logit; its token is then 0 and
-        must not be used — callers raise or stop the row).
+        all tokens, invalid bool[B]: the row had no finite logit, or a NaN or +inf one; its
+        token is then 0 and must not be used — callers raise or stop the row).
     """
-    invalid = ~jnp.any(jnp.isfinite(logits), axis=-1)
+    invalid = (~jnp.any(jnp.isfinite(logits), axis=-1)
+               | jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1))
     safe = jnp.where(invalid[:, None], 0.0, logits)
     if isinstance(method, Greedy) or method.temperature == 0:
-        tokens = jnp.argmax(safe, axis=-1)
+        tokens = _argmax(safe)
         temp = 1.0
     else:
         tokens = jax.random.categorical(key, truncated_logits(safe, method), axis=-1)
@@ -287,24 +299,40 @@ def _decode_step(params, cfg, state: SamplerState, method, stop_ids, pad_id,
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
 def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
                 stop_ids: jax.Array, pad_id: int) -> SamplerState:
-    """Decodes until every row stopped or N tokens were generated (`lax.while_loop`)."""
+    """Decodes until every row stopped or N tokens were generated (`lax.while_loop`).
+
+    The loop runs on per-layer copies of the weights and of the cache
+    (`llama.unstack_layers`, `llama.unstack_cache`); the returned cache is stacked again.
+    """
     max_new = state.tokens.shape[1]
 
     def cond(s):
         return (s.step < max_new) & ~jnp.all(s.done)
 
-    def body(s):
-        return _decode_step(params, cfg, s, method, stop_ids, pad_id)
+    layer_params = llama.unstack_layers(params)  # one copy per call, not one per step
 
-    return jax.lax.while_loop(cond, body, state)
+    def body(s):
+        return _decode_step(layer_params, cfg, s, method, stop_ids, pad_id)
+
+    state = state.replace(cache=llama.unstack_cache(state.cache))
+    state = jax.lax.while_loop(cond, body, state)
+    return state.replace(cache=llama.stack_cache(state.cache))  # into the donated buffers
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
 def constrained_step(params, cfg: ModelConfig, state: SamplerState, method: Method,
                      stop_ids: jax.Array, pad_id: int, allowed: jax.Array,
                      force_stop: jax.Array) -> SamplerState:
-    """One decode step with a host-computed mask `allowed: bool[B, V]`."""
+    """One decode step with a host-computed mask `allowed: bool[B, V]`.
+
+    `params` and `state.cache` may be in per-layer form (`generate` passes them so, to
+    avoid per-step slice copies); `force_stop: bool[B]` ends rows with `stop_ids[0]`.
+    """
     return _decode_step(params, cfg, state, method, stop_ids, pad_id, allowed, force_stop)
+
+
+_unstack_layers = jax.jit(llama.unstack_layers)
+_unstack_cache = jax.jit(llama.unstack_cache)
 
 
 def _finish(state: SamplerState, pad_id: int) -> SampleOutput:
@@ -360,8 +388,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         state = decode_loop(params, cfg, state, method, stop_arr, pad)
     else:
         constraint.reset(len(prompts))
+        layer_params = _unstack_layers(params)
+        state = state.replace(cache=_unstack_cache(state.cache))
         for step in range(max_new_tokens):
-            state = constrained_step(params, cfg, state, method, stop_arr, pad,
+            state = constrained_step(layer_params, cfg, state, method, stop_arr, pad,
                                      jnp.asarray(constraint.allowed()),
                                      jnp.asarray(constraint.finished()))
             tok, emitted, done = jax.device_get(

@@ -174,6 +174,9 @@ class Batch:
     ref_logprobs: jax.Array  # float32[B, T]
     advantages: jax.Array    # float32[B]
     truncated: jax.Array     # bool[B]
+    # Prompt bucket P (static): positions < P are never scored, so the output head skips
+    # them. 0 = score every position.
+    prompt_len: int = flax.struct.field(pytree_node=False, default=0)
 
 
 def batch_from_samples(prompt_tokens, prompt_mask, sample, advantages,
@@ -212,7 +215,7 @@ def batch_from_samples(prompt_tokens, prompt_mask, sample, advantages,
         old_logprobs=np.concatenate([zeros, np.asarray(sample.logprobs, np.float32)], 1),
         ref_logprobs=np.asarray(ref_logprobs, np.float32),
         advantages=np.asarray(advantages, np.float32),
-        truncated=np.asarray(sample.truncated, bool))
+        truncated=np.asarray(sample.truncated, bool), prompt_len=p)
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -220,7 +223,7 @@ def batch_from_samples(prompt_tokens, prompt_mask, sample, advantages,
 
 def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
                       token_mask: jax.Array, temperature: float = 1.0, *,
-                      chunk: int = 512, return_entropy: bool = False):
+                      chunk: int = 512, return_entropy: bool = False, start: int = 0):
     """Per-token log-probs of a sequence under the model at `temperature` (METHOD 11).
 
         logp[b, t] = log softmax(logits(tokens[b, :t]) / temperature)[tokens[b, t]]
@@ -237,6 +240,9 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
             scored at 1 (logits are never divided by 0).
         chunk: tokens per logits chunk (static).
         return_entropy: also return the entropy of each next-token distribution.
+        start: first position scored (static); earlier positions get 0 and the output
+            head runs only on [start, T), e.g. the completion of a [prompt | completion]
+            row (start = prompt bucket P), which skips the prompt's [B, P, V] logits.
 
     Returns:
         logp float32[B, T] (0 at t = 0 and wherever token_mask is False), and, with
@@ -246,13 +252,14 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
     token_mask = jnp.asarray(token_mask, bool)
     b, t = tokens.shape
     positions = llama.positions_from_mask(token_mask)
-    hidden, _ = llama.forward_hidden(params, cfg, tokens, positions, token_mask)
-    n = t - 1  # hidden[:, i] predicts tokens[:, i + 1]
+    hidden, _ = llama.forward_hidden(params, cfg, tokens, positions, token_mask, remat=True)
+    s0 = min(max(int(start), 1), t - 1) if t > 1 else 1
+    n = t - s0  # hidden[:, i] predicts tokens[:, i + 1]
     c = max(1, min(chunk, n))
     num_chunks = -(-n // c)
     pad = num_chunks * c - n
-    h = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+    h = jnp.pad(hidden[:, s0 - 1:-1], ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(tokens[:, s0:], ((0, 0), (0, pad)))
     h = h.reshape(b, num_chunks, c, -1).swapaxes(0, 1)          # [chunks, B, c, D]
     targets = targets.reshape(b, num_chunks, c).swapaxes(0, 1)  # [chunks, B, c]
 
@@ -267,7 +274,7 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
 
     def unchunk(x):
         x = x.swapaxes(0, 1).reshape(b, num_chunks * c)[:, :n]
-        x = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), x], axis=1)
+        x = jnp.concatenate([jnp.zeros((b, s0), jnp.float32), x], axis=1)
         return jnp.where(token_mask, x, 0.0)
 
     logp = unchunk(logp)
@@ -334,7 +341,8 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig,
     def loss_fn(params, mbatch: Batch):
         logp, ent = sequence_logprobs(params, model_cfg, mbatch.tokens, mbatch.token_mask,
                                       train_cfg.scoring_temperature,
-                                      chunk=train_cfg.logits_chunk, return_entropy=True)
+                                      chunk=train_cfg.logits_chunk, return_entropy=True,
+                                      start=mbatch.prompt_len)
         ref = None if train_cfg.beta == 0 else mbatch.ref_logprobs
         loss, m = grpo.grpo_loss(logp, mbatch.old_logprobs, ref, mbatch.advantages,
                                  mbatch.loss_mask, train_cfg.clip_eps, train_cfg.beta, agg)
@@ -354,10 +362,13 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig,
         grads = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g)
         return (grads, jax.tree.map(jnp.add, sums, s)), None
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    zero_sums = {k: jnp.zeros((), jnp.float32) for k in
-                 ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "entropy")}
-    (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_sums), micro)
+    if n == 1:  # one micro-batch: no accumulator buffer (saves a float32 copy of params)
+        grads, metrics = grad_fn(state.params, batch)
+    else:
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        zero_sums = {k: jnp.zeros((), jnp.float32) for k in
+                     ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "entropy")}
+        (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_sums), micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
     count = _schedule_count(state.opt_state)

@@ -67,7 +67,7 @@ def test_sequence_logprobs_match_sampler(setup):
     cfg, params, batch, _, _, sample = setup
     assert sample.lengths.min() < N_NEW and sample.truncated.any()  # varied lengths
     fn = jax.jit(ts.sequence_logprobs, static_argnames=("cfg", "temperature", "chunk",
-                                                        "return_entropy"))
+                                                        "return_entropy", "start"))
     logp, ent = fn(params, cfg, batch.tokens, batch.token_mask, TEMPERATURE, chunk=8,
                    return_entropy=True)
     assert logp.shape == ent.shape == batch.tokens.shape
@@ -78,6 +78,13 @@ def test_sequence_logprobs_match_sampler(setup):
     # Unchunked gives the same numbers; temperature matters.
     whole = fn(params, cfg, batch.tokens, batch.token_mask, TEMPERATURE, chunk=4096)
     close(whole, logp, atol=1e-5)
+    # Scoring only the completion (start = prompt bucket) gives the same completion values.
+    p = batch.prompt_len
+    assert p == 16
+    completion_only = np.asarray(fn(params, cfg, batch.tokens, batch.token_mask, TEMPERATURE,
+                                    chunk=8, start=p))
+    assert np.all(completion_only[:, :p] == 0)
+    close(completion_only[:, p:], np.asarray(logp)[:, p:], atol=1e-5)
     at_one = fn(params, cfg, batch.tokens, batch.token_mask, 1.0, chunk=8)
     assert np.abs(np.asarray(at_one - logp)[m]).max() > 1e-3
 

@@ -17,9 +17,15 @@ Parameter tree (shapes; `x @ w` orientation, i.e. [in, out]):
     final_norm   [D]
     lm_head      [D, V]                          (only when not cfg.tie_embeddings)
 
-KV cache: a static-shape buffer of S slots per row. Prompts are left-padded so every row
-writes the same slot at each step; `valid` marks the slots holding real tokens and the
+KV cache: a static-shape buffer of S slots per row, [L, B, Hkv, S, Dh] (heads before slots,
+so attention reads each layer's keys without a transpose). Prompts are left-padded so every
+row writes the same slot at each step; `valid` marks the slots holding real tokens and the
 caller passes explicit RoPE positions, so padding never shifts a row's positions.
+
+Decode loops use a per-layer form (`unstack_layers`, `unstack_cache`): the layers run as a
+Python loop over separate arrays instead of a `lax.scan` over stacked ones. On CPU, XLA copies
+each scanned slice of the weights and of the cache before its matmul, on every step; with
+separate arrays the copies happen once per loop. Both forms give the same numbers.
 """
 from __future__ import annotations
 
@@ -40,8 +46,9 @@ class KVCache:
     """Static-shape key/value cache.
 
     Attributes:
-        k: [L, B, S, Hkv, Dh] keys (compute dtype), RoPE already applied.
-        v: [L, B, S, Hkv, Dh] values.
+        k: [L, B, Hkv, S, Dh] keys (compute dtype), RoPE already applied; in the per-layer
+            form (`unstack_cache`), a tuple of L arrays [B, Hkv, S, Dh].
+        v: values, laid out as k.
         valid: bool[B, S], True where the slot holds a real (non-padding) token.
         index: int32[] next slot to write; the same for every row.
     """
@@ -53,12 +60,12 @@ class KVCache:
 
     @property
     def num_slots(self) -> int:
-        return self.k.shape[2]
+        return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
 
 
 def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
     """Empty cache with `num_slots` slots per row, in the compute dtype."""
-    shape = (cfg.num_layers, batch, num_slots, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
     return KVCache(
         k=jnp.zeros(shape, cfg.compute_dtype),
         v=jnp.zeros(shape, cfg.compute_dtype),
@@ -147,22 +154,33 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 def _attention(q, k, v, mask):
     """Grouped-query attention.
 
-    q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh]; mask: bool[B, T, S]. Returns [B, T, H*Dh].
+    q: [B, T, H, Dh]; k, v: [B, Hkv, S, Dh]; mask: bool[B, T, S]. Returns [B, T, H*Dh].
     Scores and softmax are in float32.
     """
     b, t, h, dh = q.shape
-    hkv = k.shape[2]
+    hkv = k.shape[1]
     q = q.reshape(b, t, hkv, h // hkv, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
                         preferred_element_type=jnp.float32) * (dh ** -0.5)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    if t == 1:
+        # One query per row (decode): probs @ v as multiply-and-reduce over the slots. As a
+        # dot this is B*Hkv tiny matmuls with a transposed result, which XLA CPU runs
+        # several times slower than one fused loop.
+        out = jnp.sum(probs[:, :, :, 0, :, None].astype(jnp.float32)
+                      * v[:, :, None].astype(jnp.float32), axis=-2)[:, None].astype(v.dtype)
+    else:
+        out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(b, t, h * dh)
 
 
 def _layer(cfg, p, x, positions, inv_freq, kv_fn):
-    """One pre-norm transformer block. `kv_fn(k, v) -> (k_all, v_all, mask)`."""
+    """One pre-norm transformer block.
+
+    `kv_fn(k, v)` gets this call's keys and values [B, T, Hkv, Dh] and returns
+    `(k_all, v_all, mask, extra)`, k_all and v_all [B, Hkv, S, Dh].
+    """
     dt = cfg.compute_dtype
     b, t, _ = x.shape
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
@@ -184,7 +202,8 @@ def _layer(cfg, p, x, positions, inv_freq, kv_fn):
 
 def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
                    token_mask: Optional[jax.Array] = None,
-                   cache: Optional[KVCache] = None) -> tuple[jax.Array, Optional[KVCache]]:
+                   cache: Optional[KVCache] = None,
+                   remat: bool = False) -> tuple[jax.Array, Optional[KVCache]]:
     """Runs the decoder and returns the final-norm hidden states.
 
     Args:
@@ -196,7 +215,12 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             Defaults to all True.
         cache: optional KVCache; when given, the T new tokens are written to slots
             [cache.index, cache.index + T) and attend to every valid earlier slot.
-            Without a cache, attention is causal over the T tokens.
+            Without a cache, attention is causal over the T tokens. A per-layer cache
+            (`unstack_cache`) is returned per-layer and runs the layers as a Python loop;
+            pair it with `unstack_layers(params)` (stacked params are sliced per call).
+        remat: recompute each layer in the backward pass (`jax.checkpoint`) instead of
+            storing its activations; the training forward uses it (without a cache), so
+            backward memory is one layer's intermediates plus [L, B, T, D] layer inputs.
 
     Returns:
         (hidden [B, T, D] in the compute dtype, updated cache or None).
@@ -217,10 +241,11 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         mask = causal[None] & token_mask[:, None, :]
 
         def body(x, p):
-            x, _ = _layer(cfg, p, x, positions, inv_freq, lambda k, v: (k, v, mask, None))
+            x, _ = _layer(cfg, p, x, positions, inv_freq,
+                          lambda k, v: (_heads_first(k), _heads_first(v), mask, None))
             return x, None
 
-        x, _ = jax.lax.scan(body, x, params["layers"])
+        x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
         return rms_norm(x, params["final_norm"], cfg.norm_eps), None
 
     start = cache.index
@@ -229,15 +254,34 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     query_slot = start + jnp.arange(t)
     mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
 
+    if isinstance(cache.k, tuple):  # per-layer form: no slicing inside the layer loop
+        layers = params["layers"]
+        k_new, v_new = [], []
+        for i in range(cfg.num_layers):
+            p = layers[i] if isinstance(layers, (list, tuple)) else _layer_slice(layers, i)
+
+            def kv_fn(k, v, kc=cache.k[i], vc=cache.v[i]):
+                kc = jax.lax.dynamic_update_slice(kc, _heads_first(k).astype(kc.dtype),
+                                                  (0, 0, start, 0))
+                vc = jax.lax.dynamic_update_slice(vc, _heads_first(v).astype(vc.dtype),
+                                                  (0, 0, start, 0))
+                return kc, vc, mask, (kc, vc)
+
+            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, kv_fn)
+            k_new.append(kc)
+            v_new.append(vc)
+        new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=start + t)
+        return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
+
     def body(carry, xs):
         x, k_cache, v_cache = carry
         p, i = xs
 
         def kv_fn(k, v):
-            kc = jax.lax.dynamic_update_slice(k_cache, k[None].astype(k_cache.dtype),
-                                              (i, 0, start, 0, 0))
-            vc = jax.lax.dynamic_update_slice(v_cache, v[None].astype(v_cache.dtype),
-                                              (i, 0, start, 0, 0))
+            kc = jax.lax.dynamic_update_slice(
+                k_cache, _heads_first(k)[None].astype(k_cache.dtype), (i, 0, 0, start, 0))
+            vc = jax.lax.dynamic_update_slice(
+                v_cache, _heads_first(v)[None].astype(v_cache.dtype), (i, 0, 0, start, 0))
             return kc[i], vc[i], mask, (kc, vc)
 
         x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, kv_fn)
@@ -247,6 +291,44 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
     new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=start + t)
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
+
+
+def _heads_first(x: jax.Array) -> jax.Array:
+    """[B, T, heads, Dh] -> [B, heads, T, Dh]."""
+    return x.transpose(0, 2, 1, 3)
+
+
+def _layer_slice(layers: dict, i: int) -> dict:
+    return {name: w[i] for name, w in layers.items()}
+
+
+def unstack_layers(params: dict) -> dict:
+    """`params` with `layers` as a tuple of L per-layer dicts (copies of the [L, ...] slices).
+
+    `forward_hidden` with a per-layer cache runs its layer loop over these arrays; see the
+    module docstring. Costs one copy of the block weights. Idempotent.
+    """
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        return params
+    num_layers = jax.tree.leaves(layers)[0].shape[0]
+    return {**params, "layers": tuple(_layer_slice(layers, i) for i in range(num_layers))}
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+    """Per-layer form of a cache: k and v as tuples of L arrays [B, Hkv, S, Dh]. Idempotent."""
+    if isinstance(cache.k, tuple):
+        return cache
+    n = cache.k.shape[0]
+    return cache.replace(k=tuple(cache.k[i] for i in range(n)),
+                         v=tuple(cache.v[i] for i in range(n)))
+
+
+def stack_cache(cache: KVCache) -> KVCache:
+    """Inverse of `unstack_cache` (k, v back to [L, B, Hkv, S, Dh]). Idempotent."""
+    if not isinstance(cache.k, tuple):
+        return cache
+    return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
 
 
 def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:

@@ -1,0 +1,298 @@
+"""The rubric generator G_phi(x, C): prompts, constrained sampling, parsing (METHOD 1, 2, 8).
+
+For an input (prompt x, response set C) the generator writes G rubric lists
+R = {(r_m, w_m)} as JSON. Each list is sampled from its own chat prompt in which the K
+responses appear as "Response 1..K" in an order drawn from the key, so the generator
+cannot learn the sampling order and the G lists see different orders. Decoding is
+constrained to `rubric_text.RUBRIC_JSON_SCHEMA` with llguidance (the paper uses SGLang
+structured output, METHOD 8); the text is then parsed by `rubric_text.parse_rubric_output`
+(METHOD 11 item rules) and padded to M = max_items.
+
+`static=True` gives the RaR-style static baseline (METHOD 6): the same code with no
+responses shown.
+
+The outputs also carry what a GRPO step on the generator needs (Eq. 21-23): the left-padded
+prompt ids, the completion ids, the sampler's per-token log-probs (at the sampling
+temperature) and the completion mask (up to and including the stop token).
+
+Axis legend: B inputs (x, C), G rubric lists per input, K responses per input (padded to
+K_max), M rubric items (= max_items), P prompt tokens (bucket), N max new tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+from drubric_jax import rubric_text, sampling
+from drubric_jax import tokenizer as tok_lib
+from drubric_jax.constrained import JsonSchemaConstraint
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.verification import fit_to_budget
+
+
+JSON_SEPARATORS = {"item_separator": ", ", "key_separator": ": "}
+"""llguidance JSON options added to the schema as "x-guidance" (see RubricGenerator)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricInput:
+    """One generator input: the request x, earlier turns and the response set C (K texts)."""
+
+    prompt: str
+    responses: Sequence[str] = ()
+    history: Sequence[dict] = ()
+
+
+@dataclasses.dataclass
+class RubricSamples:
+    """G sampled rubric lists for each of B inputs (host numpy; B axis absent from `generate`).
+
+    Attributes:
+        texts: [B][G][M] criteria strings, "" at padding and for invalid lists.
+        weights: int32[B, G, M] w_m in 1..5, 0 at padding.
+        item_mask: bool[B, G, M] real items.
+        list_valid: bool[B, G] the list parsed with >= 1 valid item (METHOD 11).
+        finish_reasons: [B][G] "stop" or "length" ("invalid" when the grammar reached a
+            dead end).
+        raw_texts: [B][G] decoded completions (parser input).
+        orders: int32[B, G, K_max] order[p] = response index shown as "Response p+1"
+            (-1 padding; identity for static).
+        response_cut: bool[B, G, K_max] the response was cut by the input budget.
+        prompt_cut: bool[B, G] the request or a history turn was cut.
+        prompt_tokens: int32[B, G, P] left-padded generator prompts; prompt_mask bool[B,G,P].
+        completion_tokens: int32[B, G, N]; logprobs float32[B, G, N] sampler log-probs at
+            `temperature` (0 where masked); completion_mask bool[B, G, N] up to and
+            including the stop token.
+        temperature: sampling temperature (log-probs are reported at it; 1.0 for greedy).
+        counters: summed `ParsedRubric.counters` plus lists, valid_lists, items_kept,
+            items_dropped, constraint_dead_end.
+    """
+
+    texts: list
+    weights: np.ndarray
+    item_mask: np.ndarray
+    list_valid: np.ndarray
+    finish_reasons: list
+    raw_texts: list
+    orders: np.ndarray
+    response_cut: np.ndarray
+    prompt_cut: np.ndarray
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    completion_tokens: np.ndarray
+    logprobs: np.ndarray
+    completion_mask: np.ndarray
+    temperature: float
+    counters: dict
+
+    def squeeze(self) -> "RubricSamples":
+        """The first input's lists with the B axis dropped (what `generate` returns)."""
+        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {}
+        for name, v in arrays.items():
+            if isinstance(v, np.ndarray) or name in ("texts", "finish_reasons", "raw_texts"):
+                out[name] = v[0]
+            else:
+                out[name] = v
+        return RubricSamples(**out)
+
+
+class RubricGenerator:
+    """Samples weighted yes/no rubric lists from a (prompt, response set) (METHOD 1, 8).
+
+    Input budget: the whole generator prompt (template + instructions + request + history
+    + K labelled responses) must fit `input_budget` tokens. `verification.fit_to_budget`
+    measures the fixed template part, then splits the rest with
+    `rubric_text.fit_responses` (water-filling) over the request, each history turn and
+    each response: texts shorter than the equal share keep every token and the longer ones
+    share the remainder equally, so in the usual case (short request) every long response
+    gets the same token budget. A cut text keeps its first tokens followed by the visible
+    `rubric_text.TRUNCATION_MARKER` (" [...truncated]"), so the generator can see that the
+    response went on.
+
+    Args:
+        params, cfg, tokenizer: the generator model.
+        max_items: M, most items per list (JSON schema maxItems; padded width).
+        max_item_chars: most characters per criterion (schema maxLength).
+        max_new_tokens: N, output budget; a list cut by it is invalid (finish "length").
+        input_budget: most prompt tokens.
+        min_bucket: smallest prompt-length bucket of the sampler.
+
+    Raises:
+        ValueError: bad sizes, or llguidance rejects the schema.
+    """
+
+    def __init__(self, params, cfg: ModelConfig, tokenizer, max_items: int = 8,
+                 max_item_chars: int = 200, max_new_tokens: int = 512,
+                 input_budget: int = 2048, min_bucket: int = 64):
+        if max_new_tokens < 8 or input_budget < 64:
+            raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
+                             f"input_budget ({input_budget}) >= 64")
+        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        self.max_items = int(max_items)
+        self.max_item_chars = int(max_item_chars)
+        self.max_new_tokens = int(max_new_tokens)
+        self.input_budget = int(input_budget)
+        self.min_bucket = int(min_bucket)
+        self.schema = rubric_text.RUBRIC_JSON_SCHEMA(self.max_items, self.max_item_chars)
+        # Fixed separators ", " and ": " (no other whitespace): the spacing chat models
+        # write by themselves in one-line JSON, so the constraint does not push the model
+        # off its usual token sequences (compact "," / ":" made SmolLM2 emit noise).
+        self.schema["x-guidance"] = dict(JSON_SEPARATORS)
+        self.stop_ids = tok_lib.stop_ids(tokenizer)
+        self.constraint = JsonSchemaConstraint(tokenizer, self.schema, cfg.vocab_size,
+                                               int(self.stop_ids[0]))
+
+    def prompt_ids(self, prompt: str, responses: Optional[Sequence[str]],
+                   history: Optional[Sequence[dict]] = None,
+                   order: Optional[Sequence[int]] = None) -> tuple[list, list, bool]:
+        """Generator chat prompt ids under the input budget (METHOD 8).
+
+        Args:
+            prompt: user request x.  responses: K texts, or None / [] for the static prompt.
+            history: earlier turns.  order: presentation permutation of range(K).
+
+        Returns:
+            (ids list[int], response_cut list[bool] per ORIGINAL response index,
+            prompt_cut bool).
+
+        Raises:
+            ValueError: the template alone exceeds the budget; a bad `order`.
+        """
+        history = list(history or [])
+        responses = list(responses or [])
+        n_hist = len(history)
+
+        def build(texts):
+            hist = [dict(h, content=c) for h, c in zip(history, texts[1:1 + n_hist])]
+            msgs = rubric_text.generator_messages(texts[0], texts[1 + n_hist:] or None, hist,
+                                                  order=order if responses else None,
+                                                  max_items=self.max_items)
+            return tok_lib.chat_ids(self.tokenizer, msgs)
+
+        texts = [prompt] + [h["content"] for h in history] + responses
+        ids, _, cut = fit_to_budget(self.tokenizer, build, texts, self.input_budget)
+        return ids, list(cut[1 + n_hist:]), any(cut[:1 + n_hist])
+
+    def generate(self, key: jax.Array, prompt: str, responses: Optional[Sequence[str]],
+                 history: Optional[Sequence[dict]] = None, *, num_lists: int = 4,
+                 temperature: float = 1.0, static: bool = False) -> RubricSamples:
+        """G = num_lists rubric lists for one (x, C); arrays without the B axis.
+
+        See `generate_batch`.
+        """
+        inp = RubricInput(prompt, tuple(responses or ()), tuple(history or ()))
+        return self.generate_batch(key, [inp], num_lists=num_lists, temperature=temperature,
+                                   static=static).squeeze()
+
+    def generate_batch(self, key: jax.Array, inputs: Sequence[RubricInput], *,
+                       num_lists: int = 4, temperature: float = 1.0,
+                       static: Union[bool, Sequence[bool]] = False) -> RubricSamples:
+        """G rubric lists for each of B inputs, sampled in one constrained batch.
+
+        Randomness: `key` splits into an order key (list (b, g) shows the responses in
+        `jax.random.permutation(fold_in(order_key, b * G + g), K)`) and the sampler key.
+        Temperature 0 is greedy.
+
+        Args:
+            key: PRNG key.
+            inputs: B `RubricInput`s (responses ignored when `static`).
+            num_lists: G.
+            temperature: sampling temperature (>= 0).
+            static: prompt-only (RaR) lists: no responses shown, identity orders; one bool
+                for all inputs or one per input.
+
+        Returns:
+            RubricSamples with a leading B axis.
+
+        Raises:
+            ValueError: no inputs, num_lists < 1, negative temperature, a dynamic input
+                without responses, or an input the budget cannot hold.
+        """
+        if not inputs:
+            raise ValueError("no inputs")
+        if num_lists < 1:
+            raise ValueError(f"num_lists must be >= 1, got {num_lists}")
+        method = sampling.method_from_flags(float(temperature))
+        b, g = len(inputs), int(num_lists)
+        k_max = max(1, max(len(x.responses) for x in inputs))
+        statics = ([bool(static)] * b if isinstance(static, (bool, np.bool_))
+                   else [bool(x) for x in static])
+        if len(statics) != b:
+            raise ValueError(f"{len(statics)} static flags for {b} inputs")
+        order_key, sample_key = jax.random.split(key)
+        orders = np.full((b, g, k_max), -1, np.int32)
+        response_cut = np.zeros((b, g, k_max), bool)
+        prompt_cut = np.zeros((b, g), bool)
+        prompts = []
+        for i, inp in enumerate(inputs):
+            k = len(inp.responses)
+            if not statics[i] and k == 0:
+                raise ValueError(f"input {i} has no responses (use static=True)")
+            for j in range(g):
+                if statics[i]:
+                    orders[i, j, :k] = np.arange(k)
+                    ids, _, pcut = self.prompt_ids(inp.prompt, None, inp.history)
+                else:
+                    perm = np.asarray(jax.random.permutation(
+                        jax.random.fold_in(order_key, i * g + j), k))
+                    orders[i, j, :k] = perm
+                    ids, rcut, pcut = self.prompt_ids(inp.prompt, inp.responses, inp.history,
+                                                      perm.tolist())
+                    response_cut[i, j, :k] = rcut
+                prompt_cut[i, j] = pcut
+                prompts.append(ids)
+
+        out = sampling.generate(self.params, self.cfg, prompts, key=sample_key,
+                                max_new_tokens=self.max_new_tokens, method=method,
+                                stop_ids=self.stop_ids, constraint=self.constraint,
+                                min_bucket=self.min_bucket, allow_invalid=True)
+        grammar_done = self.constraint.finished()
+        stops = set(self.stop_ids.tolist())
+        parsed, reasons, raws = [], [], []
+        for r in range(b * g):
+            ids = out.tokens[r][out.mask[r]].tolist()
+            if ids and ids[-1] in stops:
+                ids = ids[:-1]
+            text = self.tokenizer.decode(ids)
+            if out.invalid[r]:
+                reason = "invalid"
+            elif out.truncated[r] and not grammar_done[r]:
+                reason = "length"
+            else:
+                reason = "stop"
+            parsed.append(rubric_text.parse_rubric_output(
+                text, "length" if reason == "length" else "stop", self.max_items))
+            reasons.append(reason)
+            raws.append(text)
+        texts, weights, item_mask, valid = rubric_text.pad_rubrics(parsed, self.max_items)
+
+        counters = dict.fromkeys(rubric_text.COUNTER_KEYS, 0)
+        for p in parsed:
+            for name, v in p.counters.items():
+                counters[name] += int(v)
+        counters.update(lists=b * g, valid_lists=int(valid.sum()),
+                        items_kept=int(item_mask.sum()),
+                        items_dropped=sum(p.num_dropped for p in parsed),
+                        constraint_dead_end=int(out.invalid.sum()))
+
+        p_len = sampling.bucket_length(max(len(x) for x in prompts), self.min_bucket)
+        ptoks, pmask = sampling.left_pad(prompts, p_len, int(self.stop_ids[0]))
+
+        def grid(x):
+            return x.reshape((b, g) + x.shape[1:])
+
+        def nested(xs):
+            return [xs[i * g:(i + 1) * g] for i in range(b)]
+
+        return RubricSamples(
+            texts=nested(texts), weights=grid(weights), item_mask=grid(item_mask),
+            list_valid=grid(valid), finish_reasons=nested(reasons), raw_texts=nested(raws),
+            orders=orders, response_cut=response_cut, prompt_cut=prompt_cut,
+            prompt_tokens=grid(ptoks), prompt_mask=grid(pmask),
+            completion_tokens=grid(out.tokens), logprobs=grid(out.logprobs),
+            completion_mask=grid(out.mask),
+            temperature=sampling.scoring_temperature(method), counters=counters)

@@ -1,0 +1,250 @@
+"""Sampler throughput: prefill and decode tokens/s of `drubric_jax.sampling` on CPU.
+
+    python -m experiments.bench_sampler                          # JAX, float32, batch 1, 8, 32
+    python -m experiments.bench_sampler --dtype=bfloat16         # bf16 weights and compute
+    python -m experiments.bench_sampler --impl=all               # + transformers (needs torch)
+    python -m experiments.bench_sampler --peer_json=tunix.jsonl  # + ratios against tunix
+
+Workload (the one of ../shared/peers): random prompts of `--prompt_len` tokens (ids 3..V-1,
+no padding, so the prompt bucket is exactly 128), greedy, `--new_tokens` new tokens. The
+stop id is -1, which no sampled token can equal, so every row produces all N tokens.
+
+Output: one JSON object per line.
+- `{"impl": "matmul", ...}`: the machine's float32 (and compute-dtype) matmul peak,
+  `--matmul_n`^3 `jnp.dot`, in GFLOP/s.
+- `{"impl": "jax", ...}` per batch B:
+  `prefill_tok_s` = B * P / time of one jitted `sampling.prefill` call (block_until_ready);
+  `decode_tok_s` = B * N / time of one `sampling.decode_loop` call (N sampling steps and N
+  forward passes; the last forward's logits are unused — the peers' B * (N - 1) tokens
+  over N - 1 forwards is the same per-step rate);
+  `compile_s` = ahead-of-time compile time of prefill + decode_loop for the shape (what
+  the first call of a new shape pays on top; `first_run_s` is the first execution after
+  it, the warm-up that is not counted); `peak_rss_mb` = the process's peak resident memory so far (it only grows);
+  `prefill_mfu` = 2 * n_params * prefill_tok_s / float32 matmul peak (n_params counts the
+  tied embedding, which the prefill uses only for the last position's logits, so this
+  overstates; `prefill_mfu_blocks` uses the parameters outside the embedding). Warm
+  figures are the median of `--reps` calls.
+- `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
+  CPU, float32), timed like ../shared/peers/anchor_hf_generate.py, with `ratio_prefill` and
+  `ratio_decode` = ours / theirs. Needs `torch` and `accelerate` importable (e.g. a separate
+  venv: `pip install torch==2.13.0 accelerate` plus this package); when they are not, one
+  line `{"impl": "transformers", "skipped": "<why>"}` is printed.
+- `--peer_json FILE`: JSON lines of another system (same keys: impl, batch, prefill_tok_s,
+  decode_tok_s; lines with `mode` other than "greedy" are ignored), re-printed with
+  `ratio_prefill` / `ratio_decode` = ours / theirs. For tunix, produce the file with the
+  setup in the docstring of ../shared/peers/anchor_tunix.py:
+      /tmp/tvenv/bin/python anchor_tunix.py convert
+      /tmp/tunixvenv/bin/python anchor_tunix.py sampler | grep '"tunix-vanilla"' > tunix.jsonl
+  (its rows are `"impl": "tunix-vanilla", "mode": "greedy", "batch": ..., "prefill_tok_s",
+  "decode_tok_s"`). The measured figures of ../shared/peers/README.md can also be written
+  into such a file by hand.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+
+from absl import app, flags
+
+_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
+                             "'smollm2-135m-instruct', a .gguf path or a Hugging Face directory")
+_BATCHES = flags.DEFINE_list("batches", ["1", "8", "32"], "batch sizes B")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "params and compute dtype (bf16 halves the bytes per decode step)")
+_IMPL = flags.DEFINE_enum("impl", "jax", ["jax", "transformers", "all"], "what to measure")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "P, prompt tokens (a bucket size)")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "N, new tokens per row")
+_REPS = flags.DEFINE_integer("reps", 2, "warm repetitions per shape (median reported)")
+_MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "size of the peak-FLOP/s matmul")
+_PEER_JSON = flags.DEFINE_string("peer_json", None, "JSON lines of a peer to compare with")
+_SEED = flags.DEFINE_integer("seed", 0, "seed of the random prompts")
+
+
+def _emit(**row):
+    print(json.dumps(row), flush=True)
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def matmul_gflops(n: int, dtype: str, reps: int = 5) -> float:
+    """GFLOP/s of a jitted n x n x n `jnp.dot` in `dtype` (median of `reps` warm calls)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32).astype(dtype)
+    dot = jax.jit(jnp.dot)
+    dot(a, b).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        dot(a, b).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: int, seed: int):
+    """Times `sampling.prefill` and `sampling.decode_loop` for one shape; returns a row dict.
+
+    Both are compiled ahead of time (`compile_s`), then run `reps` times on fresh prompts.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from drubric_jax import sampling
+
+    rng = np.random.default_rng(seed)
+    method = sampling.Greedy()
+    never = jnp.asarray([-1], jnp.int32)  # no sampled id equals -1: all N tokens are produced
+
+    def prompts():
+        tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (batch, prompt_len), np.int32))
+        return jax.block_until_ready((tokens, jnp.ones((batch, prompt_len), bool)))
+
+    key = jax.random.PRNGKey(0)
+    t0 = time.perf_counter()
+    prefill = sampling.prefill.lower(params, cfg, *prompts(), key, new_tokens).compile()
+    state = jax.eval_shape(lambda *a: sampling.prefill(params, cfg, *a, key, new_tokens),
+                           *prompts())
+    decode = sampling.decode_loop.lower(params, cfg, state, method, never, 0).compile()
+    compile_s = time.perf_counter() - t0
+
+    def once():
+        tokens, mask = prompts()
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(prefill(params, tokens, mask, key))
+        t1 = time.perf_counter()
+        state = jax.block_until_ready(decode(params, state, never))
+        t2 = time.perf_counter()
+        if int(state.step) != new_tokens or not bool(state.mask.all()):
+            raise RuntimeError(f"decode stopped early at step {int(state.step)}")
+        return t1 - t0, t2 - t1
+
+    first_pre, first_dec = once()  # warm-up (first execution: allocations, page faults)
+    pres, decs = zip(*[once() for _ in range(reps)])
+    pre, dec = statistics.median(pres), statistics.median(decs)
+    return dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
+                prefill_tok_s=round(batch * prompt_len / pre, 1),
+                decode_tok_s=round(batch * new_tokens / dec, 1),
+                decode_ms_per_step=round(1000 * dec / new_tokens, 2),
+                compile_s=round(compile_s, 2), first_run_s=round(first_pre + first_dec, 2))
+
+
+def _transformers_model(source: str):
+    """(model, why_not): transformers' float32 model of `source`, or None and a reason."""
+    try:
+        import torch  # noqa: F401
+        import accelerate  # noqa: F401
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        return None, f"transformers comparison skipped: {e} (needs torch and accelerate)"
+    from drubric_jax import models
+
+    torch.set_num_threads(os.cpu_count())
+    path = models.default_gguf_path() if source == models.DEFAULT_MODEL else source
+    if path.endswith(".gguf"):
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval(), None
+
+
+def bench_transformers(model, vocab_size: int, batch: int, prompt_len: int, new_tokens: int,
+                       seed: int):
+    """Prefill and `generate` timings of transformers, as ../shared/peers/anchor_hf_generate.py."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(3, vocab_size, (batch, prompt_len), generator=gen)
+    am = torch.ones_like(x)
+    with torch.no_grad():
+        model(x[:, :16])  # warm
+        t = time.perf_counter()
+        model(x, attention_mask=am)
+        pre = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(x, attention_mask=am, max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        total = time.perf_counter() - t
+    dec = max(total - pre, 1e-9)
+    return dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
+                prefill_tok_s=round(batch * prompt_len / pre, 1),
+                decode_tok_s=round(batch * (new_tokens - 1) / dec, 1))
+
+
+def _ratios(ours: dict, theirs: dict) -> dict:
+    if ours is None:
+        return {}
+    return dict(ratio_prefill=round(ours["prefill_tok_s"] / theirs["prefill_tok_s"], 3),
+                ratio_decode=round(ours["decode_tok_s"] / theirs["decode_tok_s"], 3))
+
+
+def main(argv):
+    del argv
+    import jax
+
+    from drubric_jax import models
+
+    batches = [int(b) for b in _BATCHES.value]
+    p, n = _PROMPT_LEN.value, _NEW_TOKENS.value
+    f32_peak = matmul_gflops(_MATMUL_N.value, "float32")
+    peak = dict(impl="matmul", n=_MATMUL_N.value, float32_gflop_s=round(f32_peak, 1),
+                devices=str(jax.devices()), cpus=os.cpu_count())
+    if _DTYPE.value != "float32":
+        peak[f"{_DTYPE.value}_gflop_s"] = round(matmul_gflops(_MATMUL_N.value, _DTYPE.value), 1)
+    _emit(**peak)
+
+    t = time.perf_counter()
+    cfg, params, _ = models.load_model(_MODEL.value, _DTYPE.value)
+    jax.block_until_ready(params)
+    n_params = cfg.num_params()
+    _emit(impl="load", model=_MODEL.value, dtype=_DTYPE.value, n_params=n_params,
+          load_s=round(time.perf_counter() - t, 2))
+
+    ours = {}
+    if _IMPL.value in ("jax", "all"):
+        for b in batches:
+            row = bench_jax(cfg, params, b, p, n, _REPS.value, _SEED.value)
+            ours[b] = row
+            _emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,
+                  prefill_mfu=round(2 * n_params * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
+                  prefill_mfu_blocks=round(2 * (n_params - cfg.vocab_size * cfg.dim)
+                                           * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
+                  peak_rss_mb=_peak_rss_mb())
+
+    if _IMPL.value in ("transformers", "all"):
+        model, why = _transformers_model(_MODEL.value)
+        if model is None:
+            _emit(impl="transformers", skipped=why)
+        else:
+            for b in batches:
+                row = bench_transformers(model, cfg.vocab_size, b, p, n, _SEED.value)
+                _emit(impl="transformers", dtype="float32", batch=b, prompt_len=p,
+                      new_tokens=n, **row, peak_rss_mb=_peak_rss_mb(),
+                      **_ratios(ours.get(b), row))
+
+    if _PEER_JSON.value:
+        with open(_PEER_JSON.value, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                row = json.loads(line)
+                if not {"batch", "prefill_tok_s", "decode_tok_s"} <= row.keys():
+                    continue
+                if row.get("mode", "greedy") != "greedy" or row["batch"] not in ours:
+                    continue
+                _emit(impl=row.get("impl", "peer"), source=_PEER_JSON.value, batch=row["batch"],
+                      prefill_tok_s=row["prefill_tok_s"], decode_tok_s=row["decode_tok_s"],
+                      **_ratios(ours[row["batch"]], row))
+
+
+if __name__ == "__main__":
+    app.run(main)

