@@ -19,16 +19,22 @@ Output: one JSON object per line.
   over N - 1 forwards is the same per-step rate);
   `compile_s` = ahead-of-time compile time of prefill + decode_loop for the shape (what
   the first call of a new shape pays on top; `first_run_s` is the first execution after
-  it, the warm-up that is not counted); `peak_rss_mb` = the process's peak resident memory so far (it only grows);
+  it, the warm-up that is not counted); `peak_rss_mb` = the process's peak resident
+  memory so far (it only grows);
   `prefill_mfu` = 2 * n_params * prefill_tok_s / float32 matmul peak (n_params counts the
   tied embedding, which the prefill uses only for the last position's logits, so this
   overstates; `prefill_mfu_blocks` uses the parameters outside the embedding). Warm
   figures are the median of `--reps` calls.
 - `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
   CPU, float32), timed like ../shared/peers/anchor_hf_generate.py, with `ratio_prefill` and
-  `ratio_decode` = ours / theirs. Needs `torch` and `accelerate` importable (e.g. a separate
-  venv: `pip install torch==2.13.0 accelerate` plus this package); when they are not, one
-  line `{"impl": "transformers", "skipped": "<why>"}` is printed.
+  `ratio_decode` = ours / theirs. Needs `torch` and `accelerate` importable, e.g. from a
+  separate venv layered over the project's one:
+      python3.11 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch==2.13.0 accelerate
+      PYTHONPATH=.venv/lib/python3.11/site-packages \
+          /tmp/tvenv/bin/python -m experiments.bench_sampler --impl=all
+  When they are not importable, one line `{"impl": "transformers", "skipped": "<why>"}` is
+  printed. Torch's OpenMP threads collapse when other processes hold the cores; compare only
+  on an otherwise idle machine.
 - `--peer_json FILE`: JSON lines of another system (same keys: impl, batch, prefill_tok_s,
   decode_tok_s; lines with `mode` other than "greedy" are ignored), re-printed with
   `ratio_prefill` / `ratio_decode` = ours / theirs. For tunix, produce the file with the

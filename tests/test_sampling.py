@@ -488,3 +488,22 @@ def test_sample_entrypoint_prints_paris(smollm2):
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout, proc.stdout
+
+
+@pytest.mark.real_model
+def test_bench_sampler_prints_one_json_row_per_batch(smollm2):
+    env = dict(os.environ, XLA_FLAGS="", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.bench_sampler", "--batches=1,2", "--prompt_len=16",
+         "--new_tokens=4", "--reps=1", "--matmul_n=128", "--impl=all"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    ours = [r for r in rows if r["impl"] == "jax"]
+    assert [r["batch"] for r in ours] == [1, 2]
+    for r in ours:
+        assert {"prompt_len", "new_tokens", "prefill_tok_s", "decode_tok_s", "peak_rss_mb",
+                "compile_s", "prefill_mfu"} <= r.keys()
+        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+    assert any(r["impl"] == "matmul" and r["float32_gflop_s"] > 0 for r in rows)
+    assert any(r["impl"] == "transformers" for r in rows)  # measured, or why it was skipped
