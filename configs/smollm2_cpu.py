@@ -28,6 +28,10 @@ def get_config(arg: str = ""):
         raise ValueError(f"unknown config switches {sorted(unknown)} in {arg!r}")
     c = base_config()
     c.data.name = opts.get("data", "demo")
+    # One generator row / four policy rows per forward-backward pass: bounds the activation
+    # and logits buffers of the update so the whole run stays under ~6 GB on CPU.
+    c.generator.train.micro_batch_size = 1
+    c.policy.train.micro_batch_size = 4
     c.variant = opts.get("variant", "full")
     if c.data.name == "shared":
         # Prompts from AlpacaEval; anchor lists from RM-Bench chat (6 responses, chosen
@@ -44,6 +48,7 @@ def get_config(arg: str = ""):
         c.generator.input_budget = 1024
         c.verifier.max_prefix_tokens = 512
         c.verifier.max_suffix_tokens = 32
+        c.generator.train.micro_batch_size = c.policy.train.micro_batch_size = 0
         c.export = False
     return c
 
