@@ -6,6 +6,22 @@ Configs under configs/ start from `base_config()` and override what they change.
 import ml_collections
 
 
+def parse_switches(arg: str, allowed) -> dict:
+    """The ':'-argument of a config file: "a=1,b" -> {"a": "1", "b": True}.
+
+    Raises:
+        ValueError: a switch not in `allowed`.
+    """
+    out = {}
+    for part in filter(None, (arg or "").split(",")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip() or True
+    unknown = set(out) - set(allowed)
+    if unknown:
+        raise ValueError(f"unknown config switches {sorted(unknown)} in {arg!r}")
+    return out
+
+
 def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     """GRPO optimiser and loss settings for one trainable role (METHOD section 4)."""
     c = ml_collections.ConfigDict()

@@ -16,25 +16,16 @@ import os
 
 import ml_collections
 
+from configs.base import parse_switches
+
 METHODS = ("dynamic", "static", "direct", "direct_set", "random")
 """Evaluators (METHOD sections 6, 7): dynamic rubrics from (x, C); static (RaR) rubrics
 from x only; direct pointwise yes/no judge (pairs: also the pairwise question in both
 orders); direct_set, the pointwise judge shown the whole set; random scores (floor)."""
 
 
-def _parse(arg: str) -> dict:
-    out = {}
-    for part in filter(None, (arg or "").split(",")):
-        key, _, value = part.partition("=")
-        out[key.strip()] = value.strip() or True
-    return out
-
-
 def get_config(arg: str = ""):
-    opts = _parse(arg)
-    unknown = set(opts) - {"tiny"}
-    if unknown:
-        raise ValueError(f"unknown config switches {sorted(unknown)} in {arg!r}")
+    opts = parse_switches(arg, {"tiny"})
     c = ml_collections.ConfigDict()
     c.data = ""               # comma-separated JSONL files of the shared schema (required)
     c.max_rows = 0            # rows evaluated per file, first rows in file order (0 = all)

@@ -10,22 +10,11 @@ The argument after ':' is a comma-separated list of switches:
     tiny               a random-weight tiny model in every role (tests, smoke runs)
 Any field can then be overridden with --config.<field>=<value>.
 """
-from configs.base import base_config
-
-
-def _parse(arg: str) -> dict:
-    out = {}
-    for part in filter(None, (arg or "").split(",")):
-        key, _, value = part.partition("=")
-        out[key.strip()] = value.strip() or True
-    return out
+from configs.base import base_config, parse_switches
 
 
 def get_config(arg: str = ""):
-    opts = _parse(arg)
-    unknown = set(opts) - {"data", "variant", "tiny"}
-    if unknown:
-        raise ValueError(f"unknown config switches {sorted(unknown)} in {arg!r}")
+    opts = parse_switches(arg, {"data", "variant", "tiny"})
     c = base_config()
     c.data.name = opts.get("data", "demo")
     # One generator row / four policy rows per forward-backward pass: bounds the activation

