@@ -438,6 +438,7 @@ class CoEvolution:
                                     token_mask=jnp.asarray(batch.token_mask),
                                     temperature=tc.scoring_temperature,
                                     start=batch.prompt_len)
+                ref.block_until_ready()  # so the time lands here, not in "update"
             batch = batch.replace(ref_logprobs=ref)
         step_fn = self.policy_step_fn if role == "policy" else self.generator_step_fn
         with timer("update"):
