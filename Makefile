@@ -24,8 +24,11 @@ run: $(STAMP)
 sample: $(STAMP)
 	$(PY) -m experiments.sample --prompt "What is the capital of France?"
 
+# pytest exit code 5 (no test collected) is reported and turned into a failure.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

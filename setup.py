@@ -32,7 +32,7 @@ setup(
         "psutil>=5.9,<8",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7"],
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "jsonschema>=4.20,<5"],
         # Optional peer comparison in experiments/bench_sampler.py (CPU torch build).
         "bench": ["torch==2.13.0", "accelerate>=1.0,<2"],
     },

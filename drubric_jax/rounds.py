@@ -359,8 +359,11 @@ class CoEvolution:
         self.prompt_iter = data.EpochIterator(self.prompts, p.prompts_per_step, c.seed + 1,
                                               host_id=host, num_hosts=hosts)
         self.loop = LoopState()
+        # Synchronous saves: an async save keeps a host copy of both roles' params and
+        # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).
         self.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                          max_to_keep=c.checkpoint.max_to_keep)
+                                          max_to_keep=c.checkpoint.max_to_keep,
+                                          async_save=False)
         self.writer = run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard)
         self.last_trace: list = []
 
