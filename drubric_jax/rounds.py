@@ -520,7 +520,7 @@ class CoEvolution:
             r_disc=float(r_disc.mean()), r_anchor=float(r_anchor.mean()),
             flat_group_fraction=float(np.mean(np.asarray(flat_d) & np.asarray(flat_a))),
             **rubric_stats(w.reshape(b * gl, m), im.reshape(b * gl, m), lv.reshape(-1),
-                           v_c.transpose(0, 1, 2, 3).reshape(b * gl, k, m)),
+                           v_c.reshape(b * gl, k, m)),
             **{f"seconds_{k_}": v_ for k_, v_ in timer.seconds.items()})
         return metrics
 
