@@ -36,6 +36,7 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     c.aggregation = "seq_mean_token_mean"  # | "token_mean" | "dr_grpo" (METHOD section 11)
     c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
     c.logits_chunk = 128             # tokens per output-head chunk (bounds [rows, chunk, V] logits)
+    c.mu_dtype = "float32"           # storage of Adam's first moment: float32 | bfloat16
     return c
 
 
@@ -99,6 +100,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1     # parameter-sharding axis size
     c.mesh.tensor = 1   # tensor-parallel axis size
     c.mesh.num_devices = 0  # devices the mesh uses (first N of jax.devices()); 0 = all
+
+    c.memory = ml_collections.ConfigDict()
+    # Write the AdamW moments of the role that is idle in a phase to workdir/parked/ and
+    # map them back at its next phase (single process only; saves 2-3 params' worth of RAM).
+    c.memory.park_idle_optimizer = False
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 1   # save after every N optimizer steps (either role)

@@ -2,7 +2,7 @@
 
 A checkpoint `<directory>/<step_id>/` holds two Orbax items:
     state  any pytree of arrays (a TrainState, or a dict of them for policy + generator),
-           written with `StandardSave` and restored onto the target's shardings;
+           written with `PyTreeSave` and restored onto the target's shardings;
     meta   a JSON dict of loop state: round, phase, step, data iterator positions and the
            seed key as a list of ints (`key_to_json`).
 
@@ -13,6 +13,13 @@ as `step_key(seed_key, s) = jax.random.fold_in(seed_key, s)`, s 1-indexed, i.e. 
 of completed steps + 1. A run resumed after step 2 draws step 3's key
 fold_in(seed_key, 3) -- the same as the uninterrupted run, never the seed key itself or
 step 1's key again.
+
+Host memory: the state item uses Orbax's `PyTreeCheckpointHandler` with
+`save_device_host_concurrent_gb` / `save_concurrent_gb` / `restore_concurrent_gb` set to
+`inflight_gb` (default 0.25 GB): at most that much of the state is in transfer or write
+buffers at once. With Orbax's defaults (96 GB) a save of the default run's two trainable
+states (2.6 GB) took +2.0 GB of peak RSS and 8 s; with 0.25 GB it took +0.4 GB and 3 s
+(measured here with 2.7 GB of float32 leaves).
 
 Async writes: `save` returns once the arrays are copied off the device (so the next
 donating train step may reuse the buffers); the files are written in the background.
@@ -65,10 +72,13 @@ class Checkpointer:
         save_interval: `save` writes only when step_id % save_interval == 0 (or force=True),
             and never for a step_id <= the newest checkpoint.
         async_save: write in a background thread (see module docstring).
+        inflight_gb: GB of the state being transferred or written at once (see module
+            docstring); larger is faster for big states on machines with spare memory.
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: Optional[int] = 3,
-                 save_interval: int = 1, async_save: bool = True):
+                 save_interval: int = 1, async_save: bool = True,
+                 inflight_gb: float = 0.25):
         if save_interval < 1:
             raise ValueError(f"save_interval must be >= 1, got {save_interval}")
         if max_to_keep is not None and max_to_keep < 1:
@@ -79,8 +89,14 @@ class Checkpointer:
             max_to_keep=max_to_keep, save_decision_policy=policy, create=True,
             enable_async_checkpointing=async_save)
         self.directory = os.path.abspath(os.fspath(directory))
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "meta"))
+        if inflight_gb <= 0:
+            raise ValueError(f"inflight_gb must be > 0, got {inflight_gb}")
+        state_handler = ocp.PyTreeCheckpointHandler(
+            save_concurrent_gb=inflight_gb, restore_concurrent_gb=inflight_gb,
+            save_device_host_concurrent_gb=inflight_gb)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "meta"),
+            item_handlers={"state": state_handler, "meta": ocp.JsonCheckpointHandler()})
 
     def save(self, step_id: int, state: Any, meta: dict, force: bool = False) -> bool:
         """Saves `state` (pytree of arrays) and `meta` (JSON dict) as checkpoint `step_id`.
@@ -96,7 +112,7 @@ class Checkpointer:
             raise TypeError(f"meta must be a JSON-able dict, got {type(meta).__name__}")
         return self._manager.save(
             int(step_id), force=force,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+            args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                     meta=ocp.args.JsonSave(meta)))
 
     def latest(self) -> Optional[int]:
@@ -131,9 +147,10 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
                                     f"(have {sorted(self._manager.all_steps())})")
         abstract = jax.tree.map(_abstract, target)
+        restore = ocp.args.PyTreeRestore(
+            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         out = self._manager.restore(
-            int(step), args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                               meta=ocp.args.JsonRestore()))
+            int(step), args=ocp.args.Composite(state=restore, meta=ocp.args.JsonRestore()))
         return out.state, dict(out.meta)
 
     def wait(self) -> None:

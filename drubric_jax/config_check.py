@@ -28,6 +28,8 @@ def _check_trainer(c: ml_collections.ConfigDict, prefix: str, batch: int) -> Non
     _require(c.aggregation in AGGREGATIONS, f"{prefix}.aggregation",
              f"{c.aggregation!r} not in {AGGREGATIONS}")
     _require(c.logits_chunk >= 1, f"{prefix}.logits_chunk", "must be >= 1")
+    _require(c.mu_dtype in ("float32", "bfloat16"), f"{prefix}.mu_dtype",
+             f"{c.mu_dtype!r} must be float32 or bfloat16")
     mb = c.micro_batch_size
     _require(mb >= 0 and (mb == 0 or batch % mb == 0), f"{prefix}.micro_batch_size",
              f"{mb} must be 0 or divide the {batch} responses of a step")
@@ -79,5 +81,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         v = c.mesh[axis]
         _require(v == -1 or v >= 1, f"mesh.{axis}", "must be -1 or >= 1")
     _require(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
+    _require(isinstance(c.memory.park_idle_optimizer, bool), "memory.park_idle_optimizer",
+             "must be True or False")
     _require(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
     _require(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")

@@ -15,7 +15,9 @@ Every model source is loaded once; frozen roles that name the same source share 
 copy of the arrays (no duplicates). The trainable roles start as copies (their buffers are
 donated to the train step). `bind_roles` is the one named step that hands the current
 trainable params to the samplers: the generator phase samples responses with the policy's
-params and trains the generator's; the policy phase does the reverse.
+params and trains the generator's; the policy phase does the reverse. With
+`config.memory.park_idle_optimizer`, `activate(phase)` also parks the AdamW moments of the
+role that is idle in that phase on disk (`hostmem.park`) and brings the active role's back.
 
 Axis legend: B prompts (or anchor examples) per step, K responses per prompt, G rubric
 lists per (x, C), n anchor responses, M rubric items, P prompt tokens, N new tokens.
@@ -39,7 +41,8 @@ import ml_collections
 import numpy as np
 
 from drubric_jax import checkpoint as ckpt_lib
-from drubric_jax import config_check, data, rewards, rubric_text, run_logging, sampling
+from drubric_jax import config_check, data, hostmem, rewards, rubric_text, run_logging
+from drubric_jax import sampling
 from drubric_jax import sharding
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax import train_step as ts
@@ -98,14 +101,17 @@ def load_models(config: ml_collections.ConfigDict) -> dict:
 
 def role_memory(roles: Roles) -> dict:
     """Bytes held by each role, counting a buffer shared by several roles once (under the
-    first role that names it). Trainable roles include their AdamW moments."""
+    first role that names it). Trainable roles include their AdamW moments; moments parked
+    on disk (`CoEvolution.activate`) are counted under "parked_on_disk", not the role."""
     seen: set = set()
-    out = {}
+    out = {"parked_on_disk": 0}
 
     def size(name, tree):
         total = 0
         for leaf in jax.tree.leaves(tree):
-            if hasattr(leaf, "nbytes") and id(leaf) not in seen:
+            if isinstance(leaf, np.memmap):
+                out["parked_on_disk"] += leaf.nbytes
+            elif hasattr(leaf, "nbytes") and id(leaf) not in seen:
                 seen.add(id(leaf))
                 total += leaf.nbytes
         out[name] = total
@@ -124,7 +130,7 @@ def _train_config(c: ml_collections.ConfigDict, batch: int, temperature: float):
         weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, max_grad_norm=c.max_grad_norm,
         clip_eps=c.clip_eps, beta=c.beta, aggregation=c.aggregation,
         micro_batch_size=c.micro_batch_size or batch, temperature=temperature,
-        logits_chunk=c.logits_chunk)
+        logits_chunk=c.logits_chunk, mu_dtype=c.mu_dtype)
 
 
 def _spread(items: Sequence, keep: int) -> list:
@@ -310,6 +316,7 @@ class CoEvolution:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str):
         config_check.validate(config)
+        hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
         self.config, self.workdir = config, workdir
         os.makedirs(workdir, exist_ok=True)
         c = config
@@ -366,12 +373,37 @@ class CoEvolution:
                                           async_save=False)
         self.writer = run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard)
         self.last_trace: list = []
+        if c.memory.park_idle_optimizer and jax.process_count() > 1:
+            raise config_check.ConfigError(
+                "config.memory.park_idle_optimizer: single-process runs only (it writes "
+                f"whole arrays to local disk); this run has {jax.process_count()} processes")
+        self._parked: dict = {}  # role -> shardings of its parked opt_state
 
     # -- roles
 
     def bind_roles(self) -> None:
         """Hands the current trainable params to the samplers (the one role-swap step)."""
         self.generator.params = self.roles.generator.params
+
+    def activate(self, role: str) -> None:
+        """Phase start with `config.memory.park_idle_optimizer`: the AdamW moments of the
+        role that is not trained in this phase go to `workdir/parked/<role>/` (read-only
+        memmaps, not resident), and `role`'s come back. Values round-trip bit for bit."""
+        if not self.config.memory.park_idle_optimizer:
+            return
+        idle = "policy" if role == "generator" else "generator"
+        for name, parked in ((role, False), (idle, True)):
+            state = getattr(self.roles, name)
+            directory = os.path.join(self.workdir, "parked", name)
+            if parked and name not in self._parked:
+                self._parked[name] = jax.tree.map(lambda x: x.sharding, state.opt_state)
+                opt_state = hostmem.park(state.opt_state, directory)
+            elif not parked and name in self._parked:
+                opt_state = hostmem.unpark(state.opt_state, self._parked.pop(name), directory)
+            else:
+                continue
+            setattr(self.roles, name, state.replace(opt_state=opt_state))
+        hostmem.release_free_memory()
 
     # -- checkpoint
 
@@ -384,7 +416,13 @@ class CoEvolution:
     def save(self) -> None:
         """Checkpoint id = optimizer steps done. Phase and round changes are not saved on
         their own: a run resumed at the end of a phase sees step == steps and moves on."""
-        state = {"policy": self.roles.policy, "generator": self.roles.generator}
+        state = {}
+        for name in ("policy", "generator"):
+            role = getattr(self.roles, name)
+            if name in self._parked:  # a transient jax copy: Orbax buffers numpy leaves whole
+                role = role.replace(opt_state=hostmem.unpark(role.opt_state,
+                                                             self._parked[name]))
+            state[name] = role
         self.ckpt.save(self.loop.global_step, state, self._meta(), force=True)
 
     def restore_if_any(self) -> bool:
@@ -434,6 +472,7 @@ class CoEvolution:
         tokens, mask = sampling.left_pad(prompt_ids, sampling.bucket_length(
             max(len(x) for x in prompt_ids), min_bucket), pad)
         batch = ts.batch_from_samples(tokens, mask, completions, advantages)
+        hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
         if tc.beta > 0:
             with timer("logprobs"):
                 ref = _ref_logprobs(model.params, cfg=model.cfg,
@@ -633,6 +672,7 @@ class CoEvolution:
             return
         metrics = self.heldout_eval(phase_key(self.config.seed, self.loop.round,
                                               self.loop.phase, 10 ** 6))
+        hostmem.release_free_memory()
         if metrics:
             self._log("heldout", metrics)
         self.loop.heldout_done.append(tag)
@@ -641,11 +681,14 @@ class CoEvolution:
         from tqdm import tqdm
 
         step_fn = self.generator_step if phase == "generator" else self.policy_step
+        self.activate(phase)
         bar = tqdm(total=steps, initial=self.loop.step, disable=not self.config.log.progress,
                    desc=f"round {self.loop.round} {phase}", unit="step")
         while self.loop.step < steps:
             key = phase_key(self.config.seed, self.loop.round, phase, self.loop.step)
             metrics = step_fn(key)
+            hostmem.release_free_memory()
+            metrics["peak_rss_gb"] = hostmem.peak_rss_bytes() / 1e9
             self.loop.step += 1
             self.loop.global_step += 1
             self._log("train", metrics)

@@ -59,6 +59,7 @@ class TrainConfig:
     micro_batch_size: int = 8       # rows per forward/backward; B % micro_batch_size == 0
     temperature: float = 1.0        # sampler temperature; log-probs use it; 0 (greedy) -> 1
     logits_chunk: int = 512         # tokens per logits chunk (bounds the [B, chunk, V] buffer)
+    mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
 
     def __post_init__(self):
         if self.learning_rate < 0:
@@ -85,6 +86,8 @@ class TrainConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.logits_chunk < 1:
             raise ValueError(f"logits_chunk must be >= 1, got {self.logits_chunk}")
+        if self.mu_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"mu_dtype must be float32 or bfloat16, got {self.mu_dtype!r}")
 
     @property
     def scoring_temperature(self) -> float:
@@ -121,13 +124,16 @@ def _decay_mask(params):
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     """clip_by_global_norm(max_grad_norm) then AdamW with `learning_rate_schedule(cfg)`.
 
-    The schedule reads the `ScaleByScheduleState.count` inside the optimizer state (not a
+    `cfg.mu_dtype="bfloat16"` stores Adam's first moment in bfloat16 (optax `mu_dtype`; the
+    update is still computed in float32): half the memory of that moment. The second
+    moment stays in the params' dtype. The schedule reads the `ScaleByScheduleState.count` inside the optimizer state (not a
     separate counter), so restoring `opt_state` restores the warm-up position.
     """
     return optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay, mask=_decay_mask))
+                    weight_decay=cfg.weight_decay, mask=_decay_mask,
+                    mu_dtype=jnp.dtype(cfg.mu_dtype)))
 
 
 def _schedule_count(opt_state) -> Optional[jax.Array]:

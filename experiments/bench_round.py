@@ -14,7 +14,9 @@ Prints JSON lines.
   (../shared/peers/anchor_tunix.py): 4 prompts x G=4, prompts padded to 128 tokens, 64 new
   tokens (no early stop), temperature 0.9, beta 0.04 with a reference model, AdamW 1e-6,
   length reward. Reports the warm step seconds and the process's peak RSS next to tunix's
-  53-56 s and 14.4 GB (goal: <= 0.7x the time, <= 0.5x the memory).
+  53-56 s and 14.4 GB (goal: <= 0.7x the time, <= 0.5x the memory). The process also
+  holds the run's other roles (verifier, generator params), so its peak RSS over-counts a
+  plain GRPO job.
 Each part runs in a fresh process so its peak RSS is its own. Steps are timed after one
 warm-up step (which compiles).
 """
@@ -72,6 +74,7 @@ def cost_part(steps: int) -> None:
     c.log.progress = c.log.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
         loop = rounds.CoEvolution(c, workdir)
+        loop.activate("policy")  # as in the run's policy phase (parks the generator's moments)
         try:
             def rule(item, response):
                 ref = (item.reference or "").strip().lower()
@@ -110,6 +113,7 @@ def tunix_shape_part(steps: int) -> None:
     c.log.progress = c.log.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
         loop = rounds.CoEvolution(c, workdir)
+        loop.activate("policy")
         try:
             loop.prompt_iter = data.EpochIterator(
                 [data.PromptItem(id=str(i), source="bench", prompt=q)

@@ -153,6 +153,30 @@ def test_micro_batches_equal_single_batch(setup, one_step):
     jax.tree.map(lambda a, b: close(a, b, atol=1e-5), state_micro.params, state_full.params)
 
 
+def test_bfloat16_first_moment_matches_float32_step(setup, one_step):
+    """mu_dtype="bfloat16" (the CPU default config's memory saving): mu is stored in
+    bfloat16, nu in float32, and the first update equals the float32 one to bf16 rounding
+    (after one step mu = (1 - b1) g, so only mu's 8-bit mantissa differs)."""
+    cfg, params, batch, _, _, _ = setup
+    state_f32, _ = one_step
+    cfg_bf16 = dataclasses.replace(CFG, mu_dtype="bfloat16")
+    opt = ts.make_optimizer(cfg_bf16)
+    state = ts.init_train_state(copy_tree(params), opt)
+    dtypes = {str(x.dtype) for x in jax.tree.leaves(state.opt_state) if x.ndim > 0}
+    assert dtypes == {"bfloat16", "float32"}, dtypes
+    new, metrics = ts.make_train_step(cfg, cfg_bf16, opt)(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
+    delta_bf16 = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new.params, params)
+    delta_f32 = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), state_f32.params,
+                             params)
+    lr = CFG.learning_rate
+    jax.tree.map(lambda a, b: close(a, b, atol=lr * 1e-2), delta_bf16, delta_f32)
+    moved = sum(float(np.abs(d).max()) for d in jax.tree.leaves(delta_bf16))
+    assert moved > 0
+    with pytest.raises(ValueError, match="mu_dtype"):
+        ts.TrainConfig(mu_dtype="float16")
+
+
 @pytest.mark.parametrize("aggregation", grpo.AGGREGATIONS)
 def test_micro_batch_rescaling_sums_to_full_batch_loss(aggregation):
     """The rescaling `train_step` applies: sum over micro-batches of
