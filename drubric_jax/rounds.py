@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import time
 from typing import Optional, Sequence
 
@@ -736,8 +737,11 @@ class CoEvolution:
                               eos_id=model.tokenizer.eos_token_id or 0)
 
     def close(self) -> None:
+        """Waits for the last checkpoint; removes `parked/` (the checkpoints hold those
+        moments too, and a new process never reads parked files: it restores)."""
         self.ckpt.close()
         self.writer.close()
+        shutil.rmtree(os.path.join(self.workdir, "parked"), ignore_errors=True)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
