@@ -317,6 +317,10 @@ class CoEvolution:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str):
         config_check.validate(config)
+        if config.memory.park_idle_optimizer and jax.process_count() > 1:  # before compute
+            raise config_check.ConfigError(
+                "config.memory.park_idle_optimizer: single-process runs only (it writes "
+                f"whole arrays to local disk); this run has {jax.process_count()} processes")
         hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
         self.config, self.workdir = config, workdir
         os.makedirs(workdir, exist_ok=True)
@@ -374,11 +378,8 @@ class CoEvolution:
                                           async_save=False)
         self.writer = run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard)
         self.last_trace: list = []
-        if c.memory.park_idle_optimizer and jax.process_count() > 1:
-            raise config_check.ConfigError(
-                "config.memory.park_idle_optimizer: single-process runs only (it writes "
-                f"whole arrays to local disk); this run has {jax.process_count()} processes")
         self._parked: dict = {}  # role -> shardings of its parked opt_state
+        self._park_dir = os.path.join(workdir, "parked")
 
     # -- roles
 
@@ -395,7 +396,7 @@ class CoEvolution:
         idle = "policy" if role == "generator" else "generator"
         for name, parked in ((role, False), (idle, True)):
             state = getattr(self.roles, name)
-            directory = os.path.join(self.workdir, "parked", name)
+            directory = os.path.join(self._park_dir, name)
             if parked and name not in self._parked:
                 self._parked[name] = jax.tree.map(lambda x: x.sharding, state.opt_state)
                 opt_state = hostmem.park(state.opt_state, directory)
@@ -741,7 +742,7 @@ class CoEvolution:
         moments too, and a new process never reads parked files: it restores)."""
         self.ckpt.close()
         self.writer.close()
-        shutil.rmtree(os.path.join(self.workdir, "parked"), ignore_errors=True)
+        shutil.rmtree(self._park_dir, ignore_errors=True)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
