@@ -1,11 +1,22 @@
-"""Validation of a run config before any compute: every error names the field."""
+"""The one validation of a run config, before any compute: every error names the field.
+
+`validate(config)` checks a whole run config (configs/base.py layout), including that a
+step's rows divide over the mesh and the process-count limits of host-memory options.
+`TRAINER_RULES` holds the rules of a trainee's node (`policy.train`, `generator.train`);
+`train_config.TrainConfig` applies the same table, so no rule is written twice.
+"""
 from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Optional
 
 import ml_collections
 
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")  # grpo.AGGREGATIONS
+KL_ESTIMATORS = ("k1", "k2", "k3")                                # grpo.KL_ESTIMATORS
 DATA_NAMES = ("demo", "shared", "custom")
+DTYPES = ("float32", "bfloat16")
 
 
 class ConfigError(ValueError):
@@ -14,74 +25,130 @@ class ConfigError(ValueError):
 
 def _require(ok: bool, field: str, message: str) -> None:
     if not ok:
-        raise ConfigError(f"config.{field}: {message}")
+        raise ConfigError(f"{field}: {message}")
 
 
-def _check_trainer(c: ml_collections.ConfigDict, prefix: str, batch: int) -> None:
-    _require(c.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0")
-    _require(c.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
-    _require(c.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0")
-    _require(0 <= c.b1 < 1 and 0 <= c.b2 < 1, f"{prefix}.b1/b2", "must be in [0, 1)")
-    _require(c.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0")
-    _require(0 < c.clip_eps < 1, f"{prefix}.clip_eps", "must be in (0, 1)")
-    _require(c.beta >= 0, f"{prefix}.beta", "must be >= 0")
-    _require(c.aggregation in AGGREGATIONS, f"{prefix}.aggregation",
-             f"{c.aggregation!r} not in {AGGREGATIONS}")
-    _require(c.logits_chunk >= 1, f"{prefix}.logits_chunk", "must be >= 1")
-    _require(c.mu_dtype in ("float32", "bfloat16"), f"{prefix}.mu_dtype",
-             f"{c.mu_dtype!r} must be float32 or bfloat16")
-    mb = c.micro_batch_size
-    _require(mb >= 0 and (mb == 0 or batch % mb == 0), f"{prefix}.micro_batch_size",
-             f"{mb} must be 0 or divide the {batch} responses of a step")
+# field -> (predicate, what a good value is). micro_batch_size is checked against the
+# step's rows separately (0 means "all rows" in a config, and is resolved by TrainConfig).
+TRAINER_RULES: dict[str, tuple[Callable, str]] = {
+    "learning_rate": (lambda v: v > 0, "must be > 0"),
+    "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
+    "weight_decay": (lambda v: v >= 0, "must be >= 0"),
+    "b1": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "b2": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "eps": (lambda v: v > 0, "must be > 0"),
+    "max_grad_norm": (lambda v: v > 0, "must be > 0"),
+    "clip_eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
+    "beta": (lambda v: v >= 0, "must be >= 0"),
+    "kl_estimator": (lambda v: v in KL_ESTIMATORS, f"must be one of {KL_ESTIMATORS}"),
+    "aggregation": (lambda v: v in AGGREGATIONS, f"must be one of {AGGREGATIONS}"),
+    "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "logits_chunk": (lambda v: v >= 1, "must be >= 1"),
+    "mu_dtype": (lambda v: v in DTYPES, f"must be one of {DTYPES}"),
+}
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Checks a run config (configs/base.py layout).
+def check_trainer(values: Mapping, prefix: str, rows: Optional[int] = None) -> None:
+    """Checks a trainee's values against TRAINER_RULES.
+
+    Args:
+        values: field -> value (a ConfigDict node or `dataclasses.asdict(TrainConfig)`).
+        prefix: dotted name used in messages ("config.policy.train" or "TrainConfig").
+        rows: the step's rows; given for config nodes, where micro_batch_size 0 = all rows.
 
     Raises:
-        ConfigError: the first bad field, named, with the reason.
+        ConfigError: "<prefix>.<field>: <reason> (got <value>)".
+    """
+    for name, (ok, message) in TRAINER_RULES.items():
+        if name in values:
+            _require(ok(values[name]), f"{prefix}.{name}", f"{message} (got {values[name]!r})")
+    mb = values.get("micro_batch_size")
+    if mb is None:
+        return
+    if rows is None:
+        _require(mb >= 1, f"{prefix}.micro_batch_size", f"must be >= 1 (got {mb})")
+    else:
+        _require(mb >= 0 and (mb == 0 or rows % mb == 0), f"{prefix}.micro_batch_size",
+                 f"{mb} must be 0 or divide the {rows} rows of a step")
+
+
+def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int:
+    """data x fsdp of the mesh `config.mesh` builds on `device_count` devices."""
+    m = config.mesh
+    sizes = {axis: m[axis] for axis in ("data", "fsdp", "tensor")}
+    known = math.prod(v for v in sizes.values() if v != -1)  # at most one axis is -1
+    n = m.num_devices or device_count
+    sizes = {a: (n // max(known, 1) if v == -1 else v) for a, v in sizes.items()}
+    return sizes["data"] * sizes["fsdp"]
+
+
+def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = None,
+             process_count: int = 1) -> None:
+    """Checks a run config (configs/base.py layout) before any compute.
+
+    Args:
+        config: the run config.
+        device_count: devices the run sees (None: skip the mesh checks).
+        process_count: JAX processes of the run.
+
+    Raises:
+        ConfigError: the first bad field, named "config.<field>", with the reason.
     """
     c = config
-    _require(c.variant in VARIANTS, "variant", f"{c.variant!r} not in {VARIANTS}")
-    _require(c.model.dtype in ("float32", "bfloat16"), "model.dtype",
-             f"{c.model.dtype!r} must be float32 or bfloat16")
-    _require(c.data.name in DATA_NAMES, "data.name", f"{c.data.name!r} not in {DATA_NAMES}")
+
+    def need(ok, field, message):
+        _require(ok, f"config.{field}", message)
+
+    need(c.variant in VARIANTS, "variant", f"{c.variant!r} not in {VARIANTS}")
+    need(c.model.dtype in DTYPES, "model.dtype", f"{c.model.dtype!r} not in {DTYPES}")
+    need(c.data.name in DATA_NAMES, "data.name", f"{c.data.name!r} not in {DATA_NAMES}")
     if c.data.name == "custom":
-        _require(len(c.data.anchor_paths) > 0, "data.anchor_paths", "needed when data.name=custom")
-        _require(len(c.data.prompt_paths) > 0, "data.prompt_paths", "needed when data.name=custom")
-    _require(c.data.heldout_anchor_rows >= 0, "data.heldout_anchor_rows", "must be >= 0")
-    _require(c.data.min_responses >= 2, "data.min_responses", "an anchor list needs >= 2")
-    _require(c.data.max_responses >= c.data.min_responses, "data.max_responses",
-             "must be >= data.min_responses")
-    _require(c.rounds.num_rounds >= 1, "rounds.num_rounds", "must be >= 1")
-    _require(c.rounds.generator_steps >= 0, "rounds.generator_steps", "must be >= 0")
-    _require(c.rounds.policy_steps >= 0, "rounds.policy_steps", "must be >= 0")
+        need(len(c.data.anchor_paths) > 0, "data.anchor_paths", "needed when data.name=custom")
+        need(len(c.data.prompt_paths) > 0, "data.prompt_paths", "needed when data.name=custom")
+    need(c.data.heldout_anchor_rows >= 0, "data.heldout_anchor_rows", "must be >= 0")
+    need(c.data.min_responses >= 2, "data.min_responses", "an anchor list needs >= 2")
+    need(c.data.max_responses >= c.data.min_responses, "data.max_responses",
+         "must be >= data.min_responses")
+    need(c.rounds.num_rounds >= 1, "rounds.num_rounds", "must be >= 1")
+    need(c.rounds.generator_steps >= 0, "rounds.generator_steps", "must be >= 0")
+    need(c.rounds.policy_steps >= 0, "rounds.policy_steps", "must be >= 0")
     p, g = c.policy, c.generator
-    _require(p.prompts_per_step >= 1, "policy.prompts_per_step", "must be >= 1")
-    _require(p.num_responses >= 2, "policy.num_responses", "K must be >= 2 for GRPO groups")
-    _require(p.max_new_tokens >= 1, "policy.max_new_tokens", "must be >= 1")
-    _require(p.max_prompt_tokens >= 8, "policy.max_prompt_tokens", "must be >= 8")
-    _require(p.temperature >= 0, "policy.temperature", "must be >= 0")
-    _require(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
-    _require(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
-    _check_trainer(p.train, "policy.train", p.prompts_per_step * p.num_responses)
-    _require(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
-    _require(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")
-    _require(g.lam >= 0, "generator.lam", "lambda must be >= 0")
-    _require(1 <= g.max_items <= 64, "generator.max_items", "must be in 1..64")
-    _require(g.max_item_chars >= 8, "generator.max_item_chars", "must be >= 8")
-    _require(g.max_new_tokens >= 16, "generator.max_new_tokens", "must be >= 16")
-    _require(g.input_budget >= 64, "generator.input_budget", "must be >= 64")
-    _require(g.temperature > 0, "generator.temperature",
-             "must be > 0: G identical greedy lists give flat groups")
-    _check_trainer(g.train, "generator.train", g.anchors_per_step * g.num_lists)
-    _require(c.verifier.max_prefix_tokens >= 32, "verifier.max_prefix_tokens", "must be >= 32")
-    _require(c.verifier.max_suffix_tokens >= 8, "verifier.max_suffix_tokens", "must be >= 8")
+    need(p.prompts_per_step >= 1, "policy.prompts_per_step", "must be >= 1")
+    need(p.num_responses >= 2, "policy.num_responses", "K must be >= 2 for GRPO groups")
+    need(p.max_new_tokens >= 1, "policy.max_new_tokens", "must be >= 1")
+    need(p.max_prompt_tokens >= 8, "policy.max_prompt_tokens", "must be >= 8")
+    need(p.temperature >= 0, "policy.temperature", "must be >= 0")
+    need(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
+    need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
+    check_trainer(p.train, "config.policy.train", rows=p.prompts_per_step * p.num_responses)
+    need(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
+    need(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")
+    need(g.lam >= 0, "generator.lam", "lambda must be >= 0")
+    need(1 <= g.max_items <= 64, "generator.max_items", "must be in 1..64")
+    need(g.max_item_chars >= 8, "generator.max_item_chars", "must be >= 8")
+    need(g.max_new_tokens >= 16, "generator.max_new_tokens", "must be >= 16")
+    need(g.input_budget >= 64, "generator.input_budget", "must be >= 64")
+    need(g.temperature > 0, "generator.temperature",
+         "must be > 0: G identical greedy lists give flat groups")
+    check_trainer(g.train, "config.generator.train", rows=g.anchors_per_step * g.num_lists)
+    need(c.verifier.max_prefix_tokens >= 32, "verifier.max_prefix_tokens", "must be >= 32")
+    need(c.verifier.max_suffix_tokens >= 8, "verifier.max_suffix_tokens", "must be >= 8")
     for axis in ("data", "fsdp", "tensor"):
         v = c.mesh[axis]
-        _require(v == -1 or v >= 1, f"mesh.{axis}", "must be -1 or >= 1")
-    _require(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
-    _require(isinstance(c.memory.park_idle_optimizer, bool), "memory.park_idle_optimizer",
-             "must be True or False")
-    _require(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
-    _require(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")
+        need(v == -1 or v >= 1, f"mesh.{axis}", "must be -1 or >= 1")
+    need(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
+    need(isinstance(c.memory.park_idle_optimizer, bool), "memory.park_idle_optimizer",
+         "must be True or False")
+    need(not (c.memory.park_idle_optimizer and process_count > 1),
+         "memory.park_idle_optimizer", "single-process runs only (it writes whole arrays "
+         f"to local disk); this run has {process_count} processes")
+    need(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
+    need(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")
+    if device_count is not None:
+        shards = mesh_row_shards(c, device_count)
+        for field, rows in (("policy.prompts_per_step * policy.num_responses",
+                             p.prompts_per_step * p.num_responses),
+                            ("generator.anchors_per_step * generator.num_lists",
+                             g.anchors_per_step * g.num_lists)):
+            need(rows % shards == 0, field, f"{rows} rows must divide over the mesh's "
+                 f"data x fsdp = {shards} devices (set config.mesh.*)")

@@ -29,7 +29,6 @@ checkpointed. A resumed run therefore repeats exactly what the uninterrupted run
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import shutil
@@ -43,12 +42,15 @@ import numpy as np
 
 from drubric_jax import checkpoint as ckpt_lib
 from drubric_jax import config_check, data, hostmem, rewards, rubric_text, run_logging
-from drubric_jax import sampling
+from drubric_jax import logprobs, sampling
 from drubric_jax import sharding
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax import train_step as ts
-from drubric_jax.models import export_hf_dir, llama, load_model
+from drubric_jax import models
+from drubric_jax.models import export_hf_dir, load_model
 from drubric_jax.models.config import ModelConfig
+from drubric_jax.train_config import TrainConfig
+from drubric_jax.types import Rollout
 from drubric_jax.rubrics import RubricGenerator, RubricInput
 from drubric_jax.verification import Verifier, fit_to_budget
 
@@ -123,15 +125,6 @@ def role_memory(roles: Roles) -> dict:
     size("policy", (roles.policy.params, roles.policy.opt_state))
     size("generator", (roles.generator.params, roles.generator.opt_state))
     return out
-
-
-def _train_config(c: ml_collections.ConfigDict, batch: int, temperature: float):
-    return ts.TrainConfig(
-        learning_rate=c.learning_rate, warmup_steps=c.warmup_steps,
-        weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, max_grad_norm=c.max_grad_norm,
-        clip_eps=c.clip_eps, beta=c.beta, aggregation=c.aggregation,
-        micro_batch_size=c.micro_batch_size or batch, temperature=temperature,
-        logits_chunk=c.logits_chunk, mu_dtype=c.mu_dtype)
 
 
 def _spread(items: Sequence, keep: int) -> list:
@@ -223,21 +216,6 @@ def load_data(config) -> tuple[list, list, list]:
 # ----------------------------------------------------------------------------- helpers
 
 
-@functools.lru_cache(maxsize=8)
-def _train_fns(model_cfg: ModelConfig, tc: ts.TrainConfig, mesh):
-    """(optimizer, sharded jitted train step) for one role, built once per process and
-    configuration so a new run in the same process reuses the compiled step."""
-    optimizer = ts.make_optimizer(tc)
-    shapes = jax.eval_shape(lambda: ts.init_train_state(
-        llama.init_params(model_cfg, jax.random.PRNGKey(0)), optimizer))
-    return optimizer, ts.make_sharded_train_step(model_cfg, tc, optimizer, mesh, shapes)
-
-
-_ref_logprobs = jax.jit(ts.sequence_logprobs,
-                        static_argnames=("cfg", "temperature", "chunk", "return_entropy",
-                                         "start"))
-
-
 def phase_key(seed: int, round_: int, phase: str, step: int) -> jax.Array:
     """Key of one step: fold_in(fold_in(fold_in(PRNGKey(seed), round), phase), step)."""
     key = jax.random.fold_in(jax.random.PRNGKey(seed), round_)
@@ -276,7 +254,7 @@ def _chat_prompt_ids(tokenizer, prompt: str, history: Sequence[dict], budget: in
     return ids
 
 
-def _decode(tokenizer, sample: sampling.SampleOutput, stop_ids) -> list:
+def _decode(tokenizer, sample: Rollout, stop_ids) -> list:
     out = []
     for row, mask in zip(sample.tokens, sample.mask):
         ids = [int(t) for t in row[mask] if int(t) not in stop_ids]
@@ -316,11 +294,7 @@ class CoEvolution:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-        config_check.validate(config)
-        if config.memory.park_idle_optimizer and jax.process_count() > 1:  # before compute
-            raise config_check.ConfigError(
-                "config.memory.park_idle_optimizer: single-process runs only (it writes "
-                f"whole arrays to local disk); this run has {jax.process_count()} processes")
+        config_check.validate(config, jax.device_count(), jax.process_count())
         hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
         self.config, self.workdir = config, workdir
         os.makedirs(workdir, exist_ok=True)
@@ -331,22 +305,16 @@ class CoEvolution:
         self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                                        jax.devices()[:c.mesh.num_devices or None])
         p, g = c.policy, c.generator
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        for field, rows in (("policy.prompts_per_step * policy.num_responses",
-                             p.prompts_per_step * p.num_responses),
-                            ("generator.anchors_per_step * generator.num_lists",
-                             g.anchors_per_step * g.num_lists)):
-            if rows % shards:
-                raise config_check.ConfigError(
-                    f"config.{field} = {rows} rows must divide over the mesh's data x fsdp = "
-                    f"{shards} devices (set config.mesh.*)")
-        self.policy_tc = _train_config(p.train, p.prompts_per_step * p.num_responses,
-                                       p.temperature)
-        self.generator_tc = _train_config(g.train, g.anchors_per_step * g.num_lists,
-                                          g.temperature)
-        self.policy_opt, self.policy_step_fn = _train_fns(pol_m.cfg, self.policy_tc, self.mesh)
-        self.generator_opt, self.generator_step_fn = _train_fns(gen_m.cfg, self.generator_tc,
-                                                                self.mesh)
+        self.policy_tc = TrainConfig.from_config(
+            p.train, "policy.train", rows=p.prompts_per_step * p.num_responses,
+            temperature=p.temperature)
+        self.generator_tc = TrainConfig.from_config(
+            g.train, "generator.train", rows=g.anchors_per_step * g.num_lists,
+            temperature=g.temperature)
+        self.policy_opt, self.policy_step_fn = ts.make_sharded_train_step(
+            pol_m.cfg, self.policy_tc, self.mesh)
+        self.generator_opt, self.generator_step_fn = ts.make_sharded_train_step(
+            gen_m.cfg, self.generator_tc, self.mesh)
         # Trainable roles get their own copies: their buffers are donated to the step.
         copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
         self.roles = Roles(
@@ -443,7 +411,7 @@ class CoEvolution:
     # -- shared pieces
 
     def sample_responses(self, key, prompts: Sequence[str], histories, k: int, timer: Timer):
-        """K policy responses per prompt: (prompt_ids list, SampleOutput [B*K], texts)."""
+        """K policy responses per prompt: (Rollout of B*K rows, texts)."""
         pm, p = self.roles.policy_model, self.config.policy
         ids = [_chat_prompt_ids(pm.tokenizer, x, h, p.max_prompt_tokens)
                for x, h in zip(prompts, histories)]
@@ -454,7 +422,8 @@ class CoEvolution:
                                     max_new_tokens=p.max_new_tokens, method=method,
                                     stop_ids=self.pol_stop, pad_id=self.pol_pad,
                                     min_bucket=p.min_prompt_bucket)
-        return rows, out, _decode(pm.tokenizer, out, set(self.pol_stop.tolist()))
+        out = out.replace(group_ids=np.repeat(np.arange(len(prompts), dtype=np.int32), k))
+        return out, _decode(pm.tokenizer, out, set(self.pol_stop.tolist()))
 
     def verify(self, prompts, histories, responses, item_lists, timer: Timer) -> np.ndarray:
         """0/1 verdicts float32[R, M_max] for R (prompt, response, item list) triples."""
@@ -462,26 +431,19 @@ class CoEvolution:
             p_yes = self.verifier.p_yes(prompts, responses, item_lists, history=histories)
         return (p_yes > 0.5).astype(np.float32)
 
-    def train(self, role: str, prompt_ids: list, completions: sampling.SampleOutput,
-              advantages: np.ndarray, timer: Timer) -> dict:
+    def train(self, role: str, rollout, advantages: np.ndarray, timer: Timer) -> dict:
         """One GRPO update of `role` ("policy" | "generator") on the given rollouts."""
         state = getattr(self.roles, role)
         model = self.roles.policy_model if role == "policy" else self.roles.generator_model
         tc = self.policy_tc if role == "policy" else self.generator_tc
-        pad = self.pol_pad if role == "policy" else int(self.generator.stop_ids[0])
-        min_bucket = (self.config.policy.min_prompt_bucket if role == "policy"
-                      else self.generator.min_bucket)
-        tokens, mask = sampling.left_pad(prompt_ids, sampling.bucket_length(
-            max(len(x) for x in prompt_ids), min_bucket), pad)
-        batch = ts.batch_from_samples(tokens, mask, completions, advantages)
+        batch = ts.batch_from_rollout(rollout, advantages)
         hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
         if tc.beta > 0:
             with timer("logprobs"):
-                ref = _ref_logprobs(model.params, cfg=model.cfg,
-                                    tokens=jnp.asarray(batch.tokens),
-                                    token_mask=jnp.asarray(batch.token_mask),
-                                    temperature=tc.scoring_temperature,
-                                    start=batch.prompt_len)
+                ref_fn = ts.make_sharded_logprobs_fn(model.cfg, self.mesh,
+                                                     tc.scoring_temperature,
+                                                     start=batch.prompt_len)
+                ref = ref_fn(model.params, batch.tokens, batch.token_mask)
                 ref.block_until_ready()  # so the time lands here, not in "update"
             batch = batch.replace(ref_logprobs=ref)
         step_fn = self.policy_step_fn if role == "policy" else self.generator_step_fn
@@ -502,8 +464,8 @@ class CoEvolution:
         k_resp, k_rub = jax.random.split(key)
         prompts = [a.prompt for a in anchors]
         hists = [list(a.history) for a in anchors]
-        _, _, responses = self.sample_responses(k_resp, prompts, hists,
-                                                c.policy.num_responses, timer)
+        _, responses = self.sample_responses(k_resp, prompts, hists,
+                                             c.policy.num_responses, timer)
         k = c.policy.num_responses
         sets = [responses[i * k:(i + 1) * k] for i in range(len(anchors))]
         self.bind_roles()
@@ -547,16 +509,17 @@ class CoEvolution:
         a_disc, flat_d = rewards.group_advantages(jnp.asarray(r_disc))
         a_anchor, flat_a = rewards.group_advantages(jnp.asarray(r_anchor))
         adv = np.asarray(lam_disc * a_disc + lam_anchor * a_anchor).reshape(-1)
-        completions = sampling.SampleOutput(
+        rollout = Rollout(
+            prompt_tokens=rs.prompt_tokens.reshape(b * gl, -1),
+            prompt_mask=rs.prompt_mask.reshape(b * gl, -1),
             tokens=rs.completion_tokens.reshape(b * gl, -1),
             logprobs=rs.logprobs.reshape(b * gl, -1),
             mask=rs.completion_mask.reshape(b * gl, -1),
             lengths=rs.completion_mask.reshape(b * gl, -1).sum(-1),
             truncated=np.array([f == "length" for fs in rs.finish_reasons for f in fs]),
-            invalid=np.zeros(b * gl, bool))
-        prompt_ids = [list(row_t[row_m]) for row_t, row_m in zip(
-            rs.prompt_tokens.reshape(b * gl, -1), rs.prompt_mask.reshape(b * gl, -1))]
-        metrics = self.train("generator", prompt_ids, completions, adv, timer)
+            invalid=np.zeros(b * gl, bool),
+            group_ids=np.repeat(np.arange(b, dtype=np.int32), gl))
+        metrics = self.train("generator", rollout, adv, timer)
         metrics.update(
             r_disc=float(r_disc.mean()), r_anchor=float(r_anchor.mean()),
             flat_group_fraction=float(np.mean(np.asarray(flat_d) & np.asarray(flat_a))),
@@ -578,7 +541,7 @@ class CoEvolution:
         prompts = [x.prompt for x in items]
         hists = [list(x.history) for x in items]
         k = p.num_responses
-        prompt_ids, sample, responses = self.sample_responses(k_resp, prompts, hists, k, timer)
+        sample, responses = self.sample_responses(k_resp, prompts, hists, k, timer)
         sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]
         self.bind_roles()
         with timer("rubric_generation"):
@@ -598,7 +561,7 @@ class CoEvolution:
         group_ids = np.repeat(np.arange(b), k)
         adv, flat = rewards.group_advantages_by_id(jnp.asarray(scores.reshape(-1)),
                                                    jnp.asarray(group_ids), b)
-        metrics = self.train("policy", prompt_ids, sample, np.asarray(adv), timer)
+        metrics = self.train("policy", sample, np.asarray(adv), timer)
         metrics.update(
             policy_reward=float(scores.mean()), flat_group_fraction=float(np.mean(flat)),
             rubric_invalid_fraction=float(1 - np.mean(valid)),
@@ -620,13 +583,13 @@ class CoEvolution:
         timer = Timer()
         items = next(self.prompt_iter)
         k = self.config.policy.num_responses
-        prompt_ids, sample, responses = self.sample_responses(
+        sample, responses = self.sample_responses(
             key, [x.prompt for x in items], [list(x.history) for x in items], k, timer)
         with timer("reward"):
             scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
                               np.float32)
         adv, flat = rewards.group_advantages(jnp.asarray(scores.reshape(len(items), k)))
-        metrics = self.train("policy", prompt_ids, sample, np.asarray(adv).reshape(-1), timer)
+        metrics = self.train("policy", sample, np.asarray(adv).reshape(-1), timer)
         metrics.update(policy_reward=float(scores.mean()), flat_group_fraction=float(
             np.mean(flat)), **{f"seconds_{k_}": v_ for k_, v_ in timer.seconds.items()})
         return metrics

@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax.models import llama
+from drubric_jax import models
 from drubric_jax.models.config import ModelConfig
+from drubric_jax.types import Rollout
 
 
 # ----------------------------------------------------------------------------- methods
@@ -179,7 +180,7 @@ class SamplerState:
         key: PRNG key of this call.
     """
 
-    cache: llama.KVCache
+    cache: models.KVCache
     logits: jax.Array
     positions: jax.Array
     tokens: jax.Array
@@ -189,28 +190,6 @@ class SamplerState:
     invalid: jax.Array
     step: jax.Array
     key: jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleOutput:
-    """Result of `generate` (host numpy arrays).
-
-    Attributes:
-        tokens: int32[B, N] generated ids; after the stop token, `pad_id`.
-        logprobs: float32[B, N] per-token log-probs at the scoring temperature.
-        mask: bool[B, N] includes the stop token, excludes everything after it.
-        lengths: int32[B] number of True in mask.
-        truncated: bool[B] the row hit max_new_tokens without a stop id.
-        invalid: bool[B] a step had no allowed token (only with allow_invalid=True); such a
-            row ends before that step: no token there (filler, mask False).
-    """
-
-    tokens: np.ndarray
-    logprobs: np.ndarray
-    mask: np.ndarray
-    lengths: np.ndarray
-    truncated: np.ndarray
-    invalid: np.ndarray
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:
@@ -245,10 +224,10 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         max_new_tokens: N.
     """
     b, p = tokens.shape
-    cache = llama.init_cache(cfg, b, p + max_new_tokens)
-    positions = llama.positions_from_mask(token_mask)
-    hidden, cache = llama.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
-    logits = llama.logits_from_hidden(params, cfg, hidden[:, -1])
+    cache = models.init_cache(cfg, b, p + max_new_tokens)
+    positions = models.positions_from_mask(token_mask)
+    hidden, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return SamplerState(
         cache=cache, logits=logits, positions=positions[:, -1] + 1,
         tokens=jnp.zeros((b, max_new_tokens), jnp.int32),
@@ -289,10 +268,10 @@ def _decode_step(params, cfg, state: SamplerState, method, stop_ids, pad_id,
         mask=state.mask.at[:, state.step].set(emitted),
         done=state.done | stopped, invalid=state.invalid | (live & bad),
         step=state.step + 1)
-    hidden, cache = llama.forward_hidden(
+    hidden, cache = models.forward_hidden(
         params, cfg, tok[:, None], state.positions[:, None], emitted[:, None], state.cache)
     return new_state.replace(
-        cache=cache, logits=llama.logits_from_hidden(params, cfg, hidden[:, 0]),
+        cache=cache, logits=models.logits_from_hidden(params, cfg, hidden[:, 0]),
         positions=state.positions + 1)
 
 
@@ -302,21 +281,21 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
     """Decodes until every row stopped or N tokens were generated (`lax.while_loop`).
 
     The loop runs on per-layer copies of the weights and of the cache
-    (`llama.unstack_layers`, `llama.unstack_cache`); the returned cache is stacked again.
+    (`models.decode_params`, `models.unstack_cache`); the returned cache is stacked again.
     """
     max_new = state.tokens.shape[1]
 
     def cond(s):
         return (s.step < max_new) & ~jnp.all(s.done)
 
-    layer_params = llama.unstack_layers(params)  # one copy per call, not one per step
+    layer_params = models.decode_params(params, cfg)  # one copy per call, not one per step
 
     def body(s):
         return _decode_step(layer_params, cfg, s, method, stop_ids, pad_id)
 
-    state = state.replace(cache=llama.unstack_cache(state.cache))
+    state = state.replace(cache=models.unstack_cache(state.cache))
     state = jax.lax.while_loop(cond, body, state)
-    return state.replace(cache=llama.stack_cache(state.cache))  # into the donated buffers
+    return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
@@ -331,23 +310,25 @@ def constrained_step(params, cfg: ModelConfig, state: SamplerState, method: Meth
     return _decode_step(params, cfg, state, method, stop_ids, pad_id, allowed, force_stop)
 
 
-_unstack_layers = jax.jit(llama.unstack_layers)
-_unstack_cache = jax.jit(llama.unstack_cache)
+_decode_params = jax.jit(models.decode_params, static_argnames="cfg")
+_unstack_cache = jax.jit(models.unstack_cache)
 
 
-def _finish(state: SamplerState, pad_id: int) -> SampleOutput:
+def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
+            prompt_mask: np.ndarray) -> Rollout:
     tokens, logprobs, mask, done, invalid = jax.device_get(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
     tokens = np.where(mask, tokens, pad_id).astype(np.int32)  # steps skipped by an early exit
     lengths = mask.sum(-1).astype(np.int32)
-    return SampleOutput(tokens=tokens, logprobs=logprobs, mask=mask, lengths=lengths,
-                        truncated=~done, invalid=invalid)
+    return Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
+                   logprobs=logprobs, mask=mask, lengths=lengths, truncated=~done,
+                   invalid=invalid, group_ids=np.arange(len(tokens), dtype=np.int32))
 
 
 def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key: jax.Array,
              max_new_tokens: int, method: Method = Greedy(), stop_ids: Sequence[int],
              pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
-             allow_invalid: bool = False) -> SampleOutput:
+             allow_invalid: bool = False) -> Rollout:
     """Samples continuations of token-id prompts.
 
     Args:
@@ -368,7 +349,8 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             `invalid`) instead of raising.
 
     Returns:
-        SampleOutput.
+        Rollout of the B rows (host numpy), with the left-padded prompts it prefilled;
+        group_ids is arange(B) (each row its own group) until the caller sets it.
 
     Raises:
         ValueError: empty stop_ids or prompts; a row had no allowed token (case-09) and
@@ -388,7 +370,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         state = decode_loop(params, cfg, state, method, stop_arr, pad)
     else:
         constraint.reset(len(prompts))
-        layer_params = _unstack_layers(params)
+        layer_params = _decode_params(params, cfg)
         state = state.replace(cache=_unstack_cache(state.cache))
         for step in range(max_new_tokens):
             state = constrained_step(layer_params, cfg, state, method, stop_arr, pad,
@@ -399,7 +381,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             constraint.advance(tok, emitted)
             if done.all():
                 break
-    out = _finish(state, pad)
+    out = _finish(state, pad, tokens, mask)
     if out.invalid.any() and not allow_invalid:
         rows = np.flatnonzero(out.invalid).tolist()
         raise ValueError(f"rows {rows} reached a step with no allowed token (all logits -inf)")

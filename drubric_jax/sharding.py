@@ -104,7 +104,8 @@ _RULE_NAMES = frozenset(f.name for f in dataclasses.fields(ShardingRules))
 DEFAULT_RULES = ShardingRules()
 
 
-def _leaf_name(path) -> Optional[str]:
+def leaf_name(path) -> Optional[str]:
+    """The last dict key on a pytree path (e.g. "wq" for params["layers"]["wq"]), or None."""
     for entry in reversed(path):
         if isinstance(entry, jax.tree_util.DictKey):
             return str(entry.key)
@@ -125,7 +126,7 @@ def param_shardings(tree: Any, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES)
         Pytree of `NamedSharding` with the structure of `tree`.
     """
     def one(path, leaf):
-        return NamedSharding(mesh, rules.spec(_leaf_name(path), tuple(leaf.shape), mesh))
+        return NamedSharding(mesh, rules.spec(leaf_name(path), tuple(leaf.shape), mesh))
 
     return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from drubric_jax import rubric_text
-from drubric_jax.models import llama
+from drubric_jax import models
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
 
@@ -221,14 +221,14 @@ def _prefill(params, cfg: ModelConfig, tokens, token_mask, num_slots: int):
 
     Returns (cache with index P, prefix lengths int32[R]).
     """
-    cache = llama.init_cache(cfg, tokens.shape[0], num_slots)
-    positions = llama.positions_from_mask(token_mask)
-    _, cache = llama.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    cache = models.init_cache(cfg, tokens.shape[0], num_slots)
+    positions = models.positions_from_mask(token_mask)
+    _, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
     return cache, jnp.sum(token_mask, axis=-1).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _score_suffixes(params, cfg: ModelConfig, cache: llama.KVCache, prefix_len,
+def _score_suffixes(params, cfg: ModelConfig, cache: models.KVCache, prefix_len,
                     suffix_tokens, suffix_len, yes_ids, no_ids):
     """P(yes) of Mc suffixes per cached prefix, in one batched pass.
 
@@ -243,25 +243,24 @@ def _score_suffixes(params, cfg: ModelConfig, cache: llama.KVCache, prefix_len,
         float32[R, Mc].
     """
     r, mc, ts = suffix_tokens.shape
-    rows = llama.KVCache(k=jnp.repeat(cache.k, mc, axis=1), v=jnp.repeat(cache.v, mc, axis=1),
-                         valid=jnp.repeat(cache.valid, mc, axis=0), index=cache.index)
+    rows = models.repeat_rows(cache, mc)
     tokens = suffix_tokens.reshape(r * mc, ts)
     lens = suffix_len.reshape(r * mc)
     steps = jnp.arange(ts, dtype=jnp.int32)
     mask = steps[None, :] < lens[:, None]
     positions = jnp.repeat(prefix_len, mc)[:, None] + steps[None, :]
-    hidden, _ = llama.forward_hidden(params, cfg, tokens, positions, mask, rows)
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, mask, rows)
     last = jnp.take_along_axis(hidden, jnp.maximum(lens - 1, 0)[:, None, None], axis=1)[:, 0]
-    logits = llama.logits_from_hidden(params, cfg, last)
+    logits = models.logits_from_hidden(params, cfg, last)
     return p_yes_from_logits(logits, yes_ids, no_ids).reshape(r, mc)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _score_full(params, cfg: ModelConfig, tokens, token_mask, yes_ids, no_ids):
     """P(yes) after left-padded full prompts int32[N, T] (no cache, causal). float32[N]."""
-    positions = llama.positions_from_mask(token_mask)
-    hidden, _ = llama.forward_hidden(params, cfg, tokens, positions, token_mask)
-    logits = llama.logits_from_hidden(params, cfg, hidden[:, -1])
+    positions = models.positions_from_mask(token_mask)
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask)
+    logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return p_yes_from_logits(logits, yes_ids, no_ids)
 
 

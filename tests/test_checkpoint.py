@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from drubric_jax import sharding
+from drubric_jax import train_config
 from drubric_jax import train_step as ts
 from drubric_jax.checkpoint import Checkpointer, key_from_json, key_to_json, step_key
 from drubric_jax.models import config, init_params
@@ -76,9 +77,9 @@ def test_case_21_resume_optimizer_and_rng(load_case, tmp_path):
 
 
 def test_resume_keeps_warmup_position(tmp_path):
-    cfg = ts.TrainConfig(learning_rate=0.5, warmup_steps=10, max_grad_norm=1e6,
+    cfg = train_config.TrainConfig(learning_rate=0.5, warmup_steps=10, max_grad_norm=1e6,
                          weight_decay=0.1)
-    optimizer = ts.make_optimizer(cfg)
+    optimizer = train_config.make_optimizer(cfg)
     params = {"w": jnp.zeros((3,), jnp.float32), "final_norm": jnp.ones((3,), jnp.float32)}
     state = ts.init_train_state(params, optimizer)
     for g in (1.0, 2.0):
@@ -86,8 +87,8 @@ def test_resume_keeps_warmup_position(tmp_path):
     with Checkpointer(tmp_path, max_to_keep=1) as ckpt:
         ckpt.save(int(state.step), state, {"step": int(state.step)})
         restored, _ = ckpt.restore(None, ts.init_train_state(params, optimizer))
-    assert int(ts._schedule_count(restored.opt_state)) == 2
-    close(ts.learning_rate_schedule(cfg)(ts._schedule_count(restored.opt_state)), 0.15)
+    assert int(train_config.schedule_count(restored.opt_state)) == 2
+    close(train_config.learning_rate_schedule(cfg)(train_config.schedule_count(restored.opt_state)), 0.15)
     a, b = _apply(optimizer, state, -1.0), _apply(optimizer, restored, -1.0)
     jax.tree.map(lambda x, y: close(x, y, atol=0), a.params, b.params)
     fresh = _apply(optimizer, ts.TrainState(step=restored.step, params=restored.params,
@@ -97,7 +98,7 @@ def test_resume_keeps_warmup_position(tmp_path):
 
 def test_restore_onto_sharded_target(tmp_path):
     cfg = config.TINY.replace(vocab_size=256)
-    optimizer = ts.make_optimizer(ts.TrainConfig())
+    optimizer = train_config.make_optimizer(train_config.TrainConfig())
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     saved = ts.shard_train_state(
         ts.init_train_state(init_params(cfg, jax.random.PRNGKey(0)), optimizer), mesh)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from drubric_jax import grpo
+from drubric_jax import grpo, logprobs, sampling
 
 PROPERTY = settings(max_examples=30, deadline=None)
 
@@ -29,7 +29,34 @@ JIT_LOSS_AND_GRAD = jax.jit(loss_and_grad, static_argnames=("clip_eps", "beta", 
 
 # --- completion mask ------------------------------------------------------------------
 
-def test_case_04_completion_mask_pad_equals_eos(load_case):
+class ForcedTokens:
+    """A sampler constraint (`sampling.generate(constraint=...)`) that allows exactly one
+    token per row and step: row i emits forced[i][0], forced[i][1], ... (then anything)."""
+
+    def __init__(self, forced, vocab_size):
+        self.forced, self.vocab_size = [list(f) for f in forced], vocab_size
+
+    def reset(self, batch):
+        self.step = 0
+
+    def allowed(self):
+        out = np.ones((len(self.forced), self.vocab_size), bool)
+        for i, f in enumerate(self.forced):
+            if self.step < len(f):
+                out[i] = False
+                out[i, f[self.step]] = True
+        return out
+
+    def finished(self):
+        return np.zeros(len(self.forced), bool)
+
+    def advance(self, tokens, live):
+        self.step += 1
+
+
+def test_case_04_completion_mask_pad_equals_eos(load_case, tiny_model):
+    """The sampler's mask (the one the loss uses) covers every token up to and including the
+    first EOS when pad == EOS; a row without EOS is kept whole and flagged truncated."""
     case = load_case("case-04")
     eos = 2
     ids = [[11, 12, 2, 2, 2], [13, 2, 2, 2, 2], [14, 15, 16, 17, 18]]
@@ -46,34 +73,19 @@ def test_case_04_completion_mask_pad_equals_eos(load_case):
         want_mask = case["expected"]["completion_mask"]
         want_len, want_trunc = case["expected"]["lengths"], case["expected"]["truncated"]
         want_grad = case["expected"]["d_loss_d_logp_new"]
-    mask, lengths, truncated = grpo.completion_mask(np.array(ids, np.int32), eos)
-    assert np.asarray(mask).astype(int).tolist() == want_mask
-    assert np.asarray(lengths).tolist() == want_len
-    assert np.asarray(truncated).tolist() == want_trunc
-    assert float(np.mean(np.asarray(lengths)[:2])) == 2.5
+    cfg, params = tiny_model
+    rollout = sampling.generate(params, cfg, [[5, 6, 7]] * len(ids), key=jax.random.PRNGKey(0),
+                                max_new_tokens=len(ids[0]), stop_ids=[eos], pad_id=eos,
+                                constraint=ForcedTokens(ids, cfg.vocab_size))
+    assert rollout.tokens.tolist() == ids  # post-EOS filler is the pad id == EOS id
+    assert rollout.mask.astype(int).tolist() == want_mask
+    assert rollout.lengths.tolist() == want_len
+    assert rollout.truncated.tolist() == want_trunc
+    assert float(np.mean(rollout.lengths[:2])) == 2.5
     # On-policy first step: sampler log-probs equal the current ones (ratio 1).
     logp = np.full((3, 5), -0.7, np.float32)
-    _, grad = loss_and_grad(logp, logp, None, np.array(adv), mask, beta=0.0)
+    _, grad = loss_and_grad(logp, logp, None, np.array(adv), rollout.mask, beta=0.0)
     close(grad, want_grad, 1e-6)
-
-
-def test_completion_mask_stop_set_filler_and_drop_truncated():
-    tokens = np.array([[5, 7, 9, 0, 0], [5, 9, 7, 7, 7], [5, 5, 5, 3, 3]], np.int32)
-    stops = np.array([7, 9])
-    mask, lengths, truncated = grpo.completion_mask(tokens, stops)
-    assert np.asarray(mask).astype(int).tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0],
-                                                     [1, 1, 1, 1, 1]]
-    assert np.asarray(lengths).tolist() == [2, 2, 5]
-    # The sampler wrote only 3 tokens of row 2 (filler "3" after), no stop.
-    mask, lengths, truncated = grpo.completion_mask(tokens, stops, np.array([5, 5, 3]))
-    assert np.asarray(mask[2]).astype(int).tolist() == [1, 1, 1, 0, 0]
-    assert np.asarray(lengths).tolist() == [2, 2, 3]
-    assert np.asarray(truncated).tolist() == [False, False, True]
-    # A stop id in unwritten filler does not count as a stop.
-    mask, _, truncated = grpo.completion_mask(np.array([[4, 4, 7]]), 7, np.array([2]))
-    assert bool(truncated[0]) and np.asarray(mask).astype(int).tolist() == [[1, 1, 0]]
-    mask, lengths, truncated = grpo.completion_mask(tokens, stops, drop_truncated=True)
-    assert np.asarray(mask[2]).sum() == 0 and int(lengths[2]) == 5 and bool(truncated[2])
 
 
 # --- k3 KL ----------------------------------------------------------------------------
@@ -102,6 +114,26 @@ def test_case_03_k3_kl_value_direction_gradient(load_case):
     loss, g = loss_and_grad(lp[None], lp[None], lr[None], np.zeros(1), mask, beta=beta)
     close(loss, beta * want_mean, 1e-7)
     close(g[0], want_beta_grad, 1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(grpo.KL_ESTIMATORS))
+def test_kl_estimators_values_and_loss_selection(name):
+    """k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = exp(d) - d - 1 (d = ref - logp), all
+    clamped; `grpo_loss(kl_estimator=...)` uses the chosen one (A = 0: loss = beta KL)."""
+    lp = np.array([-1.0, -0.5, -3.0], np.float32)
+    lr = np.array([-2.0, -0.3, -3.0], np.float32)
+    d = lr - lp
+    want = {"k1": -d, "k2": 0.5 * d * d, "k3": np.exp(d) - d - 1.0}[name]
+    close(grpo.KL_ESTIMATORS[name](lp, lr), want, 1e-6)
+    mask = np.ones((1, 3), bool)
+    loss, _ = loss_and_grad(lp[None], lp[None], lr[None], np.zeros(1), mask, beta=0.5,
+                            kl_estimator=name)
+    close(loss, 0.5 * want.mean(), 1e-6)
+    # A huge log-ratio is clamped to 20 before any exp: finite for every estimator.
+    big = grpo.KL_ESTIMATORS[name](np.array([0.0]), np.array([-1e9]))
+    assert np.all(np.isfinite(big))
+    with pytest.raises(ValueError, match="kl_estimator"):
+        grpo.grpo_loss(lp[None], lp[None], lr[None], np.zeros(1), mask, kl_estimator="k9")
 
 
 def test_k3_clamped_and_finite():
@@ -237,16 +269,16 @@ def test_garbage_at_masked_positions_never_reaches_loss_or_grad(new, old, mask, 
 def test_token_logprobs_temperature():
     logits = np.array([[[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]], np.float32)  # [1, 2, 3]
     targets = np.array([[1, 2]], np.int32)
-    lp = grpo.token_logprobs_from_logits(logits, targets, 1.0)
+    lp = logprobs.token_logprobs_from_logits(logits, targets, 1.0)
     z = math.log(math.e ** 1 + math.e ** 2 + math.e ** 0.5)
     close(lp, [[2.0 - z, -math.log(3)]], 1e-6)
-    lp2 = grpo.token_logprobs_from_logits(logits, targets, 2.0)
+    lp2 = logprobs.token_logprobs_from_logits(logits, targets, 2.0)
     z2 = math.log(math.e ** 0.5 + math.e ** 1 + math.e ** 0.25)
     close(lp2, [[1.0 - z2, -math.log(3)]], 1e-6)
     # Greedy (T = 0) scores at temperature 1, never dividing by 0.
-    close(grpo.token_logprobs_from_logits(logits, targets, 0.0), lp, 0)
+    close(logprobs.token_logprobs_from_logits(logits, targets, 0.0), lp, 0)
     # Per-row temperature.
-    both = grpo.token_logprobs_from_logits(np.concatenate([logits, logits]),
+    both = logprobs.token_logprobs_from_logits(np.concatenate([logits, logits]),
                                            np.concatenate([targets, targets]),
                                            np.array([1.0, 2.0]))
     close(both, np.concatenate([lp, lp2]), 1e-6)
@@ -254,9 +286,9 @@ def test_token_logprobs_temperature():
 
 def test_entropy_from_logits():
     logits = np.array([[[0.0, 0.0, 0.0, 0.0], [0.0, -np.inf, -np.inf, 5.0]]], np.float32)
-    ent = grpo.entropy_from_logits(logits)
+    ent = logprobs.entropy_from_logits(logits)
     p = 1 / (1 + math.exp(-5))
     close(ent, [[math.log(4), -(p * math.log(p) + (1 - p) * math.log(1 - p))]], 1e-6)
-    grad = jax.grad(lambda x: jnp.sum(grpo.entropy_from_logits(x)))(jnp.asarray(logits))
+    grad = jax.grad(lambda x: jnp.sum(logprobs.entropy_from_logits(x)))(jnp.asarray(logits))
     assert np.all(np.isfinite(np.asarray(grad)))
-    close(grpo.entropy_from_logits(logits, 0.0), ent, 0)
+    close(logprobs.entropy_from_logits(logits, 0.0), ent, 0)

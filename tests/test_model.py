@@ -381,7 +381,7 @@ def _write_tiny_gguf(path, cfg, params):
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_context_length(cfg.max_seq_len)
     w.add_vocab_size(cfg.vocab_size)
-    for key, (_, name) in weights._TOP_NAMES.items():
+    for key, (_, name) in llama.TOP_WEIGHT_NAMES.items():
         if key in params:
             x = np.asarray(params[key], np.float32)
             w.add_tensor(name, np.ascontiguousarray(x.T if key == "lm_head" else x))
@@ -394,7 +394,7 @@ def _write_tiny_gguf(path, cfg, params):
                 x = _llama_cpp_permute(x, cfg.num_heads)
             elif key == "wk":
                 x = _llama_cpp_permute(x, cfg.num_kv_heads)
-            w.add_tensor(f"blk.{i}.{weights._LAYER_NAMES[key][1]}", x)
+            w.add_tensor(f"blk.{i}.{llama.LAYER_WEIGHT_NAMES[key][1]}", x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

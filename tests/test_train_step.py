@@ -5,6 +5,7 @@ P = 16, N = 8 new tokens at temperature 0.7) is shared by the module; the jitted
 built once per config. Sharded tests run on the 8 fake CPU devices from conftest.py.
 """
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,14 +13,14 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from drubric_jax import grpo, sampling, sharding
+from drubric_jax import grpo, logprobs, sampling, sharding, train_config
 from drubric_jax import train_step as ts
 
 TEMPERATURE = 0.7
 N_NEW = 8
 # Every 5th vocabulary id stops a row, so completions have varied lengths (some truncated).
 STOP_IDS = list(range(3, 49152, 5))
-CFG = ts.TrainConfig(learning_rate=1e-4, warmup_steps=0, max_grad_norm=1.0, clip_eps=0.2,
+CFG = train_config.TrainConfig(learning_rate=1e-4, warmup_steps=0, max_grad_norm=1.0, clip_eps=0.2,
                      beta=0.01, micro_batch_size=8, temperature=TEMPERATURE, logits_chunk=8)
 CFG_MICRO = dataclasses.replace(CFG, micro_batch_size=2)
 
@@ -32,6 +33,60 @@ def copy_tree(tree):
     return jax.tree.map(jnp.copy, tree)
 
 
+def jit_step(model_cfg, train_cfg, optimizer):
+    """Single-device jitted `train_step`, donating the state."""
+    return jax.jit(functools.partial(ts.train_step, model_cfg=model_cfg, train_cfg=train_cfg,
+                                     optimizer=optimizer), donate_argnums=(0,))
+
+
+def jit_grads(model_cfg, train_cfg):
+    return jax.jit(functools.partial(ts.accumulate_gradients, model_cfg=model_cfg,
+                                     train_cfg=train_cfg))
+
+
+# Two float32 evaluations of the same gradient that sum in another order (micro-batches,
+# sharding, another CPU's XLA) differ by a few ulps of the accumulated terms: measured here
+# up to 5e-7 of each leaf's largest entry. 1e-5 of that scale leaves 20x headroom and is
+# still far below any real error (a wrong rescaling is off by tens of percent).
+GRAD_RTOL = 1e-5
+
+
+def grad_tolerance(g) -> float:
+    return GRAD_RTOL * float(np.abs(np.asarray(g)).max())
+
+
+def assert_grads_close(ga, gb):
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ga), jax.tree.leaves(gb)):
+        d = float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        assert d <= grad_tolerance(a), (jax.tree_util.keystr(path), d, grad_tolerance(a))
+
+
+def assert_adam_first_steps_close(pa, pb, grads, cfg, grad_norm, extra=0.0):
+    """Params after one AdamW step (from the same fresh state, weight decay 0) whose
+    gradients agree within `grad_tolerance`.
+
+    Adam's first update is u(g) = lr * g / (|g| + eps) (the bias-corrected moments are g and
+    g^2), applied to the clipped gradient c g, c = min(1, max_grad_norm / |g|). Its slope
+    lr * eps / (|g| + eps)^2 reaches lr / eps at g = 0, so float noise dg on a near-zero
+    gradient entry legitimately moves that entry by up to lr (this is why comparing
+    params at a fixed atol fails on some CPUs). Per entry, by the mean-value theorem,
+    |u(a) - u(b)| <= lr * dg * eps / (max(|g| - dg, 0) + eps)^2, and never more than 2 lr;
+    plus the float32 rounding of u itself (a few ulps of lr; 8 allowed) and of p - u
+    (2 ulps of the parameter), plus `extra` (e.g. the rounding of a bfloat16 first moment).
+    """
+    lr, eps = cfg.learning_rate, cfg.eps
+    c = min(1.0, cfg.max_grad_norm / float(grad_norm))
+    for (path, a), b, g in zip(jax.tree_util.tree_leaves_with_path(pa), jax.tree.leaves(pb),
+                               jax.tree.leaves(grads)):
+        a, b, g = np.asarray(a), np.asarray(b), np.asarray(g)
+        dg = c * grad_tolerance(g)
+        m = np.maximum(c * np.abs(g) - dg, 0.0)
+        rounding = 8 * np.spacing(np.float32(lr)) + 2 * np.spacing(np.abs(a).astype(np.float32))
+        bound = np.minimum(lr * dg * eps / (m + eps) ** 2, 2 * lr) + rounding + extra
+        excess = np.abs(a - b) - bound
+        assert excess.max() <= 0, (jax.tree_util.keystr(path), float(excess.max()))
+
+
 @pytest.fixture(scope="module")
 def setup(tiny_model):
     """(cfg, params, batch, optimizer, steps): steps[train_cfg] is the jitted step."""
@@ -41,14 +96,13 @@ def setup(tiny_model):
     sample = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(1),
                                max_new_tokens=N_NEW, method=sampling.Temperature(TEMPERATURE),
                                stop_ids=STOP_IDS)
-    p_tokens, p_mask = sampling.left_pad(prompts, sampling.bucket_length(12), STOP_IDS[0])
     adv = np.array([1.5, -1.0, 0.5, -0.5, 1.0, -1.5, 0.25, -0.25], np.float32)
-    batch = ts.batch_from_samples(p_tokens, p_mask, sample, adv)
+    batch = ts.batch_from_rollout(sample, adv)
     # The reference is the sampling policy itself, with a small offset so KL != 0.
     ref = np.where(batch.loss_mask, batch.old_logprobs - 0.05, 0.0).astype(np.float32)
     batch = batch.replace(ref_logprobs=ref)
-    optimizer = ts.make_optimizer(CFG)
-    steps = {c: ts.make_train_step(cfg, c, optimizer) for c in (CFG, CFG_MICRO)}
+    optimizer = train_config.make_optimizer(CFG)
+    steps = {c: jit_step(cfg, c, optimizer) for c in (CFG, CFG_MICRO)}
     return cfg, params, batch, optimizer, steps, sample
 
 
@@ -66,7 +120,7 @@ def one_step(setup):
 def test_sequence_logprobs_match_sampler(setup):
     cfg, params, batch, _, _, sample = setup
     assert sample.lengths.min() < N_NEW and sample.truncated.any()  # varied lengths
-    fn = jax.jit(ts.sequence_logprobs, static_argnames=("cfg", "temperature", "chunk",
+    fn = jax.jit(logprobs.sequence_logprobs, static_argnames=("cfg", "temperature", "chunk",
                                                         "return_entropy", "start"))
     logp, ent = fn(params, cfg, batch.tokens, batch.token_mask, TEMPERATURE, chunk=8,
                    return_entropy=True)
@@ -124,7 +178,7 @@ def test_train_step_pinned_first_step(setup, one_step):
 def test_repeated_steps_raise_positive_advantage_logprobs(setup, one_step):
     cfg, params, batch, optimizer, steps, _ = setup
     seq_logp = jax.jit(lambda p: jnp.sum(jnp.where(
-        batch.loss_mask, ts.sequence_logprobs(p, cfg, batch.tokens, batch.token_mask,
+        batch.loss_mask, logprobs.sequence_logprobs(p, cfg, batch.tokens, batch.token_mask,
                                               TEMPERATURE, chunk=8), 0.0), axis=-1))
     before = np.asarray(seq_logp(params))
     state, metrics = one_step
@@ -143,14 +197,22 @@ def test_repeated_steps_raise_positive_advantage_logprobs(setup, one_step):
 
 
 def test_micro_batches_equal_single_batch(setup, one_step):
-    _, params, batch, optimizer, steps, _ = setup
+    """4 micro-batches of 2 rows give the gradient of the whole batch (before the
+    optimizer, tightly), the same metrics, and params that agree within what one AdamW step
+    makes of that float noise (`assert_adam_first_steps_close`)."""
+    cfg, params, batch, optimizer, steps, _ = setup
+    g_full, s_full = jit_grads(cfg, CFG)(params, batch)
+    g_micro, s_micro = jit_grads(cfg, CFG_MICRO)(params, batch)
+    assert_grads_close(g_full, g_micro)
+    for k in s_full:
+        close(s_micro[k], s_full[k], atol=1e-5)
     state_full, m_full = one_step
     state = ts.init_train_state(copy_tree(params), optimizer)
-    state_micro, m_micro = steps[CFG_MICRO](state, batch)  # 4 micro-batches of 2 rows
-    for k in ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm",
-              "update_norm", "num_tokens"):
+    state_micro, m_micro = steps[CFG_MICRO](state, batch)
+    for k in ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm", "num_tokens"):
         close(m_micro[k], m_full[k], atol=1e-5)
-    jax.tree.map(lambda a, b: close(a, b, atol=1e-5), state_micro.params, state_full.params)
+    assert_adam_first_steps_close(state_micro.params, state_full.params, g_full, CFG,
+                                  m_full["grad_norm"])
 
 
 def test_bfloat16_first_moment_matches_float32_step(setup, one_step):
@@ -160,21 +222,22 @@ def test_bfloat16_first_moment_matches_float32_step(setup, one_step):
     cfg, params, batch, _, _, _ = setup
     state_f32, _ = one_step
     cfg_bf16 = dataclasses.replace(CFG, mu_dtype="bfloat16")
-    opt = ts.make_optimizer(cfg_bf16)
+    opt = train_config.make_optimizer(cfg_bf16)
     state = ts.init_train_state(copy_tree(params), opt)
     dtypes = {str(x.dtype) for x in jax.tree.leaves(state.opt_state) if x.ndim > 0}
     assert dtypes == {"bfloat16", "float32"}, dtypes
-    new, metrics = ts.make_train_step(cfg, cfg_bf16, opt)(state, batch)
+    new, metrics = jit_step(cfg, cfg_bf16, opt)(state, batch)
     assert np.isfinite(float(metrics["loss"]))
-    delta_bf16 = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new.params, params)
-    delta_f32 = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), state_f32.params,
-                             params)
-    lr = CFG.learning_rate
-    jax.tree.map(lambda a, b: close(a, b, atol=lr * 1e-2), delta_bf16, delta_f32)
-    moved = sum(float(np.abs(d).max()) for d in jax.tree.leaves(delta_bf16))
+    # bfloat16 keeps 8 mantissa bits: mu is off by at most 2^-8 of itself, so the update
+    # lr * mu / sqrt(nu) by at most lr / 256; 1e-2 lr covers it.
+    grads, _ = jit_grads(cfg, CFG)(params, batch)
+    assert_adam_first_steps_close(new.params, state_f32.params, grads, CFG,
+                                  metrics["grad_norm"], extra=CFG.learning_rate * 1e-2)
+    moved = sum(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)))
     assert moved > 0
     with pytest.raises(ValueError, match="mu_dtype"):
-        ts.TrainConfig(mu_dtype="float16")
+        train_config.TrainConfig(mu_dtype="float16")
 
 
 @pytest.mark.parametrize("aggregation", grpo.AGGREGATIONS)
@@ -206,10 +269,11 @@ def test_garbage_at_masked_positions_gives_finite_identical_step(setup, one_step
     state = ts.init_train_state(copy_tree(params), optimizer)
     new_state, metrics = steps[CFG](state, bad)
     ts.check_finite(metrics, step=1)
+    # The same executable on inputs that differ only where they are masked: bit for bit.
     state_ref, m_ref = one_step
-    close(metrics["loss"], m_ref["loss"])
-    close(metrics["grad_norm"], m_ref["grad_norm"])
-    jax.tree.map(lambda a, b: close(a, b), new_state.params, state_ref.params)
+    assert float(metrics["loss"]) == float(m_ref["loss"])
+    assert float(metrics["grad_norm"]) == float(m_ref["grad_norm"])
+    jax.tree.map(np.testing.assert_array_equal, new_state.params, state_ref.params)
 
 
 def test_batch_not_multiple_of_micro_batch_raises(setup):
@@ -235,25 +299,31 @@ def test_sharded_step_matches_unsharded(setup, one_step):
     cfg, params, batch, optimizer, _, _ = setup
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     c = dataclasses.replace(CFG, micro_batch_size=4)  # 2 micro-batches, 4 rows = data*fsdp
-    shapes = jax.eval_shape(lambda: ts.init_train_state(params, optimizer))
-    step = ts.make_sharded_train_step(cfg, c, optimizer, mesh, shapes)
-    state = ts.shard_train_state(ts.init_train_state(copy_tree(params), optimizer), mesh)
+    opt, step = ts.make_sharded_train_step(cfg, c, mesh)
+    state = ts.shard_train_state(ts.init_train_state(copy_tree(params), opt), mesh)
     wq = state.params["layers"]["wq"]
     assert wq.sharding.spec == P(None, "fsdp", "tensor")
     assert state.opt_state[1][0].mu["embed"].sharding.spec == P("tensor", "fsdp")
+    # The gradient computed under the mesh equals the 1-device one, before the optimizer.
+    g_ref, _ = jit_grads(cfg, CFG)(params, batch)
+    g_sharded, _ = jit_grads(cfg, c)(state.params, jax.device_put(
+        batch, sharding.batch_sharding(mesh)))
+    assert_grads_close(g_ref, g_sharded)
     new_state, metrics = step(state, batch)
     assert wq.is_deleted()  # donated
     assert new_state.params["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor")
+    assert ts.make_sharded_train_step(cfg, c, mesh)[1] is step  # memoised
     state_ref, m_ref = one_step
-    for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "update_norm"):
+    for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
         close(metrics[k], m_ref[k], atol=1e-5)
-    jax.tree.map(lambda a, b: close(a, b, atol=1e-5), new_state.params, state_ref.params)
+    assert_adam_first_steps_close(new_state.params, state_ref.params, g_ref, CFG,
+                                  m_ref["grad_norm"])
 
-    logprobs = ts.make_sharded_logprobs_fn(cfg, mesh, shapes.params, TEMPERATURE, chunk=8)
-    logp = logprobs(new_state.params, batch.tokens, batch.token_mask)
+    logprobs_fn = ts.make_sharded_logprobs_fn(cfg, mesh, TEMPERATURE, chunk=8)
+    logp = logprobs_fn(new_state.params, batch.tokens, batch.token_mask)
     assert logp.sharding.spec == P(("data", "fsdp"))
     close(np.where(batch.loss_mask, logp, 0.0),
-          np.where(batch.loss_mask, ts.sequence_logprobs(
+          np.where(batch.loss_mask, logprobs.sequence_logprobs(
               state_ref.params, cfg, batch.tokens, batch.token_mask, TEMPERATURE), 0.0),
           atol=1e-4)
 
@@ -282,16 +352,20 @@ def test_make_mesh_and_rules():
 
 def test_config_validation_and_check_finite():
     with pytest.raises(ValueError, match="aggregation"):
-        ts.TrainConfig(aggregation="sum")
+        train_config.TrainConfig(aggregation="sum")
     with pytest.raises(ValueError, match="micro_batch_size"):
-        ts.TrainConfig(micro_batch_size=0)
-    assert ts.TrainConfig(temperature=0.0).scoring_temperature == 1.0
+        train_config.TrainConfig(micro_batch_size=0)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        train_config.TrainConfig(kl_estimator="k4")
+    assert train_config.TrainConfig(temperature=0.0).scoring_temperature == 1.0
     assert ts.check_finite({"loss": jnp.float32(1.0)}, step=3) == {"loss": 1.0}
     with pytest.raises(FloatingPointError, match="step 7: metric 'kl' is nan"):
         ts.check_finite({"loss": jnp.float32(1.0), "kl": jnp.float32(np.nan)}, step=7)
 
 
 def test_warmup_schedule():
-    sched = ts.learning_rate_schedule(ts.TrainConfig(learning_rate=1.0, warmup_steps=4))
+    sched = train_config.learning_rate_schedule(
+        train_config.TrainConfig(learning_rate=1.0, warmup_steps=4))
     close([sched(c) for c in range(6)], [0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
-    close(ts.learning_rate_schedule(ts.TrainConfig(learning_rate=0.5))(7), 0.5)
+    close(train_config.learning_rate_schedule(
+        train_config.TrainConfig(learning_rate=0.5))(7), 0.5)

@@ -1,8 +1,15 @@
-"""Decoder LM (Llama family, Qwen3 switch), its loaders and exporter."""
+"""Decoder LMs behind one interface (`registry`), their loaders and exporter.
 
+Callers use the names exported here: `forward_hidden`, `logits_from_hidden`, `apply`,
+`init_params`, `init_cache`, `decode_params`, `positions_from_mask` dispatch on
+`ModelConfig.family` (`registry.FAMILIES`); `load_model` loads any supported source.
+"""
+
+from drubric_jax.models.cache import KVCache, repeat_rows, stack_cache, unstack_cache
 from drubric_jax.models.config import ModelConfig, PRESETS, preset
-from drubric_jax.models.llama import (KVCache, apply, forward_hidden, init_cache, init_params,
-                                      logits_from_hidden, positions_from_mask)
+from drubric_jax.models.registry import (FAMILIES, apply, decode_params, family, forward_hidden,
+                                         init_cache, init_params, logits_from_hidden,
+                                         positions_from_mask)
 from drubric_jax.models.weights import export_hf_dir, load_gguf, load_hf_dir
 from drubric_jax.models.default import (DEFAULT_MODEL, default_gguf_path, load_default,
                                         load_model)

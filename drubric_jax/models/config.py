@@ -41,6 +41,8 @@ class ModelConfig:
         max_seq_len: longest context the model was trained for (tokens).
         dtype: compute dtype name, "float32" or "bfloat16".
         param_dtype: storage dtype of the weights.
+        family: the model family that implements this architecture
+            (`drubric_jax.models.registry.FAMILIES`).
     """
 
     vocab_size: int
@@ -58,6 +60,7 @@ class ModelConfig:
     max_seq_len: int = 8192
     dtype: str = "float32"
     param_dtype: str = "float32"
+    family: str = "llama"
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",

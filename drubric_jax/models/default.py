@@ -55,7 +55,7 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
         import jax
 
         from drubric_jax.models.config import preset
-        from drubric_jax.models.llama import init_params
+        from drubric_jax.models.registry import init_params
 
         cfg = preset(source).replace(dtype=dtype, param_dtype=dtype)
         params = init_params(cfg, jax.random.PRNGKey(seed))

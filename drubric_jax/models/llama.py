@@ -17,60 +17,63 @@ Parameter tree (shapes; `x @ w` orientation, i.e. [in, out]):
     final_norm   [D]
     lm_head      [D, V]                          (only when not cfg.tie_embeddings)
 
-KV cache: a static-shape buffer of S slots per row, [L, B, Hkv, S, Dh] (heads before slots,
-so attention reads each layer's keys without a transpose). Prompts are left-padded so every
-row writes the same slot at each step; `valid` marks the slots holding real tokens and the
-caller passes explicit RoPE positions, so padding never shifts a row's positions.
+KV cache: `drubric_jax.models.cache.KVCache`. Decode loops use a per-layer form
+(`unstack_layers`, `cache.unstack_cache`): the layers run as a Python loop over separate
+arrays instead of a `lax.scan` over stacked ones, because on CPU XLA copies each scanned
+slice of the weights and of the cache before its matmul on every step. Both forms give the
+same numbers.
 
-Decode loops use a per-layer form (`unstack_layers`, `unstack_cache`): the layers run as a
-Python loop over separate arrays instead of a `lax.scan` over stacked ones. On CPU, XLA copies
-each scanned slice of the weights and of the cache before its matmul, on every step; with
-separate arrays the copies happen once per loop. Both forms give the same numbers.
+This file is the `llama` family of `drubric_jax.models.registry` (Llama 2/3/3.1, SmolLM2 and
+dense Qwen3, whose q/k-norm is `cfg.qk_norm`); callers reach it through that interface.
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
+from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
 _MASK_VALUE = -1e30  # finite, so a row with no visible key gives a uniform (unused) softmax
 
 
-@flax.struct.dataclass
-class KVCache:
-    """Static-shape key/value cache.
+# Checkpoint names, used by `models.weights` to load and export this family.
+# ours -> (Hugging Face suffix under model.layers.{i}., GGUF suffix under blk.{i}.)
+LAYER_WEIGHT_NAMES = {
+    "attn_norm": ("input_layernorm.weight", "attn_norm.weight"),
+    "wq": ("self_attn.q_proj.weight", "attn_q.weight"),
+    "wk": ("self_attn.k_proj.weight", "attn_k.weight"),
+    "wv": ("self_attn.v_proj.weight", "attn_v.weight"),
+    "wo": ("self_attn.o_proj.weight", "attn_output.weight"),
+    "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    "mlp_norm": ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    "w_gate": ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    "w_up": ("mlp.up_proj.weight", "ffn_up.weight"),
+    "w_down": ("mlp.down_proj.weight", "ffn_down.weight"),
+}
+# ours -> (Hugging Face name, GGUF name)
+TOP_WEIGHT_NAMES = {
+    "embed": ("model.embed_tokens.weight", "token_embd.weight"),
+    "final_norm": ("model.norm.weight", "output_norm.weight"),
+    "lm_head": ("lm_head.weight", "output.weight"),
+}
+# Linear weights: checkpoints store [out, in], ours are [in, out].
+TRANSPOSED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"})
 
-    Attributes:
-        k: [L, B, Hkv, S, Dh] keys (compute dtype), RoPE already applied; in the per-layer
-            form (`unstack_cache`), a tuple of L arrays [B, Hkv, S, Dh].
-        v: values, laid out as k.
-        valid: bool[B, S], True where the slot holds a real (non-padding) token.
-        index: int32[] next slot to write; the same for every row.
-    """
 
-    k: jax.Array
-    v: jax.Array
-    valid: jax.Array
-    index: jax.Array
-
-    @property
-    def num_slots(self) -> int:
-        return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
+def layer_keys(cfg: ModelConfig) -> list[str]:
+    """Names of the stacked per-layer leaves of `cfg`'s parameter tree."""
+    keys = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"]
+    return keys + (["q_norm", "k_norm"] if cfg.qk_norm else [])
 
 
-def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
-    """Empty cache with `num_slots` slots per row, in the compute dtype."""
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
-    return KVCache(
-        k=jnp.zeros(shape, cfg.compute_dtype),
-        v=jnp.zeros(shape, cfg.compute_dtype),
-        valid=jnp.zeros((batch, num_slots), bool),
-        index=jnp.zeros((), jnp.int32))
+def top_keys(cfg: ModelConfig) -> list[str]:
+    """Names of the top-level leaves of `cfg`'s parameter tree."""
+    return ["embed", "final_norm"] + ([] if cfg.tie_embeddings else ["lm_head"])
 
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
@@ -315,22 +318,6 @@ def unstack_layers(params: dict) -> dict:
     return {**params, "layers": tuple(_layer_slice(layers, i) for i in range(num_layers))}
 
 
-def unstack_cache(cache: KVCache) -> KVCache:
-    """Per-layer form of a cache: k and v as tuples of L arrays [B, Hkv, S, Dh]. Idempotent."""
-    if isinstance(cache.k, tuple):
-        return cache
-    n = cache.k.shape[0]
-    return cache.replace(k=tuple(cache.k[i] for i in range(n)),
-                         v=tuple(cache.v[i] for i in range(n)))
-
-
-def stack_cache(cache: KVCache) -> KVCache:
-    """Inverse of `unstack_cache` (k, v back to [L, B, Hkv, S, Dh]). Idempotent."""
-    if not isinstance(cache.k, tuple):
-        return cache
-    return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
-
-
 def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     """float32[..., V] logits from hidden [..., D] (tied or untied output head)."""
     dt = cfg.compute_dtype
@@ -341,20 +328,3 @@ def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax
         out = jnp.einsum("...d,dv->...v", hidden, params["lm_head"].astype(dt),
                          preferred_element_type=jnp.float32)
     return out.astype(jnp.float32)
-
-
-def apply(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
-          cache: Optional[KVCache] = None,
-          token_mask: Optional[jax.Array] = None) -> tuple[jax.Array, Optional[KVCache]]:
-    """Full forward pass: `(logits float32[B, T, V], cache)`.
-
-    See `forward_hidden` for the arguments. For long sequences prefer `forward_hidden`
-    plus `logits_from_hidden` on the positions you need ([B, T, V] float32 is large).
-    """
-    hidden, cache = forward_hidden(params, cfg, tokens, positions, token_mask, cache)
-    return logits_from_hidden(params, cfg, hidden), cache
-
-
-def positions_from_mask(token_mask: jax.Array) -> jax.Array:
-    """int32[B, T] positions counting only real tokens (left padding gets position 0)."""
-    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)

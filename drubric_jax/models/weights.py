@@ -1,9 +1,10 @@
 """Loading and exporting decoder weights: GGUF files, Hugging Face safetensors directories.
 
-Every loader returns `(ModelConfig, params)` with params in the layout of
-`drubric_jax.models.llama`. Tensors are read one at a time and placed on device (with an
-optional target sharding per leaf) as soon as a stacked leaf is complete, so the host never
-holds a second full copy of the model.
+Every loader returns `(ModelConfig, params)` with params in the layout of the config's
+model family (`drubric_jax.models.registry`), whose module also names the checkpoint
+tensors. Tensors are read one at a time and placed on device (with an optional target
+sharding per leaf) as soon as a stacked leaf is complete, so the host never holds a second
+full copy of the model.
 
 Sources followed: the GGUF format and `gguf` reader of llama.cpp (tensor names, the Q/K
 row permutation done by llama.cpp's `convert_hf_to_gguf.py` for the `llama` architecture),
@@ -19,46 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from drubric_jax.models import registry
 from drubric_jax.models.config import ModelConfig, RopeScaling
-
-# ours -> (Hugging Face suffix under model.layers.{i}., GGUF suffix under blk.{i}.)
-_LAYER_NAMES = {
-    "attn_norm": ("input_layernorm.weight", "attn_norm.weight"),
-    "wq": ("self_attn.q_proj.weight", "attn_q.weight"),
-    "wk": ("self_attn.k_proj.weight", "attn_k.weight"),
-    "wv": ("self_attn.v_proj.weight", "attn_v.weight"),
-    "wo": ("self_attn.o_proj.weight", "attn_output.weight"),
-    "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    "mlp_norm": ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    "w_gate": ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    "w_up": ("mlp.up_proj.weight", "ffn_up.weight"),
-    "w_down": ("mlp.down_proj.weight", "ffn_down.weight"),
-}
-# ours -> (Hugging Face name, GGUF name)
-_TOP_NAMES = {
-    "embed": ("model.embed_tokens.weight", "token_embd.weight"),
-    "final_norm": ("model.norm.weight", "output_norm.weight"),
-    "lm_head": ("lm_head.weight", "output.weight"),
-}
 
 Shardings = Union[None, dict, Callable[[str], Optional[jax.sharding.Sharding]]]
 
 
-def _layer_keys(cfg: ModelConfig) -> list[str]:
-    keys = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"]
-    return keys + (["q_norm", "k_norm"] if cfg.qk_norm else [])
-
-
-def _top_keys(cfg: ModelConfig) -> list[str]:
-    return ["embed", "final_norm"] + ([] if cfg.tie_embeddings else ["lm_head"])
-
-
-def _to_ours(key: str, w: np.ndarray) -> np.ndarray:
-    """Hugging Face / GGUF linear weights are [out, in]; ours are [in, out]."""
-    if key in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"):
-        return np.ascontiguousarray(w.T)
-    return w
+def _to_ours(fam, key: str, w: np.ndarray) -> np.ndarray:
+    """Checkpoint linear weights are [out, in]; ours are [in, out] (`fam.TRANSPOSED`)."""
+    return np.ascontiguousarray(w.T) if key in fam.TRANSPOSED else w
 
 
 def _sharding_for(shardings: Shardings, path: str):
@@ -81,15 +51,16 @@ def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], np.ndarray]
               shardings: Shardings) -> dict:
     """Builds the param tree leaf by leaf; `read(key, layer)` returns one [out, in] tensor."""
     dt = cfg.weight_dtype
+    fam = registry.family(cfg)
     params: dict = {"layers": {}}
-    for key in _top_keys(cfg):
-        params[key] = _place(_to_ours(key, read(key, None)), dt, shardings, key)
-    for key in _layer_keys(cfg):
-        first = _to_ours(key, read(key, 0))
+    for key in fam.top_keys(cfg):
+        params[key] = _place(_to_ours(fam, key, read(key, None)), dt, shardings, key)
+    for key in fam.layer_keys(cfg):
+        first = _to_ours(fam, key, read(key, 0))
         stacked = np.empty((cfg.num_layers,) + first.shape, np.float32)
         stacked[0] = first
         for i in range(1, cfg.num_layers):
-            stacked[i] = _to_ours(key, read(key, i))
+            stacked[i] = _to_ours(fam, key, read(key, i))
         params["layers"][key] = _place(stacked, dt, shardings, f"layers/{key}")
         del stacked
     return params
@@ -186,10 +157,11 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
     cfg = config_from_gguf(reader, dtype)
     permute = gguf_metadata(reader)["general.architecture"] == "llama"
     tensors = {t.name: t for t in reader.tensors}
+    fam = registry.family(cfg)
 
     def read(key, layer):
-        name = (_TOP_NAMES[key][1] if layer is None
-                else f"blk.{layer}.{_LAYER_NAMES[key][1]}")
+        name = (fam.TOP_WEIGHT_NAMES[key][1] if layer is None
+                else f"blk.{layer}.{fam.LAYER_WEIGHT_NAMES[key][1]}")
         if name not in tensors:
             raise ValueError(f"{path}: tensor {name!r} missing")
         t = tensors[name]
@@ -213,8 +185,9 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
         ValueError: unsupported `model_type` or rope scaling type.
     """
     model_type = hf.get("model_type")
-    if model_type not in ("llama", "qwen3"):
-        raise ValueError(f"config.json model_type {model_type!r} is not supported (llama, qwen3)")
+    if model_type not in registry.HF_MODEL_TYPES:
+        raise ValueError(f"config.json model_type {model_type!r} is not supported "
+                         f"({', '.join(sorted(registry.HF_MODEL_TYPES))})")
     scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
     rope_theta = hf.get("rope_theta", scaling.get("rope_theta", 10000.0))
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
@@ -233,7 +206,7 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
         ) if rope_type == "llama3" else None,
         norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
         qk_norm=model_type == "qwen3", max_seq_len=hf.get("max_position_embeddings", 8192),
-        dtype=dtype, param_dtype=dtype)
+        dtype=dtype, param_dtype=dtype, family=registry.HF_MODEL_TYPES[model_type])
 
 
 def _safetensors_files(directory: str) -> Iterator[str]:
@@ -264,10 +237,11 @@ def load_hf_dir(directory: str, dtype: str = "float32",
     handles = [safe_open(os.path.join(directory, name), framework="flax")
                for name in _safetensors_files(directory)]
     where = {k: h for h in handles for k in h.keys()}
+    fam = registry.family(cfg)
 
     def read(key, layer):
-        name = (_TOP_NAMES[key][0] if layer is None
-                else f"model.layers.{layer}.{_LAYER_NAMES[key][0]}")
+        name = (fam.TOP_WEIGHT_NAMES[key][0] if layer is None
+                else f"model.layers.{layer}.{fam.LAYER_WEIGHT_NAMES[key][0]}")
         if name not in where:
             raise ValueError(f"{directory}: tensor {name!r} missing")
         return np.asarray(where[name].get_tensor(name).astype(jnp.float32))
@@ -310,14 +284,16 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
 
     os.makedirs(directory, exist_ok=True)
     tensors = {}
-    for key in _top_keys(cfg):
+    fam = registry.family(cfg)
+    for key in fam.top_keys(cfg):
         w = params[key]
-        tensors[_TOP_NAMES[key][0]] = w.T if key == "lm_head" else w
-    for key in _layer_keys(cfg):
+        tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
+    for key in fam.layer_keys(cfg):
         stacked = params["layers"][key]
         for i in range(cfg.num_layers):
             w = stacked[i]
-            tensors[f"model.layers.{i}.{_LAYER_NAMES[key][0]}"] = w.T if w.ndim == 2 else w
+            name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
+            tensors[name] = w.T if key in fam.TRANSPOSED else w
     save_file({k: jnp.asarray(v) for k, v in tensors.items()},
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:

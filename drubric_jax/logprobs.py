@@ -1,0 +1,126 @@
+"""Log-probabilities of token sequences under a model, at the sampler's temperature.
+
+    logp[r, t] = log softmax(logits(tokens[r, :t]) / temperature)[tokens[r, t]]
+
+These are the pi_theta, pi_old and pi_ref terms of Eq. 23 (METHOD section 4), computed
+with the conventions of METHOD section 11: the temperature is the one the sampler used,
+and temperature 0 (greedy) is scored at 1 (logits are never divided by 0).
+
+Axis legend (docs/CONVENTIONS.md): R rows, T tokens, V vocab, D width.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from drubric_jax import models
+from drubric_jax.models.config import ModelConfig
+
+
+def _effective_temperature(temperature, ndim):
+    """float32 temperature broadcastable to [R, T, V]; 0 (greedy) becomes 1."""
+    t = jnp.asarray(temperature, jnp.float32)
+    t = jnp.where(t > 0, t, 1.0)
+    return t.reshape(t.shape + (1,) * (ndim - t.ndim))
+
+
+def token_logprobs_from_logits(logits, targets, temperature=1.0):
+    """Log-probs of the sampled tokens at the sampler's temperature (METHOD 11).
+
+        logp_t = log_softmax(logits_t / temperature)[targets_t]
+
+    Temperature 0 means greedy decoding; its log-probs are taken at
+    temperature 1 (logits are never divided by 0).
+
+    Args:
+        logits: float[R, T, V], the model's next-token logits aligned with
+            targets (logits[:, t] predicts targets[:, t]).
+        targets: int32[R, T], sampled token ids.
+        temperature: float scalar or float32[R]; <= 0 is treated as 1.
+
+    Returns:
+        float32[R, T]. Garbage at padded positions is left to the loss's mask.
+    """
+    x = jnp.asarray(logits, jnp.float32) / _effective_temperature(temperature, 3)
+    logp = jax.nn.log_softmax(x, axis=-1)
+    idx = jnp.asarray(targets, jnp.int32)[..., None]
+    return jnp.take_along_axis(logp, idx, axis=-1)[..., 0]
+
+
+def entropy_from_logits(logits, temperature=1.0):
+    """Entropy of the next-token distribution, -sum_v p_v log p_v, in nats.
+
+    Args:
+        logits: float[R, T, V]; -inf entries (masked vocabulary) are allowed.
+        temperature: float scalar or float32[R]; <= 0 is treated as 1.
+
+    Returns:
+        float32[R, T].
+    """
+    x = jnp.asarray(logits, jnp.float32) / _effective_temperature(temperature, 3)
+    logp = jax.nn.log_softmax(x, axis=-1)
+    p = jnp.exp(logp)
+    safe_logp = jnp.where(p > 0, logp, 0.0)
+    return -jnp.sum(p * safe_logp, axis=-1)
+
+
+def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
+                      token_mask: jax.Array, temperature: float = 1.0, *,
+                      chunk: int = 512, return_entropy: bool = False, start: int = 0):
+    """Per-token log-probs of a sequence under the model at `temperature` (METHOD 11).
+
+        logp[r, t] = log softmax(logits(tokens[r, :t]) / temperature)[tokens[r, t]]
+
+    One causal forward pass (no cache); the output head and softmax run over time chunks
+    of `chunk` tokens under `jax.checkpoint`, so neither the forward nor the backward pass
+    holds more than one float32[R, chunk, V] logits buffer.
+
+    Args:
+        params, cfg: the model.
+        tokens: int32[R, T] ([prompt bucket | completion] rows, `train_step.Batch`).
+        token_mask: bool[R, T] real tokens; positions come from it.
+        temperature: the sampler's temperature, float or float32[R]; 0 (greedy) is
+            scored at 1 (logits are never divided by 0).
+        chunk: tokens per logits chunk (static).
+        return_entropy: also return the entropy of each next-token distribution.
+        start: first position scored (static); earlier positions get 0 and the output
+            head runs only on [start, T), e.g. the completion of a [prompt | completion]
+            row (start = prompt bucket P), which skips the prompt's [R, P, V] logits.
+
+    Returns:
+        logp float32[R, T] (0 at t = 0 and wherever token_mask is False), and, with
+        return_entropy, entropy float32[R, T] in nats (same zeros; no gradient).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    token_mask = jnp.asarray(token_mask, bool)
+    b, t = tokens.shape
+    positions = models.positions_from_mask(token_mask)
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask, remat=True)
+    s0 = min(max(int(start), 1), t - 1) if t > 1 else 1
+    n = t - s0  # hidden[:, i] predicts tokens[:, i + 1]
+    c = max(1, min(chunk, n))
+    num_chunks = -(-n // c)
+    pad = num_chunks * c - n
+    h = jnp.pad(hidden[:, s0 - 1:-1], ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(tokens[:, s0:], ((0, 0), (0, pad)))
+    h = h.reshape(b, num_chunks, c, -1).swapaxes(0, 1)          # [chunks, R, c, D]
+    targets = targets.reshape(b, num_chunks, c).swapaxes(0, 1)  # [chunks, R, c]
+
+    @jax.checkpoint
+    def score(h_c, tgt_c):
+        logits = models.logits_from_hidden(params, cfg, h_c)     # float32[R, c, V]
+        logp = token_logprobs_from_logits(logits, tgt_c, temperature)
+        ent = entropy_from_logits(jax.lax.stop_gradient(logits), temperature)
+        return logp, ent
+
+    logp, ent = jax.lax.map(lambda xs: score(*xs), (h, targets))
+
+    def unchunk(x):
+        x = x.swapaxes(0, 1).reshape(b, num_chunks * c)[:, :n]
+        x = jnp.concatenate([jnp.zeros((b, s0), jnp.float32), x], axis=1)
+        return jnp.where(token_mask, x, 0.0)
+
+    logp = unchunk(logp)
+    if return_entropy:
+        return logp, jax.lax.stop_gradient(unchunk(ent))
+    return logp

@@ -1,0 +1,75 @@
+"""The static-shape key/value cache shared by every attention model family.
+
+Layout [L, B, Hkv, S, Dh]: heads before slots, so attention reads one layer's keys without
+a transpose. Prompts are left-padded, so every row writes the same slot at each step;
+`valid` marks the slots that hold real tokens and callers pass explicit RoPE positions, so
+padding never shifts a row.
+
+Decode loops may use a per-layer form (`unstack_cache`): k and v as tuples of L arrays.
+On CPU, XLA copies each scanned slice of a stacked cache before its matmul on every step;
+separate arrays are copied once per loop. Both forms give the same numbers.
+"""
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from drubric_jax.models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Static-shape key/value cache.
+
+    Attributes:
+        k: [L, B, Hkv, S, Dh] keys (compute dtype), RoPE already applied; in the per-layer
+            form (`unstack_cache`), a tuple of L arrays [B, Hkv, S, Dh].
+        v: values, laid out as k.
+        valid: bool[B, S], True where the slot holds a real (non-padding) token.
+        index: int32[] next slot to write; the same for every row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    index: jax.Array
+
+    @property
+    def num_slots(self) -> int:
+        return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
+
+
+def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
+    """Empty cache with `num_slots` slots per row, in the compute dtype."""
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, cfg.compute_dtype),
+        v=jnp.zeros(shape, cfg.compute_dtype),
+        valid=jnp.zeros((batch, num_slots), bool),
+        index=jnp.zeros((), jnp.int32))
+
+
+def repeat_rows(cache: KVCache, n: int) -> KVCache:
+    """Each row of a stacked cache repeated `n` times in place (row b -> rows b*n..b*n+n-1).
+
+    The verifier scores n rubric items against one prefilled response this way.
+    """
+    return KVCache(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
+                   valid=jnp.repeat(cache.valid, n, axis=0), index=cache.index)
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+    """Per-layer form of a cache: k and v as tuples of L arrays [B, Hkv, S, Dh]. Idempotent."""
+    if isinstance(cache.k, tuple):
+        return cache
+    n = cache.k.shape[0]
+    return cache.replace(k=tuple(cache.k[i] for i in range(n)),
+                         v=tuple(cache.v[i] for i in range(n)))
+
+
+def stack_cache(cache: KVCache) -> KVCache:
+    """Inverse of `unstack_cache` (k, v back to [L, B, Hkv, S, Dh]). Idempotent."""
+    if not isinstance(cache.k, tuple):
+        return cache
+    return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))

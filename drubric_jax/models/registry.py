@@ -1,0 +1,107 @@
+"""Model families behind one interface: the only way sampling, verification and training
+reach a model.
+
+A family is one module that implements, over a plain parameter pytree:
+
+    init_params(cfg, key) -> params
+    forward_hidden(params, cfg, tokens, positions, token_mask, cache, remat) -> (hidden, cache)
+    logits_from_hidden(params, cfg, hidden) -> float32[..., V]
+    unstack_layers(params) -> params in the per-layer form used by decode loops
+    LAYER_WEIGHT_NAMES, TOP_WEIGHT_NAMES, TRANSPOSED, layer_keys(cfg), top_keys(cfg)
+        checkpoint names for `models.weights` (loading and Hugging Face export)
+
+and uses the shared `models.cache.KVCache`. `FAMILIES` maps `ModelConfig.family` to its
+module, and `HF_MODEL_TYPES` maps a Hugging Face `config.json` `model_type` to a family.
+Adding a family = its module + one row in each table (docs/CONVENTIONS.md has the recipe).
+
+The functions below dispatch on `cfg.family`; `cfg` is a static (hashable) argument under
+`jax.jit`, so the dispatch costs nothing at run time.
+
+Axis legend (docs/CONVENTIONS.md): R rows, T tokens, S cache slots, D width, V vocab.
+"""
+from __future__ import annotations
+
+import types
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from drubric_jax.models import cache as cache_lib
+from drubric_jax.models import llama
+from drubric_jax.models.cache import KVCache
+from drubric_jax.models.config import ModelConfig
+
+FAMILIES: dict[str, types.ModuleType] = {
+    "llama": llama,  # Llama 2/3/3.1, SmolLM2, dense Qwen3 (cfg.qk_norm)
+}
+HF_MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen3": "llama"}
+
+
+def family(cfg: ModelConfig) -> types.ModuleType:
+    """The module implementing `cfg.family`.
+
+    Raises:
+        KeyError: an unknown family, listing the known ones.
+    """
+    try:
+        return FAMILIES[cfg.family]
+    except KeyError:
+        raise KeyError(f"unknown model family {cfg.family!r}; known: {sorted(FAMILIES)}") \
+            from None
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    """Random parameters of `cfg` (tiny test models; shape templates via jax.eval_shape)."""
+    return family(cfg).init_params(cfg, key)
+
+
+def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
+    """Empty KV cache of `num_slots` slots for `batch` rows."""
+    return cache_lib.init_cache(cfg, batch, num_slots)
+
+
+def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
+                   token_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
+                   remat: bool = False) -> tuple[jax.Array, Optional[KVCache]]:
+    """Final-norm hidden states [R, T, D] (and the updated cache).
+
+    Args:
+        tokens: int32[R, T]; positions: int32[R, T] RoPE positions; token_mask: bool[R, T]
+            (False = padding, never attended to; default all True).
+        cache: None for a causal pass over the T tokens; else the T tokens are written at
+            cache.index and attend to every valid earlier slot.
+        remat: recompute each layer in the backward pass (training).
+    """
+    return family(cfg).forward_hidden(params, cfg, tokens, positions, token_mask, cache,
+                                      remat=remat)
+
+
+def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """float32[..., V] next-token logits from hidden states [..., D]."""
+    return family(cfg).logits_from_hidden(params, cfg, hidden)
+
+
+def apply(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
+          cache: Optional[KVCache] = None,
+          token_mask: Optional[jax.Array] = None) -> tuple[jax.Array, Optional[KVCache]]:
+    """Full forward pass: `(logits float32[R, T, V], cache)`.
+
+    For long sequences prefer `forward_hidden` + `logits_from_hidden` on the positions you
+    need: [R, T, V] float32 is large.
+    """
+    hidden, cache = forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    return logits_from_hidden(params, cfg, hidden), cache
+
+
+def decode_params(params: dict, cfg: ModelConfig) -> dict:
+    """Params in the form a decode loop runs fastest on (per-layer arrays for `llama`).
+
+    Pair with `cache.unstack_cache`; costs one copy of the block weights, once per loop.
+    """
+    return family(cfg).unstack_layers(params)
+
+
+def positions_from_mask(token_mask: jax.Array) -> jax.Array:
+    """int32[R, T] RoPE positions counting only real tokens (left padding gets 0)."""
+    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)

@@ -1,0 +1,116 @@
+"""What one GRPO trainee (policy or rubric generator) is configured with, and the AdamW
+optimizer that follows from it (METHOD section 4: the paper's learning rates 1e-6 for the
+policy and 5e-6 for the generator, beta = 0.01).
+
+`TrainConfig.from_config(node, field, ...)` is the one conversion from a config node
+(`configs/base.py: trainer_config`) to this dataclass; every check lives in
+`config_check.TRAINER_RULES`, so a bad value is reported with its config field whichever
+way the dataclass is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from drubric_jax import config_check, sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of one GRPO trainee. Validated on construction
+    (`config_check.ConfigError`, a ValueError naming the field)."""
+
+    learning_rate: float = 1e-6     # peak AdamW step size (paper: 1e-6 policy, 5e-6 generator)
+    warmup_steps: int = 0           # optimizer updates of linear warm-up; 0 = none
+    weight_decay: float = 0.0       # decoupled AdamW decay (not applied to norm scales)
+    b1: float = 0.9                 # Adam first-moment decay
+    b2: float = 0.999               # Adam second-moment decay
+    eps: float = 1e-8               # Adam denominator epsilon
+    max_grad_norm: float = 1.0      # global-norm clip of the accumulated gradient
+    clip_eps: float = 0.2           # PPO epsilon of Eq. 23
+    beta: float = 0.01              # KL coefficient beta of Eq. 23
+    kl_estimator: str = "k3"        # grpo.KL_ESTIMATORS: k1 | k2 | k3 (METHOD 11: k3)
+    aggregation: str = "seq_mean_token_mean"  # grpo.AGGREGATIONS; paper: per-response mean
+    micro_batch_size: int = 8       # rows per forward/backward; R % micro_batch_size == 0
+    temperature: float = 1.0        # sampler temperature; log-probs use it; 0 (greedy) -> 1
+    logits_chunk: int = 512         # tokens per logits chunk (bounds the [R, chunk, V] buffer)
+    mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
+
+    def __post_init__(self):
+        config_check.check_trainer(dataclasses.asdict(self), "TrainConfig")
+
+    @classmethod
+    def from_config(cls, node, field: str, *, rows: int, temperature: float) -> "TrainConfig":
+        """The TrainConfig of config node `node` (at dotted path `field`, e.g. "policy.train").
+
+        Args:
+            node: ConfigDict with the fields of `configs/base.py: trainer_config`.
+            field: its dotted path, used in error messages.
+            rows: R, rows (responses or rubric lists) of one step; micro_batch_size 0
+                means all of them.
+            temperature: the sampler's temperature for this trainee.
+
+        Raises:
+            config_check.ConfigError: a bad field, named "config.<field>.<name>".
+        """
+        values = {f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node}
+        config_check.check_trainer(values, f"config.{field}", rows=rows)
+        values["micro_batch_size"] = values.get("micro_batch_size") or rows
+        return cls(**values, temperature=float(temperature))
+
+    @property
+    def scoring_temperature(self) -> float:
+        """Temperature of the log-probs: the sampler's, or 1.0 for greedy (METHOD 11)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """lr(count) = learning_rate * min(1, (count + 1) / warmup_steps), count = updates done.
+
+    The first update already moves (lr / warmup_steps); constant after warm-up. `count` is
+    the optimizer state's own counter, so a restored state resumes the schedule (case-21).
+    """
+    peak, warmup = float(cfg.learning_rate), int(cfg.warmup_steps)
+
+    def schedule(count):
+        if warmup == 0:
+            return jnp.full((), peak, jnp.float32)
+        frac = (jnp.asarray(count, jnp.float32) + 1.0) / warmup
+        return peak * jnp.minimum(1.0, frac)
+
+    return schedule
+
+
+def _decay_mask(params):
+    """True for matrices, False for norm scales (`*norm` keys)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: not (sharding.leaf_name(path) or "").endswith("norm"), params)
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    """clip_by_global_norm(max_grad_norm) then AdamW with `learning_rate_schedule(cfg)`.
+
+    `cfg.mu_dtype="bfloat16"` stores Adam's first moment in bfloat16 (optax `mu_dtype`; the
+    update is still computed in float32): half the memory of that moment. The second
+    moment stays in the params' dtype. The schedule reads the `ScaleByScheduleState.count`
+    inside the optimizer state (not a separate counter), so restoring `opt_state` restores
+    the warm-up position.
+    """
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                    weight_decay=cfg.weight_decay, mask=_decay_mask,
+                    mu_dtype=jnp.dtype(cfg.mu_dtype)))
+
+
+def schedule_count(opt_state) -> Optional[jax.Array]:
+    """The schedule's own update counter inside `opt_state` (None if there is none)."""
+    for leaf in jax.tree.leaves(opt_state,
+                                is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState)):
+        if isinstance(leaf, optax.ScaleByScheduleState):
+            return leaf.count
+    return None

@@ -1,0 +1,79 @@
+"""The data types that flow through one round, and the project's one axis legend.
+
+Axis legend (docs/CONVENTIONS.md; every module uses these letters):
+    B  prompts (or anchor examples, or generator inputs) in a step
+    K  responses per prompt (the policy's samples, the set C)
+    G  rubric lists per (x, C): one generator GRPO group
+    M  rubric items per list (padded to `max_items`)
+    A  responses of an anchor list (best first; METHOD's n)
+    R  rows of a flat batch: one sequence (a response or a rubric list) each
+    T  tokens of a training row (prompt bucket P + completion N)
+    P  prompt tokens (left-padded bucket)       N  new (completion) tokens
+    S  KV-cache slots    V  vocabulary    D  model width    L  layers
+    H  query heads       Hkv  key/value heads               Dh head dim
+
+Data flow of a phase (METHOD section 5): the sampler returns a `Rollout` (R rows with their
+left-padded prompts and sampled completions); rewards turn into one advantage per row; the
+trainer builds its batch from the same Rollout arrays, with no re-padding
+(`train_step.batch_from_rollout`). The rubric generator returns a `RubricBatch`, whose
+`rollout` is what the generator is trained on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+
+class Role(str, enum.Enum):
+    """The two trainable roles; a phase is named after the role it trains (Algorithm 1)."""
+
+    POLICY = "policy"
+    GENERATOR = "generator"
+
+    @property
+    def other(self) -> "Role":
+        return Role.GENERATOR if self is Role.POLICY else Role.POLICY
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """R sampled rows: prompts and completions as the sampler saw and wrote them (host numpy).
+
+    Attributes:
+        prompt_tokens: int32[R, P] left-padded prompts (the sampler's bucket).
+        prompt_mask: bool[R, P] real prompt tokens.
+        tokens: int32[R, N] generated ids; after the stop token, the pad id.
+        logprobs: float32[R, N] sampler log-probs (pi_old of Eq. 23) at the scoring
+            temperature; 0 where masked.
+        mask: bool[R, N] up to and including the first stop token (METHOD 11).
+        lengths: int32[R] number of True in mask.
+        truncated: bool[R] the row hit N tokens without a stop id.
+        invalid: bool[R] a step had no allowed token (constrained decoding); the row ends
+            before that step.
+        group_ids: int32[R] GRPO group of each row (the prompt it answers; METHOD 11:
+            groups are formed by id, never by reshaping).
+    """
+
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    invalid: np.ndarray
+    group_ids: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def replace(self, **changes) -> "Rollout":
+        return dataclasses.replace(self, **changes)
+
+    def take(self, rows) -> "Rollout":
+        """The rows `rows` (an index array or slice) of every field."""
+        return Rollout(**{f.name: getattr(self, f.name)[rows]
+                          for f in dataclasses.fields(self)})
