@@ -95,7 +95,8 @@ def load_data(config) -> tuple[list, list, list]:
     prompts = []
     for path in prompt_paths:
         if path.startswith("hf:"):
-            rows = [PromptItem(id=a.id, prompt=a.prompt, history=list(a.history))
+            rows = [PromptItem(id=a.id, source=a.source, prompt=a.prompt,
+                               history=list(a.history))
                     for a in anchor_lists_from_hf(path[3:], limit=d.max_prompt_rows or None)]
         else:
             rows = prompts_from_jsonl([path])
