@@ -278,12 +278,12 @@ class CoEvolution:
         self.verifier = Verifier(ver_m.params, ver_m.cfg, ver_m.tokenizer,
                                  max_prefix_tokens=c.verifier.max_prefix_tokens,
                                  max_suffix_tokens=c.verifier.max_suffix_tokens)
-        self.anchors, self.heldout, self.prompts = data.load_data(c)
         host, hosts = jax.process_index(), jax.process_count()
+        self.anchors, self.heldout, self.prompts = data.load_data(c, num_hosts=hosts)
         self.anchor_iter = data.EpochIterator(self.anchors, g.anchors_per_step, c.seed,
-                                              host_id=host, num_hosts=hosts)
+                                              host_id=host, num_hosts=hosts, name="anchors")
         self.prompt_iter = data.EpochIterator(self.prompts, p.prompts_per_step, c.seed + 1,
-                                              host_id=host, num_hosts=hosts)
+                                              host_id=host, num_hosts=hosts, name="prompts")
         self.loop = LoopState()
         # Synchronous saves: an async save keeps a host copy of both roles' params and
         # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).

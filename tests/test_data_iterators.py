@@ -81,3 +81,9 @@ def test_epoch_iterator_errors():
         it.restore(dict(it.state(), batch_size=4))
     with pytest.raises(ValueError):
         it.restore(dict(it.state(), position=99))
+
+
+def test_epoch_iterator_error_names_its_data():
+    with pytest.raises(ValueError, match=r"^prompts: 3 rows over 1 hosts cannot fill one batch "
+                                         r"of 4$"):
+        EpochIterator(list(range(3)), batch_size=4, seed=0, name="prompts")

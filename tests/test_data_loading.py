@@ -4,6 +4,8 @@ prompts), on tiny JSONL files written to tmp_path and a fake Nectar (no network)
 import sys
 import types
 
+import pytest
+
 from configs.base import base_config
 from drubric_jax import data
 
@@ -54,3 +56,46 @@ def test_hf_prompts_keep_the_nectar_source(write_jsonl, monkeypatch):
     assert [p.id for p in prompts] == [f"fake/Nectar/train/{i}" for i in range(3)]
     assert all(p.source == "anthropic-hh" for p in prompts)
     assert prompts[0].prompt.startswith("Please explain the water cycle in detail, version 0")
+
+
+def _prompt_row(i: int, prompt: str) -> dict:
+    return {"id": f"p/{i}", "source": "t:p", "prompt": prompt}
+
+
+def test_duplicate_prompts_are_counted_logged_and_named_in_the_batch_error(
+        write_jsonl, caplog):
+    anchors = write_jsonl([_anchor_row(i) for i in range(3)], name="anchors.jsonl")
+    prompts = write_jsonl([_prompt_row(0, "Same?"), _prompt_row(1, "Same?")],
+                          name="prompts.jsonl")
+    stats = {}
+    assert len(data.prompts_from_jsonl(prompts, stats=stats)) == 1
+    assert stats == {"kept": 1, "duplicate": 1}
+    c = _custom_config([anchors], [prompts])
+    assert c.policy.prompts_per_step == 2
+    with caplog.at_level("INFO"), pytest.raises(ValueError) as e:
+        data.load_data(c)
+    msg = str(e.value)
+    assert msg.startswith("prompts: 1 rows left over 1 host(s) cannot fill one batch of "
+                          "config.policy.prompts_per_step=2"), msg
+    assert f"{prompts} (duplicate=1, kept=1; 1 used)" in msg
+    assert "config.data.max_prompt_rows=0" in msg
+    assert f"{prompts}: 1 duplicate prompts dropped" in caplog.text
+
+
+def test_too_few_anchors_error_names_files_filters_and_fields(write_jsonl):
+    rows = [_anchor_row(0), _anchor_row(1), _anchor_row(2, n=3)]  # 3 responses: few_useful
+    anchors = write_jsonl(rows, name="anchors.jsonl")
+    prompts = write_jsonl([_prompt_row(i, f"Question {i}?") for i in range(4)],
+                          name="prompts.jsonl")
+    c = _custom_config([anchors], [prompts])
+    c.generator.anchors_per_step = 1
+    train, heldout, _ = data.load_data(c)
+    assert len(train) == 1 and len(heldout) == 1
+    with pytest.raises(ValueError) as e:
+        data.load_data(c, num_hosts=2)
+    msg = str(e.value)
+    assert msg.startswith("anchors: 1 rows left after config.data.heldout_anchor_rows=1 held "
+                          "out over 2 host(s) cannot fill one batch of "
+                          "config.generator.anchors_per_step=1"), msg
+    assert f"{anchors} (few_useful=1, kept=2; 2 used)" in msg
+    assert "config.data.max_anchor_rows=0 (0 = all)" in msg

@@ -69,6 +69,7 @@ class EpochIterator:
       seed: int >= 0.
       host_id, num_hosts: this host and the host count.
       num_epochs: stop after this many epochs (None: never stop).
+      name: what the rows are ("anchors", "prompts"), named in errors.
 
     Raises:
       ValueError: batch_size < 1, or a host's shard holds fewer than
@@ -76,7 +77,7 @@ class EpochIterator:
     """
 
     def __init__(self, items: Sequence, batch_size: int, seed: int, host_id: int = 0,
-                 num_hosts: int = 1, num_epochs: Optional[int] = None):
+                 num_hosts: int = 1, num_epochs: Optional[int] = None, name: str = ""):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if num_hosts < 1 or not 0 <= host_id < num_hosts:
@@ -91,8 +92,8 @@ class EpochIterator:
         self.num_epochs = num_epochs
         self.steps_per_epoch = (len(items) // self.num_hosts) // self.batch_size
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{len(items)} rows over {num_hosts} hosts cannot fill one "
-                             f"batch of {batch_size}")
+            raise ValueError(f"{name + ': ' if name else ''}{len(items)} rows over {num_hosts} "
+                             f"hosts cannot fill one batch of {batch_size}")
         self.epoch = 0
         self.position = 0
         self._shard = None

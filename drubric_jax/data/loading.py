@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
+from absl import logging
 
 from drubric_jax.data.filters import AnchorFilterConfig
 from drubric_jax.data.iterators import shuffled_order
@@ -66,44 +67,110 @@ def resolve_data_paths(config) -> tuple[list, list]:
     return list(d.anchor_paths), list(d.prompt_paths)
 
 
-def load_data(config) -> tuple[list, list, list]:
+class _FileRows(NamedTuple):
+    """What one data file gave: the rows used and the count of every outcome."""
+
+    path: str
+    rows: list
+    stats: dict  # e.g. {"kept": 5, "few_useful": 2} or {"kept": 3, "duplicate": 1}
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items()))
+        return f"{self.path} ({counts}; {len(self.rows)} used)"
+
+
+def _read_anchors(d, paths: Sequence[str]) -> list:
+    """list[_FileRows] of anchor lists, capped at d.max_anchor_rows rows per file and
+    d.max_responses responses per list."""
+    filters = AnchorFilterConfig(min_prompt_chars=d.min_prompt_chars,
+                                 min_top_response_chars=d.min_top_response_chars)
+    out = []
+    for path in paths:
+        stats = {}
+        if path.startswith("hf:"):
+            rows = anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
+                                        limit=d.max_anchor_rows or None, stats=stats)
+        else:
+            rows = anchor_lists_from_jsonl([path], min_responses=d.min_responses,
+                                           filters=filters, stats=stats)
+        rows = rows[:d.max_anchor_rows] if d.max_anchor_rows else rows
+        out.append(_FileRows(path, [_cap_anchor(a, d.max_responses) for a in rows], stats))
+        logging.info("data: anchors from %s", out[-1].describe())
+    return out
+
+
+def _read_prompts(d, paths: Sequence[str]) -> list:
+    """list[_FileRows] of PromptItems, capped at d.max_prompt_rows rows per file."""
+    out = []
+    for path in paths:
+        stats = {}
+        if path.startswith("hf:"):
+            rows = [PromptItem(id=a.id, source=a.source, prompt=a.prompt,
+                               history=list(a.history))
+                    for a in anchor_lists_from_hf(path[3:], limit=d.max_prompt_rows or None,
+                                                  stats=stats)]
+        else:
+            rows = prompts_from_jsonl([path], stats=stats)
+        if stats.get("duplicate"):
+            logging.warning("data: %s: %d duplicate prompts dropped (same history and prompt; "
+                            "the first is kept)", path, stats["duplicate"])
+        out.append(_FileRows(path, rows[:d.max_prompt_rows] if d.max_prompt_rows else rows,
+                             stats))
+        logging.info("data: prompts from %s", out[-1].describe())
+    return out
+
+
+def _field(config, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+def _check_fills_batch(config, kind: str, rows: int, files: list, batch_field: str,
+                       cap_field: str, num_hosts: int, note: str = "") -> None:
+    """Raises ValueError naming the files, config fields and counts when `rows` cannot fill
+    one batch per host (the EpochIterator would fail later without saying why)."""
+    batch = _field(config, batch_field)
+    if rows // num_hosts < batch:
+        read = "; ".join(f.describe() for f in files) or "no files"
+        raise ValueError(
+            f"{kind}: {rows} rows left{note} over {num_hosts} host(s) cannot fill one batch "
+            f"of config.{batch_field}={batch}; read {read}; "
+            f"config.{cap_field}={_field(config, cap_field)} (0 = all)")
+
+
+def load_data(config, num_hosts: int = 1) -> tuple[list, list, list]:
     """(train anchors, held-out anchors, prompts), deterministic from config.seed.
 
     Anchor lists come from JSONL files ("hf:<dataset id>" entries go through
     `anchor_lists_from_hf`, network needed). Each file contributes at most
     data.max_anchor_rows rows (0 = all); lists are capped at data.max_responses responses
     spread over the ranks; the first data.heldout_anchor_rows of a seeded shuffle are held
-    out for Delta_gap (Eq. 2).
+    out for Delta_gap (Eq. 2). Prompt files are read with `prompts_from_jsonl`, which drops
+    repeated (history, prompt) conversations within a file (counted and logged).
+
+    Args:
+      config: run config (configs/base.py layout).
+      num_hosts: processes that split every batch (jax.process_count()).
+
+    Raises:
+      ValueError: fewer training anchors than num_hosts * generator.anchors_per_step, or
+        fewer prompts than num_hosts * policy.prompts_per_step; the message names the files,
+        what each lost (filters, duplicates) and the config fields.
+      FileNotFoundError / ValueError: as `resolve_data_paths` and `load_jsonl`.
     """
     d = config.data
     anchor_paths, prompt_paths = resolve_data_paths(config)
-    filters = AnchorFilterConfig(min_prompt_chars=d.min_prompt_chars,
-                                 min_top_response_chars=d.min_top_response_chars)
-    anchors = []
-    for path in anchor_paths:
-        if path.startswith("hf:"):
-            rows = anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
-                                        limit=d.max_anchor_rows or None)
-        else:
-            rows = anchor_lists_from_jsonl([path], min_responses=d.min_responses,
-                                           filters=filters)
-        anchors += rows[:d.max_anchor_rows] if d.max_anchor_rows else rows
-    anchors = [_cap_anchor(a, d.max_responses) for a in anchors]
+    anchor_files = _read_anchors(d, anchor_paths)
+    anchors = [a for f in anchor_files for a in f.rows]
     order = shuffled_order(len(anchors), config.seed)
     anchors = [anchors[i] for i in order]
     heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
-    prompts = []
-    for path in prompt_paths:
-        if path.startswith("hf:"):
-            rows = [PromptItem(id=a.id, source=a.source, prompt=a.prompt,
-                               history=list(a.history))
-                    for a in anchor_lists_from_hf(path[3:], limit=d.max_prompt_rows or None)]
-        else:
-            rows = prompts_from_jsonl([path])
-        prompts += rows[:d.max_prompt_rows] if d.max_prompt_rows else rows
-    if not train:
-        raise ValueError("no anchor lists left for training after the held-out split "
-                         f"(config.data.heldout_anchor_rows={d.heldout_anchor_rows})")
-    if not prompts:
-        raise ValueError(f"no prompts in {prompt_paths}")
+    _check_fills_batch(config, "anchors", len(train), anchor_files, "generator.anchors_per_step",
+                       "data.max_anchor_rows", num_hosts,
+                       f" after config.data.heldout_anchor_rows={d.heldout_anchor_rows} held out")
+    prompt_files = _read_prompts(d, prompt_paths)
+    prompts = [p for f in prompt_files for p in f.rows]
+    _check_fills_batch(config, "prompts", len(prompts), prompt_files, "policy.prompts_per_step",
+                       "data.max_prompt_rows", num_hosts)
     return train, heldout, prompts

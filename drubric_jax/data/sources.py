@@ -176,14 +176,15 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
     return out
 
 
-def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]],
-                       dedupe: bool = True) -> list:
+def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool = True, *,
+                       stats: Optional[dict] = None) -> list:
     """Prompt set from shared-schema files (prompt-only or ranked rows).
 
     Args:
       paths: one path or several.
       dedupe: keep only the first row of each identical (history, prompt)
         conversation (pairwise files repeat questions).
+      stats: optional dict, incremented per outcome ("kept", "duplicate").
 
     Returns:
       list[PromptItem] in file order.
@@ -194,7 +195,10 @@ def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]],
     out, seen = [], set()
     for rec in load_jsonl_files(paths):
         key = json.dumps([rec.history, rec.prompt], ensure_ascii=False)
-        if dedupe and key in seen:
+        outcome = "duplicate" if dedupe and key in seen else "kept"
+        if stats is not None:
+            stats[outcome] = stats.get(outcome, 0) + 1
+        if outcome == "duplicate":
             continue
         seen.add(key)
         out.append(PromptItem(id=rec.id, source=rec.source, prompt=rec.prompt,
