@@ -55,3 +55,17 @@ def test_anchor_drop_reasons():
     assert dd.policy_prompt_drop_reason(long_prompt, good + good[:2]) is None
     assert dd.policy_prompt_drop_reason(long_prompt, refusals[:1] + good + good) in (
         "short_top_response", "bad_top_response")
+
+
+def test_filter_configs_give_the_drop_reason_functions():
+    prompt = "Please explain in detail how the water cycle works for a school project."
+    good = [f"The water cycle moves water between the oceans, the air and the land. Variant {i}."
+            for i in range(7)]
+    for responses in (good, good[:3], ["I can't help."] + good, ["tiny"] + good):
+        assert (AnchorFilterConfig().drop_reason(prompt, responses)
+                == dd.anchor_drop_reason(prompt, responses))
+        assert (dd.PolicyFilterConfig().drop_reason(prompt, responses)
+                == dd.policy_prompt_drop_reason(prompt, responses))
+    assert dd.PolicyFilterConfig(2, 5, 0).drop_reason("Short one?", ["ok", "no"]) is None
+    assert dd.PolicyFilterConfig(2, 0, 10).drop_reason("Short one?", ["ok", "no"]) == (
+        "short_top_response")

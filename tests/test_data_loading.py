@@ -32,7 +32,8 @@ def _fake_datasets(monkeypatch, rows):
 
 
 def _anchor_row(i: int, n: int = 4) -> dict:
-    return {"id": f"a/{i}", "source": "t:a", "prompt": f"Explain topic {i} in detail.",
+    return {"id": f"a/{i}", "source": "t:a",
+            "prompt": f"Explain topic {i} in detail, with one example, for a curious reader.",
             "responses": [_long(10 * i + r) for r in range(n)], "ranking": list(range(n))}
 
 
@@ -99,3 +100,35 @@ def test_too_few_anchors_error_names_files_filters_and_fields(write_jsonl):
                           "config.generator.anchors_per_step=1"), msg
     assert f"{anchors} (few_useful=1, kept=2; 2 used)" in msg
     assert "config.data.max_anchor_rows=0 (0 = all)" in msg
+
+
+def test_policy_filter_applies_to_ranked_prompts_when_the_paper_filters_are_asked(
+        write_jsonl, monkeypatch):
+    long_q = "Please explain in detail how the water cycle works for a school project."
+    ranked = lambda i, prompt, top: {  # noqa: E731
+        "id": f"r/{i}", "source": "t:r", "prompt": prompt,
+        "responses": [top] + [_long(10 * i + r) for r in range(3)], "ranking": [0, 1, 2, 3]}
+    rows = [ranked(0, long_q, _long(0)),
+            ranked(1, "Too short?", _long(1)),                              # short_prompt
+            ranked(2, long_q + " Again.", "I'm sorry, but I can't help with that request "
+                                          "today, it is not something I can do."),  # refusal
+            _prompt_row(3, "Short prompt-only row?")]                     # no responses: kept
+    anchors = write_jsonl([_anchor_row(i, n=7) for i in range(3)], name="anchors.jsonl")
+    prompts = write_jsonl(rows, name="prompts.jsonl")
+    off = _custom_config([anchors], [prompts], min_responses=4)
+    assert [p.id for p in data.load_data(off)[2]] == ["r/0", "r/1", "r/2", "p/3"]
+    paper = _custom_config([anchors], [prompts], min_responses=4, min_prompt_chars=50,
+                           min_top_response_chars=50)
+    assert [p.id for p in data.load_data(paper)[2]] == ["r/0", "p/3"]
+    stats = {}
+    data.prompts_from_jsonl(prompts, filters=data.PolicyFilterConfig(4, 50, 50), stats=stats)
+    assert stats == {"kept": 2, "short_prompt": 1, "bad_top_response": 1}
+    # Nectar prompts: the policy filter, not the generator filter.
+    nectar = [_nectar_row(i) for i in range(3)]
+    nectar[1]["answers"][0]["answer"] = "Hello! How can I help you today?"
+    nectar[2]["answers"][3]["answer"] = "the cat sat on the mat " * 30  # only rank 4 loops
+    _fake_datasets(monkeypatch, nectar)
+    paper.data.prompt_paths = ("hf:fake/Nectar",)
+    paper.data.min_responses = 7
+    assert [p.id for p in data.load_data(paper)[2]] == ["fake/Nectar/train/0",
+                                                        "fake/Nectar/train/2"]

@@ -1,9 +1,10 @@
 """Appendix B data filters (METHOD section 9) as small text heuristics.
 
 Each `is_*` function flags one kind of bad response (broken, repetitive, plain refusal,
-greeting-only, clarification-only, mostly boilerplate); `anchor_drop_reason` applies the
-generator-training filter to one anchor set and `policy_prompt_drop_reason` the
-policy-training filter to one ranked prompt. They are heuristics: the docstrings name
+greeting-only, clarification-only, mostly boilerplate); `anchor_drop_reason`
+(`AnchorFilterConfig`) applies the generator-training filter to one anchor set and
+`policy_prompt_drop_reason` (`PolicyFilterConfig`) the policy-training filter to one
+ranked prompt. They are heuristics: the docstrings name
 known misses and false alarms.
 
 Axis legend (docs/CONVENTIONS.md): A responses of an anchor list (best first).
@@ -200,6 +201,10 @@ class AnchorFilterConfig:
     min_useful: Optional[int] = 4
     max_boilerplate: Optional[int] = 3
 
+    def drop_reason(self, prompt: str, responses_best_first: Sequence[str]) -> Optional[str]:
+        """`anchor_drop_reason` with these thresholds."""
+        return anchor_drop_reason(prompt, responses_best_first, self)
+
 
 APPENDIX_B_FILTERS = AnchorFilterConfig()
 """Appendix B generator-training filter settings (use with min_responses=7 on Nectar)."""
@@ -239,12 +244,14 @@ def anchor_drop_reason(prompt: str, responses_best_first: Sequence[str],
 
 
 def policy_prompt_drop_reason(prompt: str, responses_best_first: Sequence[str],
-                              min_responses: int = 7, min_chars: int = 50) -> Optional[str]:
+                              min_responses: int = 7, min_prompt_chars: int = 50,
+                              min_top_response_chars: int = 50) -> Optional[str]:
     """Why a prompt fails the Appendix B policy-training filter, or None (METHOD 9).
 
-    Keep when there are >= min_responses responses, prompt and top response
-    are longer than min_chars, and the top response is not broken, repetitive,
-    a plain refusal, greeting-only or clarification-only (heuristics above).
+    Keep when there are >= min_responses responses, the stripped prompt is longer
+    than min_prompt_chars and the stripped top response longer than
+    min_top_response_chars, and the top response is not broken, repetitive, a
+    plain refusal, greeting-only or clarification-only (heuristics above).
 
     Returns:
       str reason ("few_responses", "short_prompt", "short_top_response",
@@ -253,10 +260,25 @@ def policy_prompt_drop_reason(prompt: str, responses_best_first: Sequence[str],
     rs = list(responses_best_first)
     if len(rs) < min_responses:
         return "few_responses"
-    if len(prompt.strip()) <= min_chars:
+    if len(prompt.strip()) <= min_prompt_chars:
         return "short_prompt"
-    if len(rs[0].strip()) <= min_chars:
+    if len(rs[0].strip()) <= min_top_response_chars:
         return "short_top_response"
     if is_degenerate(rs[0]) or is_repetitive(rs[0]):
         return "bad_top_response"
     return None
+
+
+@dataclass(frozen=True)
+class PolicyFilterConfig:
+    """Policy-training filter of Appendix B (METHOD 9): thresholds of
+    `policy_prompt_drop_reason` (paper: 7 responses, 50 characters)."""
+
+    min_responses: int = 7
+    min_prompt_chars: int = 50
+    min_top_response_chars: int = 50
+
+    def drop_reason(self, prompt: str, responses_best_first: Sequence[str]) -> Optional[str]:
+        """`policy_prompt_drop_reason` with these thresholds."""
+        return policy_prompt_drop_reason(prompt, responses_best_first, self.min_responses,
+                                         self.min_prompt_chars, self.min_top_response_chars)

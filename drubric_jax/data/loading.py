@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
-from drubric_jax.data.filters import AnchorFilterConfig
+from drubric_jax.data.filters import AnchorFilterConfig, PolicyFilterConfig
 from drubric_jax.data.iterators import shuffled_order
 from drubric_jax.data.schema import AnchorList, PromptItem
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
@@ -100,17 +100,27 @@ def _read_anchors(d, paths: Sequence[str]) -> list:
 
 
 def _read_prompts(d, paths: Sequence[str]) -> list:
-    """list[_FileRows] of PromptItems, capped at d.max_prompt_rows rows per file."""
+    """list[_FileRows] of PromptItems, capped at d.max_prompt_rows rows per file.
+
+    Ranked rows (Nectar, custom JSONL) pass the Appendix B policy-training filter when
+    the config asks for the paper's filters (d.min_prompt_chars or
+    d.min_top_response_chars > 0), with d.min_responses responses.
+    """
+    policy = None
+    if d.min_prompt_chars or d.min_top_response_chars:
+        policy = PolicyFilterConfig(d.min_responses, d.min_prompt_chars,
+                                    d.min_top_response_chars)
     out = []
     for path in paths:
         stats = {}
         if path.startswith("hf:"):
             rows = [PromptItem(id=a.id, source=a.source, prompt=a.prompt,
                                history=list(a.history))
-                    for a in anchor_lists_from_hf(path[3:], limit=d.max_prompt_rows or None,
-                                                  stats=stats)]
+                    for a in anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
+                                                  filters=policy, stats=stats,
+                                                  limit=d.max_prompt_rows or None)]
         else:
-            rows = prompts_from_jsonl([path], stats=stats)
+            rows = prompts_from_jsonl([path], filters=policy, stats=stats)
         if stats.get("duplicate"):
             logging.warning("data: %s: %d duplicate prompts dropped (same history and prompt; "
                             "the first is kept)", path, stats["duplicate"])
@@ -147,7 +157,9 @@ def load_data(config, num_hosts: int = 1) -> tuple[list, list, list]:
     data.max_anchor_rows rows (0 = all); lists are capped at data.max_responses responses
     spread over the ranks; the first data.heldout_anchor_rows of a seeded shuffle are held
     out for Delta_gap (Eq. 2). Prompt files are read with `prompts_from_jsonl`, which drops
-    repeated (history, prompt) conversations within a file (counted and logged).
+    repeated (history, prompt) conversations within a file (counted and logged); with
+    data.min_prompt_chars or data.min_top_response_chars > 0, ranked prompt rows also pass
+    the Appendix B policy-training filter (METHOD 9, `PolicyFilterConfig`).
 
     Args:
       config: run config (configs/base.py layout).

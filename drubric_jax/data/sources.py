@@ -16,20 +16,24 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-from drubric_jax.data.filters import APPENDIX_B_FILTERS, AnchorFilterConfig, anchor_drop_reason
+from drubric_jax.data.filters import APPENDIX_B_FILTERS, AnchorFilterConfig, PolicyFilterConfig
 from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, _is_number,
                                      anchor_from_record, load_jsonl_files)
 
 
+def _count(stats: Optional[dict], outcome: str) -> None:
+    if stats is not None:
+        stats[outcome] = stats.get(outcome, 0) + 1
+
+
 def _keep_anchor(a: AnchorList, min_responses: int, filters, stats) -> bool:
+    """`filters`: AnchorFilterConfig, PolicyFilterConfig (anything with `drop_reason`) or None."""
     reason = None
     if len(a.responses) < min_responses:
         reason = "few_responses"
     elif filters is not None:
-        reason = anchor_drop_reason(a.prompt, a.responses, filters)
-    key = reason or "kept"
-    if stats is not None:
-        stats[key] = stats.get(key, 0) + 1
+        reason = filters.drop_reason(a.prompt, a.responses)
+    _count(stats, reason or "kept")
     return reason is None
 
 
@@ -126,7 +130,8 @@ def nectar_row_to_anchor(row: dict, row_id: str) -> Optional[AnchorList]:
 
 def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = "train", *,
                          min_responses: int = 7,
-                         filters: Optional[AnchorFilterConfig] = APPENDIX_B_FILTERS,
+                         filters: Union[AnchorFilterConfig, PolicyFilterConfig,
+                                        None] = APPENDIX_B_FILTERS,
                          exclude_sources: Sequence[str] = ("lmsys-chat-1m",),
                          only_sources: Optional[Sequence[str]] = None,
                          limit: Optional[int] = None, streaming: bool = False,
@@ -142,7 +147,7 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
     Args:
       dataset_id, split: hub dataset and split.
       min_responses: smallest A kept (7 in Appendix B).
-      filters: AnchorFilterConfig or None.
+      filters: AnchorFilterConfig, PolicyFilterConfig (for policy prompts) or None.
       exclude_sources: drop rows whose `source` list contains any of these.
       only_sources: if given, keep only rows whose `source` list intersects it.
       limit: stop after this many kept lists.
@@ -161,13 +166,11 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
         srcs = [srcs] if isinstance(srcs, str) else list(srcs)
         if any(s in exclude_sources for s in srcs) or (
                 only_sources is not None and not any(s in only_sources for s in srcs)):
-            if stats is not None:
-                stats["excluded_source"] = stats.get("excluded_source", 0) + 1
+            _count(stats, "excluded_source")
             continue
         a = nectar_row_to_anchor(row, f"{dataset_id}/{split}/{i}")
         if a is None:
-            if stats is not None:
-                stats["bad_row"] = stats.get("bad_row", 0) + 1
+            _count(stats, "bad_row")
             continue
         if _keep_anchor(a, min_responses, filters, stats):
             out.append(a)
@@ -177,14 +180,19 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
 
 
 def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool = True, *,
+                       filters: Optional[PolicyFilterConfig] = None,
                        stats: Optional[dict] = None) -> list:
     """Prompt set from shared-schema files (prompt-only or ranked rows).
 
     Args:
       paths: one path or several.
-      dedupe: keep only the first row of each identical (history, prompt)
+      dedupe: keep only the first kept row of each identical (history, prompt)
         conversation (pairwise files repeat questions).
-      stats: optional dict, incremented per outcome ("kept", "duplicate").
+      filters: the Appendix B policy-training filter (METHOD 9), applied to ranked
+        rows (responses best first); prompt-only rows have no responses to judge and
+        are kept. None: no filter.
+      stats: optional dict, incremented per outcome ("kept", "duplicate", or a
+        filter reason).
 
     Returns:
       list[PromptItem] in file order.
@@ -195,10 +203,14 @@ def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool 
     out, seen = [], set()
     for rec in load_jsonl_files(paths):
         key = json.dumps([rec.history, rec.prompt], ensure_ascii=False)
-        outcome = "duplicate" if dedupe and key in seen else "kept"
-        if stats is not None:
-            stats[outcome] = stats.get(outcome, 0) + 1
-        if outcome == "duplicate":
+        outcome = "kept"
+        if dedupe and key in seen:
+            outcome = "duplicate"
+        elif filters is not None and rec.responses:
+            best_first = [rec.responses[i] for i in rec.ranking]
+            outcome = filters.drop_reason(rec.prompt, best_first) or "kept"
+        _count(stats, outcome)
+        if outcome != "kept":
             continue
         seen.add(key)
         out.append(PromptItem(id=rec.id, source=rec.source, prompt=rec.prompt,
