@@ -279,7 +279,10 @@ class CoEvolution:
                                  max_prefix_tokens=c.verifier.max_prefix_tokens,
                                  max_suffix_tokens=c.verifier.max_suffix_tokens)
         host, hosts = jax.process_index(), jax.process_count()
-        self.anchors, self.heldout, self.prompts = data.load_data(c, num_hosts=hosts)
+        loaded = data.load_data(c, num_hosts=hosts)
+        self.anchors, self.heldout, self.prompts = (loaded.train_anchors, loaded.heldout_anchors,
+                                                    loaded.prompts)
+        self.data_fingerprint = loaded.fingerprint
         self.anchor_iter = data.EpochIterator(self.anchors, g.anchors_per_step, c.seed,
                                               host_id=host, num_hosts=hosts, name="anchors")
         self.prompt_iter = data.EpochIterator(self.prompts, p.prompts_per_step, c.seed + 1,

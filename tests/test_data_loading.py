@@ -1,6 +1,7 @@
 """Tests for drubric_jax.data.loading: config.data -> (train anchors, held-out anchors,
 prompts), on tiny JSONL files written to tmp_path and a fake Nectar (no network)."""
 
+import json
 import sys
 import types
 
@@ -52,7 +53,8 @@ def test_hf_prompts_keep_the_nectar_source(write_jsonl, monkeypatch):
     _fake_datasets(monkeypatch, [_nectar_row(i) for i in range(3)])
     anchors = write_jsonl([_anchor_row(i) for i in range(3)], name="anchors.jsonl")
     c = _custom_config([anchors], ["hf:fake/Nectar"])
-    train, heldout, prompts = data.load_data(c)
+    loaded = data.load_data(c)
+    train, heldout, prompts = loaded.train_anchors, loaded.heldout_anchors, loaded.prompts
     assert len(train) == 2 and len(heldout) == 1
     assert [p.id for p in prompts] == [f"fake/Nectar/train/{i}" for i in range(3)]
     assert all(p.source == "anthropic-hh" for p in prompts)
@@ -90,7 +92,8 @@ def test_too_few_anchors_error_names_files_filters_and_fields(write_jsonl):
                           name="prompts.jsonl")
     c = _custom_config([anchors], [prompts])
     c.generator.anchors_per_step = 1
-    train, heldout, _ = data.load_data(c)
+    loaded = data.load_data(c)
+    train, heldout = loaded.train_anchors, loaded.heldout_anchors
     assert len(train) == 1 and len(heldout) == 1
     with pytest.raises(ValueError) as e:
         data.load_data(c, num_hosts=2)
@@ -116,10 +119,10 @@ def test_policy_filter_applies_to_ranked_prompts_when_the_paper_filters_are_aske
     anchors = write_jsonl([_anchor_row(i, n=7) for i in range(3)], name="anchors.jsonl")
     prompts = write_jsonl(rows, name="prompts.jsonl")
     off = _custom_config([anchors], [prompts], min_responses=4)
-    assert [p.id for p in data.load_data(off)[2]] == ["r/0", "r/1", "r/2", "p/3"]
+    assert [p.id for p in data.load_data(off).prompts] == ["r/0", "r/1", "r/2", "p/3"]
     paper = _custom_config([anchors], [prompts], min_responses=4, min_prompt_chars=50,
                            min_top_response_chars=50)
-    assert [p.id for p in data.load_data(paper)[2]] == ["r/0", "p/3"]
+    assert [p.id for p in data.load_data(paper).prompts] == ["r/0", "p/3"]
     stats = {}
     data.prompts_from_jsonl(prompts, filters=data.PolicyFilterConfig(4, 50, 50), stats=stats)
     assert stats == {"kept": 2, "short_prompt": 1, "bad_top_response": 1}
@@ -130,5 +133,44 @@ def test_policy_filter_applies_to_ranked_prompts_when_the_paper_filters_are_aske
     _fake_datasets(monkeypatch, nectar)
     paper.data.prompt_paths = ("hf:fake/Nectar",)
     paper.data.min_responses = 7
-    assert [p.id for p in data.load_data(paper)[2]] == ["fake/Nectar/train/0",
+    assert [p.id for p in data.load_data(paper).prompts] == ["fake/Nectar/train/0",
                                                         "fake/Nectar/train/2"]
+
+
+def test_fingerprint_hashes_the_rows_used_not_the_paths(write_jsonl, tmp_path):
+    anchors = write_jsonl([_anchor_row(i) for i in range(4)], name="anchors.jsonl")
+    prompts = write_jsonl([_prompt_row(i, f"Question {i}?") for i in range(3)],
+                          name="prompts.jsonl")
+    fp = data.load_data(_custom_config([anchors], [prompts])).fingerprint
+    assert [(f["kind"], f["path"], f["rows"]) for f in fp["files"]] == [
+        ("anchors", str(anchors), 4), ("prompts", str(prompts), 3)]
+    assert fp["rows"] == {"anchors": 4, "prompts": 3}
+    assert json.loads(json.dumps(fp)) == fp
+    again = data.load_data(_custom_config([anchors], [prompts], heldout_anchor_rows=2))
+    assert again.fingerprint == fp  # the held-out split is config, not data
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    copies = [moved / p.name for p in (anchors, prompts)]
+    for src, dst in zip((anchors, prompts), copies):
+        dst.write_bytes(src.read_bytes())
+    assert data.load_data(_custom_config([copies[0]], [copies[1]])).fingerprint["sha256"] == (
+        fp["sha256"])
+    capped = data.load_data(_custom_config([anchors], [prompts], max_prompt_rows=2))
+    assert capped.fingerprint["sha256"] != fp["sha256"]
+    assert capped.fingerprint["files"][0] == fp["files"][0]
+    edited = _prompt_row(2, "Question 2, edited?")
+    write_jsonl([_prompt_row(0, "Question 0?"), _prompt_row(1, "Question 1?"), edited],
+                name="prompts.jsonl")
+    changed = data.load_data(_custom_config([anchors], [prompts])).fingerprint
+    assert changed["files"][1]["sha256"] != fp["files"][1]["sha256"]
+    assert changed["files"][0] == fp["files"][0] and changed["sha256"] != fp["sha256"]
+
+
+def test_data_fingerprint_is_order_and_kind_sensitive():
+    a = data.PromptItem(id="1", source="s", prompt="x")
+    b = data.PromptItem(id="2", source="s", prompt="y")
+    fp = data.data_fingerprint([("prompts", "p.jsonl", [a, b])])
+    assert fp["files"][0]["rows"] == 2 and fp["rows"] == {"prompts": 2}
+    assert data.data_fingerprint([("prompts", "p.jsonl", [b, a])])["sha256"] != fp["sha256"]
+    assert data.data_fingerprint([("anchors", "p.jsonl", [a, b])])["sha256"] != fp["sha256"]
+    assert data.data_fingerprint([("prompts", "q.jsonl", [a, b])])["sha256"] == fp["sha256"]

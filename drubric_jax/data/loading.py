@@ -1,8 +1,9 @@
-"""What a run reads: config.data -> (train anchors, held-out anchors, prompts).
+"""What a run reads: config.data -> LoadedData (train anchors, held-out anchors, prompts).
 
 `resolve_data_paths` maps config.data.name (demo / shared / custom) to files;
 `load_data` reads them with the readers of `sources`, caps anchor lists at
-config.data.max_responses and splits off the held-out anchors of Delta_gap (Eq. 2).
+config.data.max_responses, splits off the held-out anchors of Delta_gap (Eq. 2) and
+fingerprints the rows it used.
 
 Axis legend (docs/CONVENTIONS.md): A responses of an anchor list (best first).
 """
@@ -16,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from drubric_jax.data.filters import AnchorFilterConfig, PolicyFilterConfig
+from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import shuffled_order
 from drubric_jax.data.schema import AnchorList, PromptItem
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
@@ -149,8 +151,25 @@ def _check_fills_batch(config, kind: str, rows: int, files: list, batch_field: s
             f"config.{cap_field}={_field(config, cap_field)} (0 = all)")
 
 
-def load_data(config, num_hosts: int = 1) -> tuple[list, list, list]:
-    """(train anchors, held-out anchors, prompts), deterministic from config.seed.
+@dataclasses.dataclass
+class LoadedData:
+    """The rows of one run (load_data).
+
+    Attributes:
+      train_anchors: list[AnchorList], the generator's anchor examples (Eq. 15).
+      heldout_anchors: list[AnchorList], held out for Delta_gap (Eq. 2).
+      prompts: list[PromptItem], the policy prompts.
+      fingerprint: `data_fingerprint` of the rows used, per file (JSON-serialisable).
+    """
+
+    train_anchors: list
+    heldout_anchors: list
+    prompts: list
+    fingerprint: dict
+
+
+def load_data(config, num_hosts: int = 1) -> LoadedData:
+    """Train anchors, held-out anchors and prompts, deterministic from config.seed.
 
     Anchor lists come from JSONL files ("hf:<dataset id>" entries go through
     `anchor_lists_from_hf`, network needed). Each file contributes at most
@@ -164,6 +183,10 @@ def load_data(config, num_hosts: int = 1) -> tuple[list, list, list]:
     Args:
       config: run config (configs/base.py layout).
       num_hosts: processes that split every batch (jax.process_count()).
+
+    Returns:
+      LoadedData; its fingerprint hashes every file's rows as used (after filters and
+      caps, in file order), before the seeded shuffle and held-out split.
 
     Raises:
       ValueError: fewer training anchors than num_hosts * generator.anchors_per_step, or
@@ -185,4 +208,6 @@ def load_data(config, num_hosts: int = 1) -> tuple[list, list, list]:
     prompts = [p for f in prompt_files for p in f.rows]
     _check_fills_batch(config, "prompts", len(prompts), prompt_files, "policy.prompts_per_step",
                        "data.max_prompt_rows", num_hosts)
-    return train, heldout, prompts
+    fingerprint = data_fingerprint([("anchors", f.path, f.rows) for f in anchor_files]
+                                   + [("prompts", f.path, f.rows) for f in prompt_files])
+    return LoadedData(train, heldout, prompts, fingerprint)
