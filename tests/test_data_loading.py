@@ -174,3 +174,36 @@ def test_data_fingerprint_is_order_and_kind_sensitive():
     assert data.data_fingerprint([("prompts", "p.jsonl", [b, a])])["sha256"] != fp["sha256"]
     assert data.data_fingerprint([("anchors", "p.jsonl", [a, b])])["sha256"] != fp["sha256"]
     assert data.data_fingerprint([("prompts", "q.jsonl", [a, b])])["sha256"] == fp["sha256"]
+
+
+def test_check_data_sources_names_the_config_field_and_file(write_jsonl, tmp_path):
+    anchors = write_jsonl([_anchor_row(i) for i in range(3)], name="anchors.jsonl")
+    prompts = write_jsonl([_prompt_row(i, f"Question {i}?") for i in range(3)],
+                          name="prompts.jsonl")
+    c = _custom_config([anchors, "hf:fake/Nectar"], [prompts])
+    assert data.check_data_sources(c) == {str(anchors): 3, str(prompts): 3}  # hf: skipped
+    missing = tmp_path / "missing.jsonl"
+    c.data.prompt_paths = (str(prompts), str(missing))
+    with pytest.raises(FileNotFoundError, match=r"^config\.data\.prompt_paths\[1\]: no such "
+                                                r"file .*missing\.jsonl$"):
+        data.check_data_sources(c)
+    bad = write_jsonl([_prompt_row(0, "ok?"), dict(_prompt_row(1, "x"), prompt=5)],
+                      name="bad.jsonl")
+    c.data.prompt_paths = (str(bad),)
+    with pytest.raises(ValueError, match=r"^config\.data\.prompt_paths\[0\]: .*bad\.jsonl:2: "
+                                         r"field 'prompt' must be a string"):
+        data.check_data_sources(c)
+    c.data.prompt_paths = (str(prompts),)
+    c.data.anchor_paths = (str(prompts),)  # prompt-only rows cannot be anchors
+    with pytest.raises(ValueError, match=r"^config\.data\.anchor_paths\[0\]: .*prompts\.jsonl "
+                                         r"has no ranked rows"):
+        data.check_data_sources(c)
+
+
+def test_check_data_sources_demo_and_shared(tmp_path):
+    c = base_config()
+    assert sorted(data.check_data_sources(c).values()) == [24, 32]
+    c.data.name, c.data.shared_dir = "shared", str(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"config\.data\.name=shared needs .*"
+                                                r"\(set config\.data\.shared_dir\)"):
+        data.check_data_sources(c)

@@ -11,7 +11,7 @@ Pure Python + numpy (METHOD = ../shared/docs/METHOD.md). One job per module:
 - `sources`: readers from files to rows: `anchor_lists_from_jsonl`,
   `anchor_lists_from_hf` (Nectar, network), `prompts_from_jsonl`, the demo set paths.
 - `loading`: config.data -> `LoadedData` (train anchors, held-out anchors, prompts,
-  fingerprint): `load_data`.
+  fingerprint): `load_data`; `check_data_sources`, the fast check before weights load.
 - `fingerprint`: `data_fingerprint`, paths, row counts and a content hash of the rows
   a run used (to refuse resuming a workdir with other data).
 - `iterators`: `shuffled_order`, `host_shard`, `EpochIterator` (deterministic, per-host,
@@ -27,7 +27,8 @@ from drubric_jax.data.filters import (APPENDIX_B_FILTERS, AnchorFilterConfig,
                                       is_useful, policy_prompt_drop_reason)
 from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import EpochIterator, host_shard, shuffled_order
-from drubric_jax.data.loading import LoadedData, load_data, resolve_data_paths
+from drubric_jax.data.loading import (LoadedData, check_data_sources, load_data,
+                                      resolve_data_paths)
 from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, Record,
                                      anchor_from_record, gold_ranks, load_jsonl,
                                      load_jsonl_files, record_from_dict)

@@ -3,7 +3,8 @@
 `resolve_data_paths` maps config.data.name (demo / shared / custom) to files;
 `load_data` reads them with the readers of `sources`, caps anchor lists at
 config.data.max_responses, splits off the held-out anchors of Delta_gap (Eq. 2) and
-fingerprints the rows it used.
+fingerprints the rows it used. `check_data_sources` is the fast check, before any model
+loads, that every configured file exists and parses.
 
 Axis legend (docs/CONVENTIONS.md): A responses of an anchor list (best first).
 """
@@ -19,7 +20,7 @@ from absl import logging
 from drubric_jax.data.filters import AnchorFilterConfig, PolicyFilterConfig
 from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import shuffled_order
-from drubric_jax.data.schema import AnchorList, PromptItem
+from drubric_jax.data.schema import AnchorList, PromptItem, load_jsonl
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
                                       demo_anchor_path, demo_prompt_path, prompts_from_jsonl)
 
@@ -211,3 +212,53 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
     fingerprint = data_fingerprint([("anchors", f.path, f.rows) for f in anchor_files]
                                    + [("prompts", f.path, f.rows) for f in prompt_files])
     return LoadedData(train, heldout, prompts, fingerprint)
+
+
+def _configured_files(config) -> list:
+    """[(kind, config field that names the file, path)] of every configured data entry."""
+    d = config.data
+    anchors, prompts = resolve_data_paths(config)
+    if d.name == "custom":
+        return ([("anchors", f"config.data.anchor_paths[{i}]", p) for i, p in enumerate(anchors)]
+                + [("prompts", f"config.data.prompt_paths[{i}]", p)
+                   for i, p in enumerate(prompts)])
+    field = f"config.data.name={d.name}"
+    if d.name == "shared":
+        field += f" (config.data.shared_dir={d.shared_dir!r})"
+    return [("anchors", field, p) for p in anchors] + [("prompts", field, p) for p in prompts]
+
+
+def check_data_sources(config) -> dict:
+    """Checks that every configured data file exists and parses; loads no model.
+
+    Fast enough to run before the weights load (experiments/run.py does). Every row is
+    validated (`load_jsonl`), and an anchor file must hold ranked rows. "hf:" entries
+    need the network and are left to `load_data`.
+
+    Args:
+      config: run config (configs/base.py layout).
+
+    Returns:
+      dict {path: rows in the file} of the JSONL files checked.
+
+    Raises:
+      FileNotFoundError: a missing file, "<config field>: no such file <path>" (or the
+        `resolve_data_paths` error for shared data).
+      ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
+        anchor file without ranked rows.
+    """
+    rows = {}
+    for kind, field, path in _configured_files(config):
+        if path.startswith("hf:"):
+            continue
+        try:
+            records = load_jsonl(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{field}: no such file {path}") from None
+        except ValueError as e:
+            raise ValueError(f"{field}: {e}") from None
+        if kind == "anchors" and not any(r.responses for r in records):
+            raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
+                             "to build anchor lists from")
+        rows[path] = len(records)
+    return rows
