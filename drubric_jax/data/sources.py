@@ -139,7 +139,7 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
     """Anchor lists from Nectar on the Hugging Face hub (METHOD 9). NEEDS NETWORK.
 
     Uses `datasets.load_dataset(dataset_id, split=split, streaming=streaming)`
-    and `nectar_row_to_anchor`. Never called by the tests (no network there).
+    and `nectar_row_to_anchor`; the tests pass a fake `datasets` module (no network).
     Appendix B: the LMSYS-Chat-1M subset is held out for evaluation, so it is
     excluded by default; pass `exclude_sources=(), only_sources=("lmsys-chat-1m",)`
     to build the held-out listwise evaluation set instead (with filters=None).
