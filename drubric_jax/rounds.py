@@ -127,90 +127,13 @@ def role_memory(roles: Roles) -> dict:
     return out
 
 
-def _spread(items: Sequence, keep: int) -> list:
-    """`keep` items spread evenly over a best-first list (first and last kept)."""
-    if len(items) <= keep:
-        return list(items)
-    idx = np.unique(np.round(np.linspace(0, len(items) - 1, keep)).astype(int))
-    return [items[i] for i in idx]
-
-
-def _cap_anchor(a: data.AnchorList, max_responses: int) -> data.AnchorList:
-    """Keeps at most `max_responses` of a best-first anchor list, spread over its ranks."""
-    if len(a.responses) <= max_responses:
-        return a
-    idx = _spread(range(len(a.responses)), max_responses)
-    return dataclasses.replace(a, responses=[a.responses[i] for i in idx],
-                               gold_ranks=[a.gold_ranks[i] for i in idx])
-
-
-def resolve_data_paths(config) -> tuple[list, list]:
-    """(anchor paths, prompt paths) for config.data.name.
-
-    demo: the packaged demo set. shared: ../shared/data (RM-Bench chat + AlpacaEval
-    listwise anchors; AlpacaEval prompts). custom: config.data.*_paths.
-
-    Raises:
-        FileNotFoundError: shared data requested but not found.
-    """
-    d = config.data
-    if d.name == "demo":
-        return [str(data.demo_anchor_path())], [str(data.demo_prompt_path())]
-    if d.name == "shared":
-        root = d.shared_dir or os.path.join(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__))), "..", "shared")
-        root = os.path.join(os.path.abspath(root), "data")
-        anchors = [os.path.join(root, "rm_bench", "chat.jsonl"),
-                   os.path.join(root, "alpaca_eval_listwise", "test.jsonl")]
-        prompts = [os.path.join(root, "alpaca_eval", "eval.jsonl")]
-        for p in anchors + prompts:
-            if not os.path.exists(p):
-                raise FileNotFoundError(f"config.data.name=shared needs {p} "
-                                        "(set config.data.shared_dir)")
-        return anchors, prompts
-    return list(d.anchor_paths), list(d.prompt_paths)
-
-
-def load_data(config) -> tuple[list, list, list]:
-    """(train anchors, held-out anchors, prompts), deterministic from config.seed.
-
-    Anchor lists come from JSONL files ("hf:<dataset id>" entries go through
-    `data.anchor_lists_from_hf`, network needed). Each file contributes at most
-    data.max_anchor_rows rows (0 = all); lists are capped at data.max_responses responses
-    spread over the ranks; the first data.heldout_anchor_rows of a seeded shuffle are held
-    out for Delta_gap (Eq. 2).
-    """
-    d = config.data
-    anchor_paths, prompt_paths = resolve_data_paths(config)
-    filters = data.AnchorFilterConfig(min_prompt_chars=d.min_prompt_chars,
-                                      min_top_response_chars=d.min_top_response_chars)
-    anchors = []
-    for path in anchor_paths:
-        if path.startswith("hf:"):
-            rows = data.anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
-                                             limit=d.max_anchor_rows or None)
-        else:
-            rows = data.anchor_lists_from_jsonl([path], min_responses=d.min_responses,
-                                                filters=filters)
-        anchors += rows[:d.max_anchor_rows] if d.max_anchor_rows else rows
-    anchors = [_cap_anchor(a, d.max_responses) for a in anchors]
-    order = data.shuffled_order(len(anchors), config.seed)
-    anchors = [anchors[i] for i in order]
-    heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
-    prompts = []
-    for path in prompt_paths:
-        if path.startswith("hf:"):
-            rows = [data.PromptItem(id=a.id, prompt=a.prompt, history=list(a.history))
-                    for a in data.anchor_lists_from_hf(path[3:], limit=d.max_prompt_rows or None)]
-        else:
-            rows = data.prompts_from_jsonl([path])
-        prompts += rows[:d.max_prompt_rows] if d.max_prompt_rows else rows
-    if not train:
-        raise ValueError("no anchor lists left for training after the held-out split "
-                         f"(config.data.heldout_anchor_rows={d.heldout_anchor_rows})")
-    if not prompts:
-        raise ValueError(f"no prompts in {prompt_paths}")
-    return train, heldout, prompts
+def _train_config(c: ml_collections.ConfigDict, batch: int, temperature: float):
+    return ts.TrainConfig(
+        learning_rate=c.learning_rate, warmup_steps=c.warmup_steps,
+        weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, max_grad_norm=c.max_grad_norm,
+        clip_eps=c.clip_eps, beta=c.beta, aggregation=c.aggregation,
+        micro_batch_size=c.micro_batch_size or batch, temperature=temperature,
+        logits_chunk=c.logits_chunk, mu_dtype=c.mu_dtype)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -332,12 +255,15 @@ class CoEvolution:
         self.verifier = Verifier(ver_m.params, ver_m.cfg, ver_m.tokenizer,
                                  max_prefix_tokens=c.verifier.max_prefix_tokens,
                                  max_suffix_tokens=c.verifier.max_suffix_tokens)
-        self.anchors, self.heldout, self.prompts = load_data(c)
         host, hosts = jax.process_index(), jax.process_count()
+        loaded = data.load_data(c, num_hosts=hosts)
+        self.anchors, self.heldout, self.prompts = (loaded.train_anchors, loaded.heldout_anchors,
+                                                    loaded.prompts)
+        self.data_fingerprint = loaded.fingerprint
         self.anchor_iter = data.EpochIterator(self.anchors, g.anchors_per_step, c.seed,
-                                              host_id=host, num_hosts=hosts)
+                                              host_id=host, num_hosts=hosts, name="anchors")
         self.prompt_iter = data.EpochIterator(self.prompts, p.prompts_per_step, c.seed + 1,
-                                              host_id=host, num_hosts=hosts)
+                                              host_id=host, num_hosts=hosts, name="prompts")
         self.loop = LoopState()
         # Synchronous saves: an async save keeps a host copy of both roles' params and
         # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).

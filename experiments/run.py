@@ -21,9 +21,10 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import config_check, rounds
+    from drubric_jax import config_check, data, rounds
 
     config_check.validate(_CONFIG.value)  # before any compute
+    data.check_data_sources(_CONFIG.value)  # before the weights load
     if _DISTRIBUTED.value:
         jax.distributed.initialize()
     logging.info("JAX devices (process %d of %d): %s", jax.process_index(),

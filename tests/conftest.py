@@ -98,3 +98,17 @@ def tiny_model():
 
     cfg = config.TINY
     return cfg, init_params(cfg, jax.random.PRNGKey(0))
+
+
+@pytest.fixture
+def write_jsonl(tmp_path):
+    """Function `write_jsonl(rows, name="x.jsonl") -> Path` writing one row per line under
+    tmp_path: dicts as JSON, strings as they are (for broken lines)."""
+
+    def write(rows, name="x.jsonl"):
+        p = tmp_path / name
+        p.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n",
+                     encoding="utf-8")
+        return p
+
+    return write

@@ -1,0 +1,45 @@
+"""Data fingerprint: which rows a run used, so a resumed workdir can refuse other data.
+
+The hash covers the rows as the run uses them (after filters, caps and response cuts),
+not the files' bytes: editing a row that a filter drops, or moving the data directory,
+leaves it unchanged; editing a used row or a cap changes it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Sequence
+
+
+def _row_bytes(row) -> bytes:
+    """Canonical JSON of one dataclass row (AnchorList, PromptItem): sorted keys, no
+    spaces, UTF-8, so equal rows give equal bytes on every machine."""
+    return json.dumps(dataclasses.asdict(row), sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":")).encode("utf-8")
+
+
+def data_fingerprint(paths_and_rows: Sequence[tuple]) -> dict:
+    """Paths, row counts and content hashes of the rows a run reads.
+
+    Args:
+      paths_and_rows: (kind, path, rows) per file in reading order; kind is "anchors" or
+        "prompts", rows the dataclass rows used from that file (AnchorList / PromptItem).
+
+    Returns:
+      JSON-serialisable dict {"files": [{"kind", "path", "rows", "sha256"}, ...],
+      "rows": {kind: total rows}, "sha256": hex digest over every file's kind and sha256 in
+      order}. Paths are listed but not hashed: the same rows read from another directory
+      give the same top-level "sha256".
+    """
+    files, rows_per_kind = [], {}
+    top = hashlib.sha256()
+    for kind, path, rows in paths_and_rows:
+        h = hashlib.sha256()
+        for row in rows:
+            h.update(_row_bytes(row) + b"\n")
+        files.append({"kind": kind, "path": str(path), "rows": len(rows),
+                      "sha256": h.hexdigest()})
+        rows_per_kind[kind] = rows_per_kind.get(kind, 0) + len(rows)
+        top.update(f"{kind}:{h.hexdigest()}\n".encode("ascii"))
+    return {"files": files, "rows": rows_per_kind, "sha256": top.hexdigest()}

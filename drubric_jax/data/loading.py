@@ -1,0 +1,264 @@
+"""What a run reads: config.data -> LoadedData (train anchors, held-out anchors, prompts).
+
+`resolve_data_paths` maps config.data.name (demo / shared / custom) to files;
+`load_data` reads them with the readers of `sources`, caps anchor lists at
+config.data.max_responses, splits off the held-out anchors of Delta_gap (Eq. 2) and
+fingerprints the rows it used. `check_data_sources` is the fast check, before any model
+loads, that every configured file exists and parses.
+
+Axis legend (docs/CONVENTIONS.md): A responses of an anchor list (best first).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple, Sequence
+
+import numpy as np
+from absl import logging
+
+from drubric_jax.data.filters import AnchorFilterConfig, PolicyFilterConfig
+from drubric_jax.data.fingerprint import data_fingerprint
+from drubric_jax.data.iterators import shuffled_order
+from drubric_jax.data.schema import AnchorList, PromptItem, load_jsonl
+from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
+                                      demo_anchor_path, demo_prompt_path, prompts_from_jsonl)
+
+
+def _spread(items: Sequence, keep: int) -> list:
+    """`keep` items spread evenly over a best-first list (first and last kept)."""
+    if len(items) <= keep:
+        return list(items)
+    idx = np.unique(np.round(np.linspace(0, len(items) - 1, keep)).astype(int))
+    return [items[i] for i in idx]
+
+
+def _cap_anchor(a: AnchorList, max_responses: int) -> AnchorList:
+    """Keeps at most `max_responses` of a best-first anchor list, spread over its ranks."""
+    if len(a.responses) <= max_responses:
+        return a
+    idx = _spread(range(len(a.responses)), max_responses)
+    return dataclasses.replace(a, responses=[a.responses[i] for i in idx],
+                               gold_ranks=[a.gold_ranks[i] for i in idx])
+
+
+def resolve_data_paths(config) -> tuple[list, list]:
+    """(anchor paths, prompt paths) for config.data.name.
+
+    demo: the packaged demo set. shared: ../shared/data (RM-Bench chat + AlpacaEval
+    listwise anchors; AlpacaEval prompts). custom: config.data.*_paths.
+
+    Raises:
+        FileNotFoundError: shared data requested but not found.
+    """
+    d = config.data
+    if d.name == "demo":
+        return [str(demo_anchor_path())], [str(demo_prompt_path())]
+    if d.name == "shared":
+        # ../shared next to the repository root (drubric_jax/data/loading.py -> repo).
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = d.shared_dir or os.path.join(repo, "..", "shared")
+        root = os.path.join(os.path.abspath(root), "data")
+        anchors = [os.path.join(root, "rm_bench", "chat.jsonl"),
+                   os.path.join(root, "alpaca_eval_listwise", "test.jsonl")]
+        prompts = [os.path.join(root, "alpaca_eval", "eval.jsonl")]
+        for p in anchors + prompts:
+            if not os.path.exists(p):
+                raise FileNotFoundError(f"config.data.name=shared needs {p} "
+                                        "(set config.data.shared_dir)")
+        return anchors, prompts
+    return list(d.anchor_paths), list(d.prompt_paths)
+
+
+class _FileRows(NamedTuple):
+    """What one data file gave: the rows used and the count of every outcome."""
+
+    path: str
+    rows: list
+    stats: dict  # e.g. {"kept": 5, "few_useful": 2} or {"kept": 3, "duplicate": 1}
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items()))
+        return f"{self.path} ({counts}; {len(self.rows)} used)"
+
+
+def _read_anchors(d, paths: Sequence[str]) -> list:
+    """list[_FileRows] of anchor lists, capped at d.max_anchor_rows rows per file and
+    d.max_responses responses per list."""
+    filters = AnchorFilterConfig(min_prompt_chars=d.min_prompt_chars,
+                                 min_top_response_chars=d.min_top_response_chars)
+    out = []
+    for path in paths:
+        stats = {}
+        if path.startswith("hf:"):
+            rows = anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
+                                        limit=d.max_anchor_rows or None, stats=stats)
+        else:
+            rows = anchor_lists_from_jsonl([path], min_responses=d.min_responses,
+                                           filters=filters, stats=stats)
+        rows = rows[:d.max_anchor_rows] if d.max_anchor_rows else rows
+        out.append(_FileRows(path, [_cap_anchor(a, d.max_responses) for a in rows], stats))
+        logging.info("data: anchors from %s", out[-1].describe())
+    return out
+
+
+def _read_prompts(d, paths: Sequence[str]) -> list:
+    """list[_FileRows] of PromptItems, capped at d.max_prompt_rows rows per file.
+
+    Ranked rows (Nectar, custom JSONL) pass the Appendix B policy-training filter when
+    the config asks for the paper's filters (d.min_prompt_chars or
+    d.min_top_response_chars > 0), with d.min_responses responses.
+    """
+    policy = None
+    if d.min_prompt_chars or d.min_top_response_chars:
+        policy = PolicyFilterConfig(d.min_responses, d.min_prompt_chars,
+                                    d.min_top_response_chars)
+    out = []
+    for path in paths:
+        stats = {}
+        if path.startswith("hf:"):
+            rows = [PromptItem(id=a.id, source=a.source, prompt=a.prompt,
+                               history=list(a.history))
+                    for a in anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
+                                                  filters=policy, stats=stats,
+                                                  limit=d.max_prompt_rows or None)]
+        else:
+            rows = prompts_from_jsonl([path], filters=policy, stats=stats)
+        if stats.get("duplicate"):
+            logging.warning("data: %s: %d duplicate prompts dropped (same history and prompt; "
+                            "the first is kept)", path, stats["duplicate"])
+        out.append(_FileRows(path, rows[:d.max_prompt_rows] if d.max_prompt_rows else rows,
+                             stats))
+        logging.info("data: prompts from %s", out[-1].describe())
+    return out
+
+
+def _field(config, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+def _check_fills_batch(config, kind: str, rows: int, files: list, batch_field: str,
+                       cap_field: str, num_hosts: int, note: str = "") -> None:
+    """Raises ValueError naming the files, config fields and counts when `rows` cannot fill
+    one batch per host (the EpochIterator would fail later without saying why)."""
+    batch = _field(config, batch_field)
+    if rows // num_hosts < batch:
+        read = "; ".join(f.describe() for f in files) or "no files"
+        raise ValueError(
+            f"{kind}: {rows} rows left{note} over {num_hosts} host(s) cannot fill one batch "
+            f"of config.{batch_field}={batch}; read {read}; "
+            f"config.{cap_field}={_field(config, cap_field)} (0 = all)")
+
+
+@dataclasses.dataclass
+class LoadedData:
+    """The rows of one run (load_data).
+
+    Attributes:
+      train_anchors: list[AnchorList], the generator's anchor examples (Eq. 15).
+      heldout_anchors: list[AnchorList], held out for Delta_gap (Eq. 2).
+      prompts: list[PromptItem], the policy prompts.
+      fingerprint: `data_fingerprint` of the rows used, per file (JSON-serialisable).
+    """
+
+    train_anchors: list
+    heldout_anchors: list
+    prompts: list
+    fingerprint: dict
+
+
+def load_data(config, num_hosts: int = 1) -> LoadedData:
+    """Train anchors, held-out anchors and prompts, deterministic from config.seed.
+
+    Anchor lists come from JSONL files ("hf:<dataset id>" entries go through
+    `anchor_lists_from_hf`, network needed). Each file contributes at most
+    data.max_anchor_rows rows (0 = all); lists are capped at data.max_responses responses
+    spread over the ranks; the first data.heldout_anchor_rows of a seeded shuffle are held
+    out for Delta_gap (Eq. 2). Prompt files are read with `prompts_from_jsonl`, which drops
+    repeated (history, prompt) conversations within a file (counted and logged); with
+    data.min_prompt_chars or data.min_top_response_chars > 0, ranked prompt rows also pass
+    the Appendix B policy-training filter (METHOD 9, `PolicyFilterConfig`).
+
+    Args:
+      config: run config (configs/base.py layout).
+      num_hosts: processes that split every batch (jax.process_count()).
+
+    Returns:
+      LoadedData; its fingerprint hashes every file's rows as used (after filters and
+      caps, in file order), before the seeded shuffle and held-out split.
+
+    Raises:
+      ValueError: fewer training anchors than num_hosts * generator.anchors_per_step, or
+        fewer prompts than num_hosts * policy.prompts_per_step; the message names the files,
+        what each lost (filters, duplicates) and the config fields.
+      FileNotFoundError / ValueError: as `resolve_data_paths` and `load_jsonl`.
+    """
+    d = config.data
+    anchor_paths, prompt_paths = resolve_data_paths(config)
+    anchor_files = _read_anchors(d, anchor_paths)
+    anchors = [a for f in anchor_files for a in f.rows]
+    order = shuffled_order(len(anchors), config.seed)
+    anchors = [anchors[i] for i in order]
+    heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
+    _check_fills_batch(config, "anchors", len(train), anchor_files, "generator.anchors_per_step",
+                       "data.max_anchor_rows", num_hosts,
+                       f" after config.data.heldout_anchor_rows={d.heldout_anchor_rows} held out")
+    prompt_files = _read_prompts(d, prompt_paths)
+    prompts = [p for f in prompt_files for p in f.rows]
+    _check_fills_batch(config, "prompts", len(prompts), prompt_files, "policy.prompts_per_step",
+                       "data.max_prompt_rows", num_hosts)
+    fingerprint = data_fingerprint([("anchors", f.path, f.rows) for f in anchor_files]
+                                   + [("prompts", f.path, f.rows) for f in prompt_files])
+    return LoadedData(train, heldout, prompts, fingerprint)
+
+
+def _configured_files(config) -> list:
+    """[(kind, config field that names the file, path)] of every configured data entry."""
+    d = config.data
+    anchors, prompts = resolve_data_paths(config)
+    if d.name == "custom":
+        return ([("anchors", f"config.data.anchor_paths[{i}]", p) for i, p in enumerate(anchors)]
+                + [("prompts", f"config.data.prompt_paths[{i}]", p)
+                   for i, p in enumerate(prompts)])
+    field = f"config.data.name={d.name}"
+    if d.name == "shared":
+        field += f" (config.data.shared_dir={d.shared_dir!r})"
+    return [("anchors", field, p) for p in anchors] + [("prompts", field, p) for p in prompts]
+
+
+def check_data_sources(config) -> dict:
+    """Checks that every configured data file exists and parses; loads no model.
+
+    Fast enough to run before the weights load (experiments/run.py does). Every row is
+    validated (`load_jsonl`), and an anchor file must hold ranked rows. "hf:" entries
+    need the network and are left to `load_data`.
+
+    Args:
+      config: run config (configs/base.py layout).
+
+    Returns:
+      dict {path: rows in the file} of the JSONL files checked.
+
+    Raises:
+      FileNotFoundError: a missing file, "<config field>: no such file <path>" (or the
+        `resolve_data_paths` error for shared data).
+      ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
+        anchor file without ranked rows.
+    """
+    rows = {}
+    for kind, field, path in _configured_files(config):
+        if path.startswith("hf:"):
+            continue
+        try:
+            records = load_jsonl(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{field}: no such file {path}") from None
+        except ValueError as e:
+            raise ValueError(f"{field}: {e}") from None
+        if kind == "anchors" and not any(r.responses for r in records):
+            raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
+                             "to build anchor lists from")
+        rows[path] = len(records)
+    return rows
