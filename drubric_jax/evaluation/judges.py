@@ -1,0 +1,196 @@
+"""Judges of the evaluator benchmark: scores per response from the frozen verifier.
+
+- rubric judges (dynamic, static; METHOD 6): `rubric_samples` asks the verifier every
+  item of every sampled list for every response and scores them with Eq. 12, once with
+  the 0/1 verdicts and once with P(yes) (the `_soft` diagnostic).
+- random (sanity floor): `random_samples`, uniform scores keyed by the seed and row id.
+- direct judges (METHOD 7): `direct_scores`, the verifier's P(yes) to "is this a
+  high-quality response?" (optionally shown the whole set: direct_set);
+  `pairwise_scores`, "is A better than B?" asked in both orders on pair rows, read as
+  three score variants by `pairwise_variants`.
+
+Axis legend (docs/CONVENTIONS.md): K responses per row, M rubric items per list; n is
+the number of samples (AVG@n). A row is a `benchmark.Row` (rec, responses, k).
+"""
+from __future__ import annotations
+
+import zlib
+
+import jax
+import numpy as np
+
+from drubric_jax import rewards, rubric_text, verification
+
+RUBRIC_METHODS = ("dynamic", "static")
+PAIRWISE_VARIANTS = ("direct_pairwise_ab", "direct_pairwise_ba", "direct_pairwise_avg")
+
+
+def fitted_ids(verifier, make_messages, texts, max_tokens):
+    """Token ids of a judge prompt with its texts cut to `max_tokens` (fit_to_budget).
+
+    Returns:
+        (ids: list[int], cut: bool, True when some text was shortened).
+    """
+    def build(t):
+        return verifier.tokenizer.encode(verifier.render(make_messages(t)),
+                                         add_special_tokens=False)
+
+    ids, _, cut = verification.fit_to_budget(verifier.tokenizer, build, texts, max_tokens)
+    return ids, any(cut)
+
+
+def direct_scores(verifier, rows, max_tokens, with_set: bool):
+    """P(yes) per response of the pointwise judge (optionally shown the set), per row.
+
+    Returns:
+        list over rows of float[K] (the row's P(yes) per response).
+    """
+    prompts, spans = [], []
+    for row in rows:
+        hist = row.rec.history
+        nh = len(hist)
+        start = len(prompts)
+        for i in range(row.k):
+            # texts = [prompt, history turns..., (set...), response]; fit_to_budget cuts
+            # them all, so the message builder reads them back by position.
+            def make(t, i=i, nh=nh, hist=hist, k=row.k):
+                h = [dict(x, content=c) for x, c in zip(hist, t[1:1 + nh])]
+                rs = t[1 + nh:1 + nh + k] if with_set else None
+                return rubric_text.direct_judge_messages(t[0], t[-1], h, rs)
+
+            texts = ([row.rec.prompt] + [x["content"] for x in hist]
+                     + (row.responses if with_set else []) + [row.responses[i]])
+            prompts.append(fitted_ids(verifier, make, texts, max_tokens)[0])
+        spans.append((start, len(prompts)))
+    p = verifier.p_yes_ids(prompts)
+    return [p[a:b] for a, b in spans]
+
+
+def pairwise_scores(verifier, rows, max_tokens):
+    """(P(yes | A=resp0, B=resp1), P(yes | A=resp1, B=resp0)) per pair row, else None.
+
+    Returns:
+        list over rows: a (float, float) tuple for rows with K = 2, None for the others.
+    """
+    prompts, where = [], []
+    for j, row in enumerate(rows):
+        if row.k != 2:
+            continue
+        hist = row.rec.history
+        nh = len(hist)
+        for a, b in ((0, 1), (1, 0)):
+            def make(t, nh=nh, hist=hist):
+                h = [dict(x, content=c) for x, c in zip(hist, t[1:1 + nh])]
+                return rubric_text.pairwise_judge_messages(t[0], t[-2], t[-1], h)
+
+            texts = ([row.rec.prompt] + [x["content"] for x in hist]
+                     + [row.responses[a], row.responses[b]])
+            prompts.append(fitted_ids(verifier, make, texts, max_tokens)[0])
+        where.append(j)
+    out = [None] * len(rows)
+    if prompts:
+        p = verifier.p_yes_ids(prompts)
+        for n, j in enumerate(where):
+            out[j] = (float(p[2 * n]), float(p[2 * n + 1]))
+    return out
+
+
+def pairwise_variants(p_ab, p_ba) -> dict:
+    """Scores (resp 0, resp 1) per pair row of the three readings of the pairwise judge.
+
+    Args:
+        p_ab: float[R], P(A better) with A = resp 0; p_ba: float[R], with A = resp 1.
+
+    Returns:
+        {name: list of R (score 0, score 1)} for the names in PAIRWISE_VARIANTS: ab reads
+        the first order only, ba the second, avg the mean of both.
+    """
+    return dict(zip(PAIRWISE_VARIANTS, (
+        [(a, 1 - a) for a in p_ab],
+        [(1 - b, b) for b in p_ba],
+        [((a + 1 - b) / 2, (1 - a + b) / 2) for a, b in zip(p_ab, p_ba)],
+    )))
+
+
+def first_position_win_rate(p_ab, p_ba) -> float:
+    """Fraction of both orders in which the response shown as A wins (position bias)."""
+    p_ab, p_ba = np.asarray(p_ab), np.asarray(p_ba)
+    return float(np.mean(np.concatenate([p_ab > 0.5, p_ba > 0.5])))
+
+
+def rubric_samples(verifier, rows, lists: dict, n: int) -> list:
+    """Verifier answers and Eq. 12 scores of every sampled rubric list (METHOD 6, Eq. 12).
+
+    Args:
+        verifier: a `verification.Verifier`.
+        rows: the R rows of the batch.
+        lists: {method: the generator's batch of n lists per row (RubricGenerator)}.
+        n: lists per row and method.
+
+    Returns:
+        list over rows of {method: list of n sample dicts}; a sample holds scores float[K]
+        (0/1 verdicts in Eq. 12), soft_scores float[K] (P(yes) in Eq. 12), the shown
+        response order, the kept items, p_yes and verdicts [K][M], and the list's
+        validity, finish reason, raw text and cut responses.
+    """
+    prompts, resps, items, hists, columns = [], [], [], [], []
+    for j, r in enumerate(rows):
+        # P(yes) depends only on (response, item text): score each distinct text of
+        # the row once, for every method and sample.
+        uniq = {}
+        for m in lists:
+            for s in range(n):
+                for t in lists[m].texts[j][s]:
+                    if t.strip():
+                        uniq.setdefault(t.strip(), len(uniq))
+        columns.append(uniq)
+        for y in r.responses:
+            prompts.append(r.rec.prompt)
+            resps.append(y)
+            items.append(list(uniq))
+            hists.append(r.rec.history)
+    p_all = verifier.p_yes(prompts, resps, items, hists)
+    out, at = [], 0
+    for j, r in enumerate(rows):
+        p_row = p_all[at:at + r.k]
+        at += r.k
+        out.append({m: [_sample(lst, j, s, r.k, p_row, columns[j]) for s in range(n)]
+                    for m, lst in lists.items()})
+    return out
+
+
+def random_samples(seed: int, row, n: int) -> list:
+    """n sample dicts {"scores": float64[K]} of uniform random scores (the sanity floor).
+
+    The key is the config seed folded with the row id's CRC32, so a row's scores do not
+    depend on which other rows or methods are evaluated.
+    """
+    rk = jax.random.fold_in(jax.random.fold_in(
+        jax.random.PRNGKey(seed), zlib.crc32(row.rec.id.encode())), 7)
+    return [{"scores": np.asarray(jax.random.uniform(jax.random.fold_in(rk, s), (row.k,)),
+                                  np.float64)}
+            for s in range(n)]
+
+
+def _sample(lst, j, s, k, p_row, column) -> dict:
+    """One sample dict of `rubric_samples`: list s of row j, P(yes) columns of the row."""
+    w, mask = lst.weights[j, s], lst.item_mask[j, s]
+    p = np.zeros((k, len(w)), np.float32)
+    for col, t in enumerate(lst.texts[j][s]):
+        if t.strip():
+            p[:, col] = p_row[:, column[t.strip()]]
+    v = verification.verdicts_from_p_yes(p)
+    sc, _ = rewards.rubric_scores(v, w, mask)
+    soft, _ = rewards.rubric_scores(p, w, mask)
+    return {
+        "scores": np.asarray(sc, np.float64),
+        "soft_scores": np.asarray(soft, np.float64),
+        "order": lst.orders[j, s, :k].tolist(),
+        "items": [[t, int(wt)] for t, wt, ok in zip(lst.texts[j][s], w, mask) if ok],
+        "p_yes": p[:, :int(mask.sum())].round(4).tolist(),
+        "verdicts": v[:, :int(mask.sum())].astype(int).tolist(),
+        "valid": bool(lst.list_valid[j, s]),
+        "finish_reason": lst.finish_reasons[j][s],
+        "raw_text": lst.raw_texts[j][s],
+        "responses_cut": lst.response_cut[j, s, :k].tolist(),
+    }
