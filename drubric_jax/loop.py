@@ -1,0 +1,251 @@
+"""The co-evolution round loop (Algorithm 1, METHOD section 5): `run(config, workdir)`.
+
+Each round first adapts the rubric generator to the current policy's samples (generator
+phase, policy fixed), then trains the policy with the adapted generator and the frozen
+verifier (policy phase, generator fixed). A step of either phase is a rollout function of
+`phases` followed by `phases.update`.
+
+Determinism: the key of (round r, phase f, step s) is fold_in(fold_in(fold_in(seed, r),
+f), s); data order comes from the seed through `data.EpochIterator`, whose position is
+checkpointed with the trainees' states. A resumed run therefore repeats exactly what the
+uninterrupted run does.
+
+Checkpoints (`workdir/checkpoints/<global step>/`): state = {"policy": TrainState,
+"generator": TrainState}; meta = {"loop": LoopState, "anchor_iter", "prompt_iter", "seed"}.
+A checkpoint id counts optimizer steps of both roles. Phase and round changes are not
+saved on their own: a run resumed at the end of a phase sees step == steps and moves on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Optional
+
+import jax
+import ml_collections
+from absl import logging
+
+from drubric_jax import checkpoint as ckpt_lib
+from drubric_jax import config_check, data, hostmem, phases, run_logging, sharding
+from drubric_jax.models import export_hf_dir
+from drubric_jax.roles import build_roles, role_memory
+from drubric_jax.types import Role
+
+PHASES = (Role.GENERATOR.value, Role.POLICY.value)
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Where the loop is: saved in every checkpoint's meta."""
+
+    round: int = 0
+    phase: str = "generator"
+    step: int = 0            # steps done in the current phase
+    global_step: int = 0     # optimizer steps done, both roles
+    heldout_done: list = dataclasses.field(default_factory=list)  # (round, phase) evaluated
+
+
+def phase_key(seed: int, round_: int, phase: str, step: int) -> jax.Array:
+    """Key of one step: fold_in(fold_in(fold_in(PRNGKey(seed), round), phase), step)."""
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), round_)
+    return jax.random.fold_in(jax.random.fold_in(key, PHASES.index(phase)), step)
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything one run holds; the functions of this module act on it."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    ctx: phases.Context
+    data: data.LoadedData
+    anchor_iter: data.EpochIterator
+    prompt_iter: data.EpochIterator
+    ckpt: ckpt_lib.Checkpointer
+    writer: run_logging.MetricsWriter
+    loop: LoopState = dataclasses.field(default_factory=LoopState)
+    last_trace: list = dataclasses.field(default_factory=list)
+
+    @property
+    def park_dir(self) -> str:
+        return os.path.join(self.workdir, "parked")
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
+    """Validates the config, reads the data, loads the models, opens the outputs.
+
+    Data errors come before any weights are loaded.
+
+    Raises:
+        config_check.ConfigError: a bad config field (named).
+        ValueError / FileNotFoundError: bad data (file, line and field named).
+    """
+    config_check.validate(config, jax.device_count(), jax.process_count())
+    hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
+    os.makedirs(workdir, exist_ok=True)
+    c = config
+    host, hosts = jax.process_index(), jax.process_count()
+    loaded = data.load_data(c, num_hosts=hosts)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
+                              jax.devices()[:c.mesh.num_devices or None])
+    roles = build_roles(c, mesh)
+    return Run(
+        config=c, workdir=workdir, ctx=phases.Context.build(c, roles, mesh), data=loaded,
+        anchor_iter=data.EpochIterator(loaded.train_anchors, c.generator.anchors_per_step,
+                                       c.seed, host_id=host, num_hosts=hosts, name="anchors"),
+        prompt_iter=data.EpochIterator(loaded.prompts, c.policy.prompts_per_step, c.seed + 1,
+                                       host_id=host, num_hosts=hosts, name="prompts"),
+        # Synchronous saves: an async save keeps a host copy of both trainees' params and
+        # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).
+        ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                   max_to_keep=c.checkpoint.max_to_keep, async_save=False),
+        writer=run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save(run: Run) -> None:
+    """Checkpoint `run.loop.global_step`: both trainees' states and the loop meta."""
+    roles = run.ctx.roles
+    state = {t.role.value: t.resident_state() for t in (roles.policy, roles.generator)}
+    meta = {"loop": dataclasses.asdict(run.loop), "anchor_iter": run.anchor_iter.state(),
+            "prompt_iter": run.prompt_iter.state(), "seed": int(run.config.seed)}
+    run.ckpt.save(run.loop.global_step, state, meta, force=True)
+
+
+def restore(run: Run) -> bool:
+    """Resumes from the newest checkpoint in workdir/checkpoints, if there is one."""
+    step = run.ckpt.latest()
+    if step is None:
+        return False
+    roles = run.ctx.roles
+    target = {"policy": roles.policy.state, "generator": roles.generator.state}
+    state, meta = run.ckpt.restore(step, target)
+    roles.policy.state, roles.generator.state = state["policy"], state["generator"]
+    run.loop = LoopState(**meta["loop"])
+    run.anchor_iter.restore(meta["anchor_iter"])
+    run.prompt_iter.restore(meta["prompt_iter"])
+    return True
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _log(run: Run, kind: str, metrics: dict) -> None:
+    row = {"kind": kind, "round": run.loop.round, "phase": run.loop.phase,
+           "step": run.loop.step, "global_step": run.loop.global_step, **metrics}
+    run.writer.write(run.loop.global_step, row)
+
+
+def _maybe_eval(run: Run) -> None:
+    """Held-out Delta_gap / R_anchor once per (round, phase boundary)."""
+    tag = [run.loop.round, run.loop.phase]
+    if tag in run.loop.heldout_done:
+        return
+    metrics = phases.heldout_metrics(
+        run.ctx, phase_key(run.config.seed, run.loop.round, run.loop.phase, 10 ** 6),
+        run.data.heldout_anchors)
+    hostmem.release_free_memory()
+    if metrics:
+        _log(run, "heldout", metrics)
+    run.loop.heldout_done.append(tag)
+
+
+def _phase(run: Run, role: Role, steps: int) -> None:
+    """Runs the remaining steps of one phase, checkpointing every config.checkpoint
+    .every_steps optimizer steps."""
+    from tqdm import tqdm
+
+    if run.config.memory.park_idle_optimizer:
+        run.ctx.roles.park_idle(role, run.park_dir)
+    bar = tqdm(total=steps, initial=run.loop.step, disable=not run.config.log.progress,
+               desc=f"round {run.loop.round} {role.value}", unit="step")
+    while run.loop.step < steps:
+        key = phase_key(run.config.seed, run.loop.round, role.value, run.loop.step)
+        if role is Role.GENERATOR:
+            step = phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
+        else:
+            step = phases.policy_rollout(run.ctx, key, next(run.prompt_iter))
+            run.last_trace = step.trace
+        metrics = phases.update(run.ctx, role, step, run.loop.global_step + 1)
+        metrics.update(step.metrics, **step.timer.metrics())
+        hostmem.release_free_memory()
+        metrics["peak_rss_gb"] = hostmem.peak_rss_bytes() / 1e9
+        run.loop.step += 1
+        run.loop.global_step += 1
+        _log(run, "train", metrics)
+        if run.loop.global_step % run.config.checkpoint.every_steps == 0:
+            save(run)
+        bar.update(1)
+    bar.close()
+
+
+def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
+    """Runs (or resumes) the rounds; `stop_after_rounds` ends early (tests, preemption
+    drills) after that many completed rounds, with a checkpoint."""
+    c = run.config
+    restore(run)
+    gen_steps = 0 if c.variant == "static" else c.rounds.generator_steps
+    while run.loop.round < c.rounds.num_rounds:
+        if stop_after_rounds is not None and run.loop.round >= stop_after_rounds:
+            break
+        if run.loop.phase == Role.GENERATOR.value:
+            _maybe_eval(run)
+            _phase(run, Role.GENERATOR, gen_steps)
+            run.loop.phase, run.loop.step = Role.POLICY.value, 0
+        _phase(run, Role.POLICY, c.rounds.policy_steps)
+        _maybe_eval(run)
+        if run.last_trace:
+            run_logging.write_round_trace(
+                os.path.join(run.workdir, "trace", f"round_{run.loop.round}.html"),
+                f"round {run.loop.round}: policy samples, rubrics and verdicts",
+                run.last_trace)
+        run.loop.round, run.loop.phase, run.loop.step = (run.loop.round + 1,
+                                                          Role.GENERATOR.value, 0)
+    run.ckpt.wait()
+    if run.loop.round >= c.rounds.num_rounds:
+        finish(run)
+
+
+def finish(run: Run) -> None:
+    """curves.png, memory.json (MiB per role) and the Hugging Face exports."""
+    run_logging.plot_curves(run.writer.path, os.path.join(run.workdir, "curves.png"))
+    with open(os.path.join(run.workdir, "memory.json"), "w") as f:
+        json.dump({k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}, f,
+                  indent=2)
+    if run.config.export:
+        for trainee in (run.ctx.roles.policy, run.ctx.roles.generator):
+            tok = trainee.model.tokenizer
+            export_hf_dir(trainee.params, trainee.model.cfg,
+                          os.path.join(run.workdir, "export", trainee.role.value), tok,
+                          bos_id=tok.bos_token_id or 0, eos_id=tok.eos_token_id or 0)
+
+
+def close(run: Run) -> None:
+    """Waits for the last checkpoint; removes `parked/` (the checkpoints hold those
+    moments too, and a new process never reads parked files: it restores)."""
+    run.ckpt.close()
+    run.writer.close()
+    shutil.rmtree(run.park_dir, ignore_errors=True)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str,
+        stop_after_rounds: Optional[int] = None) -> None:
+    """Runs Algorithm 1 for `config` in `workdir`, resuming from its last checkpoint.
+
+    Outputs: metrics.jsonl, tensorboard/, trace/round_N.html, curves.png, memory.json,
+    checkpoints/, export/{policy,generator}/ (see README).
+
+    Raises:
+        config_check.ConfigError: a bad config field (before any compute).
+        FloatingPointError: a NaN/inf training metric (names the step).
+    """
+    state = setup(config, workdir)
+    logging.info("data: %s", json.dumps(state.data.fingerprint)[:500])
+    try:
+        run_rounds(state, stop_after_rounds)
+    finally:
+        close(state)

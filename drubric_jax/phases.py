@@ -1,0 +1,331 @@
+"""One step of each phase of Algorithm 1 (METHOD section 5), as functions.
+
+A rollout function samples, scores and returns `(Rollout, advantages, metrics)`: the rows
+to train on, one advantage per row, and the step's reward and rubric statistics. Every
+formula is a call into `rewards` (Eq. 12, 13, 15, 21, 24-25); nothing here re-derives one.
+`update` then takes one GRPO step (Eq. 23) of a trainee on those rows.
+
+    generator_rollout   evaluator update, policy fixed: G rubric lists per (x, C), R_disc on
+                        C and R_anchor on the anchor list, A = A_disc + lambda A_anchor
+    policy_rollout      policy update, generator fixed: K responses, one rubric list,
+                        scores E (Eq. 12), group advantages by prompt id (Eq. 21)
+    rule_policy_rollout the plain GRPO baseline: the same sampling with a rule reward
+    heldout_metrics     Delta_gap (Eq. 2) and R_anchor on held-out anchor lists
+
+Axis legend (docs/CONVENTIONS.md): B prompts or anchor examples, K responses per prompt,
+G rubric lists per (x, C), M items, A anchor responses, R rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from drubric_jax import hostmem, rewards, sampling
+from drubric_jax import train_step as ts
+from drubric_jax import tokenizer as tok_lib
+from drubric_jax.roles import Roles
+from drubric_jax.rubric_generator import RubricGenerator, RubricInput
+from drubric_jax.text import budget
+from drubric_jax.types import Role, Rollout
+from drubric_jax.verifier import Verifier, verdicts_from_p_yes
+
+# Eq. 24-25 weights (A_disc, A_anchor) of each generator-training variant (METHOD 6).
+VARIANT_WEIGHTS = {"full": lambda lam: (1.0, lam), "disc_only": lambda lam: (1.0, 0.0),
+                   "anchor_only": lambda lam: (0.0, 1.0)}
+
+
+class Timer:
+    """Accumulates wall seconds per named part of a step (`with timer("sampling"): ...`)."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Span()
+
+    def metrics(self) -> dict:
+        return {f"seconds_{k}": v for k, v in self.seconds.items()}
+
+
+@dataclasses.dataclass
+class Context:
+    """What every phase function needs: the config, the roles and their samplers, the mesh."""
+
+    config: ml_collections.ConfigDict
+    roles: Roles
+    generator: RubricGenerator
+    verifier: Verifier
+    mesh: Any
+
+    @classmethod
+    def build(cls, config, roles: Roles, mesh) -> "Context":
+        g, v = config.generator, config.verifier
+        gen = roles.generator.model
+        return cls(config, roles,
+                   RubricGenerator(gen.cfg, gen.tokenizer, max_items=g.max_items,
+                                   max_item_chars=g.max_item_chars,
+                                   max_new_tokens=g.max_new_tokens,
+                                   input_budget=g.input_budget),
+                   Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
+                            max_prefix_tokens=v.max_prefix_tokens,
+                            max_suffix_tokens=v.max_suffix_tokens),
+                   mesh)
+
+
+@dataclasses.dataclass
+class PhaseStep:
+    """The output of a rollout function (trace: per-prompt records for trace/round_N.html)."""
+
+    rollout: Rollout
+    advantages: np.ndarray
+    metrics: dict
+    timer: Timer
+    trace: list = dataclasses.field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: int,
+                     timer: Timer) -> tuple[Rollout, list]:
+    """K policy responses per prompt: (Rollout of B*K rows grouped by prompt, texts)."""
+    model, p = ctx.roles.policy.model, ctx.config.policy
+    stop = tok_lib.stop_ids(model.tokenizer)
+    ids = [budget.chat_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens)
+           for x, h in zip(prompts, histories)]
+    with timer("sampling"):
+        out = sampling.generate(ctx.roles.params(Role.POLICY), model.cfg,
+                                [i for i in ids for _ in range(k)], key=key,
+                                max_new_tokens=p.max_new_tokens,
+                                method=sampling.method_from_flags(p.temperature, top_p=p.top_p),
+                                stop_ids=stop, pad_id=int(stop[0]),
+                                min_bucket=p.min_prompt_bucket)
+    out = out.replace(group_ids=np.repeat(np.arange(len(prompts), dtype=np.int32), k))
+    return out, decode(model.tokenizer, out, set(stop.tolist()))
+
+
+def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
+    """Completion texts of a rollout, stop tokens dropped."""
+    out = []
+    for row, mask in zip(rollout.tokens, rollout.mask):
+        ids = [int(t) for t in row[mask] if int(t) not in stop_ids]
+        out.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return out
+
+
+def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer) -> np.ndarray:
+    """Verdicts float32[R, M_max] for R (prompt, response, item list) triples."""
+    with timer("verification"):
+        p_yes = ctx.verifier.p_yes(ctx.roles.params("verifier"), prompts, responses,
+                                   item_lists, history=histories)
+    return verdicts_from_p_yes(p_yes)
+
+
+def rubric_stats(weights, item_mask, list_valid, verdicts) -> dict:
+    """Rubric statistics of one step: parse-valid rate, items per valid list, weight
+    histogram (weights 1..5), mean yes-rate, fraction of zero-variance items.
+
+    Args:
+        weights: int32[R, M]; item_mask: bool[R, M]; list_valid: bool[R] (R rubric lists);
+        verdicts: float32[R, K, M] verdicts on the responses each list judged.
+    """
+    item_mask = np.asarray(item_mask, bool) & np.asarray(list_valid, bool)[:, None]
+    n_items = item_mask.sum()
+    vbar = np.asarray(verdicts, np.float32).mean(axis=1)  # [R, M]
+    hist = [int(((np.asarray(weights) == w) & item_mask).sum()) for w in range(1, 6)]
+    return {
+        "parse_valid_rate": float(np.mean(list_valid)),
+        "items_per_list": float(n_items / max(1, np.sum(list_valid))),
+        "weight_hist": hist,
+        "yes_rate": float(vbar[item_mask].mean()) if n_items else 0.0,
+        "zero_variance_item_fraction": float(
+            ((vbar == 0) | (vbar == 1))[item_mask].mean()) if n_items else 0.0,
+    }
+
+
+def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
+    """One GRPO step (Eq. 23) of `role` on a rollout; returns host metrics.
+
+    With beta > 0 the frozen reference's log-probs (pi_ref) are computed first, sharded
+    over the same mesh.
+
+    Raises:
+        FloatingPointError: a non-finite metric, naming `global_step`.
+    """
+    rollout, advantages, timer = step.rollout, step.advantages, step.timer
+    trainee = ctx.roles.trainee(role)
+    tc = trainee.train_config
+    batch = ts.batch_from_rollout(rollout, advantages)
+    hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
+    if tc.beta > 0:
+        with timer("logprobs"):
+            ref_fn = ts.make_sharded_logprobs_fn(trainee.model.cfg, ctx.mesh,
+                                                 tc.scoring_temperature,
+                                                 start=batch.prompt_len)
+            ref = ref_fn(trainee.reference_params, batch.tokens, batch.token_mask)
+            ref.block_until_ready()  # so the time lands here, not in "update"
+        batch = batch.replace(ref_logprobs=ref)
+    with timer("update"):
+        trainee.state, metrics = trainee.step_fn(trainee.state, batch)
+        metrics = ts.check_finite(metrics, global_step)
+    return metrics
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
+    """Algorithm 1, evaluator update: G rubric lists per (x, C), R_disc on C, R_anchor on
+    the anchor list, advantage A_disc + lambda A_anchor (Eq. 13, 15, 24-25)."""
+    c, g = ctx.config, ctx.config.generator
+    timer = Timer()
+    k = c.policy.num_responses
+    k_resp, k_rub = jax.random.split(key)
+    prompts = [a.prompt for a in anchors]
+    hists = [list(a.history) for a in anchors]
+    _, responses = sample_responses(ctx, k_resp, prompts, hists, k, timer)
+    sets = [responses[i * k:(i + 1) * k] for i in range(len(anchors))]
+    with timer("rubric_generation"):
+        rb = ctx.generator.generate_batch(
+            ctx.roles.params(Role.GENERATOR), k_rub,
+            [RubricInput(x, tuple(cs), tuple(h)) for x, cs, h in zip(prompts, sets, hists)],
+            num_lists=g.num_lists, temperature=g.temperature)
+    b, gl, m = rb.weights.shape
+    n_anchor = np.array([len(a.responses) for a in anchors])
+    a_max = int(n_anchor.max())
+    # One verifier call: every response of C and of each anchor list is judged on the
+    # concatenation of its input's G lists (one shared prefix per response). Query rows
+    # are the real cells of a [B, K + A] grid (C first, then the anchor list).
+    real = np.arange(k + a_max)[None, :] < (k + n_anchor)[:, None]         # [B, K + A]
+    flat_items = [[t for lst in rb.texts[i] for t in lst] for i in range(b)]
+    qb, qj = np.nonzero(real)
+    q_resp = [sets[i][j] if j < k else anchors[i].responses[j - k] for i, j in zip(qb, qj)]
+    v = verify(ctx, [prompts[i] for i in qb], [hists[i] for i in qb], q_resp,
+               [flat_items[i] for i in qb], timer)
+    grid = np.zeros((b, k + a_max, gl * m), np.float32)
+    grid[qb, qj, :v.shape[1]] = v
+    grid = grid.reshape(b, k + a_max, gl, m).transpose(0, 2, 1, 3)          # [B, G, K+A, M]
+    v_c, v_a = grid[:, :, :k], grid[:, :, k:]
+    anchor_mask = np.arange(a_max)[None, :] < n_anchor[:, None]             # [B, A]
+    gold = np.zeros((b, a_max), np.int32)
+    for i, a in enumerate(anchors):
+        gold[i, :n_anchor[i]] = a.gold_ranks
+    w, im, lv = rb.weights, rb.item_mask, rb.list_valid
+    r_disc = np.asarray(rewards.discriminability_reward(v_c, w, im))        # [B, G]
+    s_anchor, _ = rewards.rubric_scores(v_a, w, im)
+    r_anchor = np.asarray(rewards.anchor_reward_or_floor(
+        s_anchor, jnp.broadcast_to(gold[:, None], (b, gl, a_max)),
+        jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
+    lam_disc, lam_anchor = VARIANT_WEIGHTS[c.variant](g.lam)
+    a_disc, flat_d = rewards.group_advantages(jnp.asarray(r_disc))
+    a_anchor, flat_a = rewards.group_advantages(jnp.asarray(r_anchor))
+    adv = np.asarray(lam_disc * a_disc + lam_anchor * a_anchor).reshape(-1)
+    metrics = dict(
+        r_disc=float(r_disc.mean()), r_anchor=float(r_anchor.mean()),
+        flat_group_fraction=float(np.mean(np.asarray(flat_d) & np.asarray(flat_a))),
+        **rubric_stats(w.reshape(b * gl, m), im.reshape(b * gl, m), lv.reshape(-1),
+                       v_c.reshape(b * gl, k, m)))
+    return PhaseStep(rb.rollout, adv, metrics, timer)
+
+
+def policy_rollout(ctx: Context, key, items) -> PhaseStep:
+    """Algorithm 1, policy update: K responses per prompt, one rubric list from the fixed
+    generator (prompt-only for the `static` variant), scores E (Eq. 12), group advantages
+    (Eq. 21) by prompt id."""
+    c, p = ctx.config, ctx.config.policy
+    timer = Timer()
+    k_resp, k_rub = jax.random.split(key)
+    prompts = [x.prompt for x in items]
+    hists = [list(x.history) for x in items]
+    k = p.num_responses
+    rollout, responses = sample_responses(ctx, k_resp, prompts, hists, k, timer)
+    sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]
+    with timer("rubric_generation"):
+        rb = ctx.generator.generate_batch(
+            ctx.roles.params(Role.GENERATOR), k_rub,
+            [RubricInput(x, tuple(cs), tuple(h)) for x, cs, h in zip(prompts, sets, hists)],
+            num_lists=1, temperature=p.rubric_temperature, static=c.variant == "static")
+    b, m = len(items), rb.weights.shape[-1]
+    v = verify(ctx, [x for x in prompts for _ in range(k)], [h for h in hists for _ in range(k)],
+               responses, [rb.texts[i][0] for i in range(b) for _ in range(k)], timer)
+    v = fit_items(v, m).reshape(b, k, m)
+    scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
+    scores = np.asarray(scores)
+    adv, flat = rewards.group_advantages_by_id(jnp.asarray(scores.reshape(-1)),
+                                               jnp.asarray(rollout.group_ids), b)
+    metrics = dict(
+        policy_reward=float(scores.mean()), flat_group_fraction=float(np.mean(flat)),
+        rubric_invalid_fraction=float(1 - np.mean(valid)),
+        **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v))
+    trace = [
+        {"prompt": prompts[i], "responses": sets[i],
+         "items": [t for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],
+         "weights": [int(w) for w, on in zip(rb.weights[i, 0], rb.item_mask[i, 0]) if on],
+         "verdicts": [[int(x) for x, on in zip(v[i, j], rb.item_mask[i, 0]) if on]
+                      for j in range(k)],
+         "scores": [float(s) for s in scores[i]], "valid": bool(rb.list_valid[i, 0])}
+        for i in range(min(b, c.log.trace_prompts))]
+    return PhaseStep(rollout, np.asarray(adv), metrics, timer, trace)
+
+
+def rule_policy_rollout(ctx: Context, key, items,
+                        reward_fn: Callable[[Any, str], float]) -> PhaseStep:
+    """Plain GRPO baseline: the same sampling as `policy_rollout`, with a cheap rule reward
+    `reward_fn(prompt_item, response) -> float` instead of rubrics (Eq. 21 advantages)."""
+    timer = Timer()
+    k = ctx.config.policy.num_responses
+    rollout, responses = sample_responses(
+        ctx, key, [x.prompt for x in items], [list(x.history) for x in items], k, timer)
+    with timer("reward"):
+        scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
+                          np.float32)
+    adv, flat = rewards.group_advantages(jnp.asarray(scores.reshape(len(items), k)))
+    metrics = dict(policy_reward=float(scores.mean()), flat_group_fraction=float(np.mean(flat)))
+    return PhaseStep(rollout, np.asarray(adv).reshape(-1), metrics, timer)
+
+
+def fit_items(v: np.ndarray, m: int) -> np.ndarray:
+    """Verdicts [R, M_v] cut or zero-padded to M items."""
+    return v[:, :m] if v.shape[1] >= m else np.pad(v, ((0, 0), (0, m - v.shape[1])))
+
+
+def heldout_metrics(ctx: Context, key, anchors) -> dict:
+    """Delta_gap (Eq. 2) and R_anchor (Eq. 15) of the current generator + verifier on the
+    held-out anchor lists: one greedy rubric list from (x, C_anchor) per list."""
+    if not anchors:
+        return {}
+    timer = Timer()
+    rb = ctx.generator.generate_batch(
+        ctx.roles.params(Role.GENERATOR), key,
+        [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
+        num_lists=1, temperature=0.0, static=ctx.config.variant == "static")
+    m = rb.weights.shape[-1]
+    gaps, r_anch = [], []
+    for i, a in enumerate(anchors):
+        n = len(a.responses)
+        v = fit_items(verify(ctx, [a.prompt] * n, [list(a.history)] * n, list(a.responses),
+                             [rb.texts[i][0]] * n, timer), m)
+        s, _ = rewards.rubric_scores(v, rb.weights[i, 0], rb.item_mask[i, 0])
+        gold = jnp.asarray(a.gold_ranks)
+        gap, _ = rewards.delta_gap(s, gold)
+        gaps.append(float(gap))
+        r_anch.append(float(rewards.anchor_reward_or_floor(
+            s, gold, jnp.ones(n, bool), rb.list_valid[i, 0])))
+    return {"delta_gap": float(np.mean(gaps)), "heldout_r_anchor": float(np.mean(r_anch)),
+            "heldout_parse_valid_rate": float(np.mean(rb.list_valid)),
+            "seconds_eval": sum(timer.seconds.values())}
