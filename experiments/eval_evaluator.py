@@ -139,7 +139,7 @@ def load_rows(path: str, max_rows: int, max_k: int) -> list:
 
 def fitted_ids(verifier, make_messages, texts, max_tokens):
     """Token ids of a judge prompt with its texts cut to `max_tokens` (fit_to_budget)."""
-    from drubric_jax.verification import fit_to_budget
+    from drubric_jax.text.budget import fit_to_budget
 
     def build(t):
         return verifier.tokenizer.encode(verifier.render(make_messages(t)),
@@ -151,7 +151,7 @@ def fitted_ids(verifier, make_messages, texts, max_tokens):
 
 def direct_scores(verifier, rows, max_tokens, with_set: bool):
     """P(yes) per response of the pointwise judge (optionally shown the set), per row."""
-    from drubric_jax import rubric_text
+    from drubric_jax.text.prompts import direct_judge_messages
 
     prompts, spans = [], []
     for row in rows:
@@ -162,7 +162,7 @@ def direct_scores(verifier, rows, max_tokens, with_set: bool):
             def make(t, i=i, nh=nh, hist=hist, k=row.k):
                 h = [dict(x, content=c) for x, c in zip(hist, t[1:1 + nh])]
                 rs = t[1 + nh:1 + nh + k] if with_set else None
-                return rubric_text.direct_judge_messages(t[0], t[-1], h, rs)
+                return direct_judge_messages(t[0], t[-1], h, rs)
 
             texts = ([row.rec.prompt] + [x["content"] for x in hist]
                      + (row.responses if with_set else []) + [row.responses[i]])
@@ -174,7 +174,7 @@ def direct_scores(verifier, rows, max_tokens, with_set: bool):
 
 def pairwise_scores(verifier, rows, max_tokens):
     """(P(yes | A=resp0, B=resp1), P(yes | A=resp1, B=resp0)) per pair row, else None."""
-    from drubric_jax import rubric_text
+    from drubric_jax.text.prompts import pairwise_judge_messages
 
     prompts, where = [], []
     for j, row in enumerate(rows):
@@ -185,7 +185,7 @@ def pairwise_scores(verifier, rows, max_tokens):
         for a, b in ((0, 1), (1, 0)):
             def make(t, nh=nh, hist=hist):
                 h = [dict(x, content=c) for x, c in zip(hist, t[1:1 + nh])]
-                return rubric_text.pairwise_judge_messages(t[0], t[-2], t[-1], h)
+                return pairwise_judge_messages(t[0], t[-2], t[-1], h)
 
             texts = ([row.rec.prompt] + [x["content"] for x in hist]
                      + [row.responses[a], row.responses[b]])

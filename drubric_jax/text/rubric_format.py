@@ -1,0 +1,373 @@
+"""The rubric-list format: JSON schema, parser of generator output, padding (METHOD 2, 8, 11).
+
+Pure Python plus numpy; nothing here touches a model.
+
+- `RUBRIC_JSON_SCHEMA`: the JSON schema of one generator output, for constrained decoding
+  (METHOD section 8: "Output is JSON").
+- `parse_rubric_output`: free text -> `ParsedRubric` (METHOD section 11 "Rubric items" and
+  "An invalid rubric list"; cases 11 and 13), with one counter per drop reason
+  (`COUNTER_KEYS`).
+- `pad_rubrics`: B parsed lists -> padded texts, weights and masks with M items, the inputs
+  of Eq. 12, 13 in `drubric_jax.rewards`.
+- `MIN_WEIGHT` / `MAX_WEIGHT`: the valid weight range of w_m, shared with `rewards`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+MIN_WEIGHT = 1  # smallest valid rubric weight (METHOD 2)
+MAX_WEIGHT = 5  # largest valid rubric weight (METHOD 2)
+
+COUNTER_KEYS = (
+    "unparseable",      # no rubric-shaped JSON value found in the text
+    "truncated",        # finish_reason == "length", or the text ends inside a JSON value
+    "no_valid_items",   # parsed, but zero items survived (e.g. "[]", all weights 0)
+    "non_object_item",  # list element that is not a JSON object
+    "empty_text",       # "rubric" missing, not a string, or blank
+    "invalid_weight",   # "weight" missing, bool, float (3.0 too), string, or outside 1..5
+    "duplicate",        # same text as an earlier item (case/whitespace-insensitive)
+    "over_limit",       # valid item beyond max_items
+)
+"""Names of the `ParsedRubric.counters` entries (always all present)."""
+
+# Candidate start positions tried before giving up (bounds the work on long prose).
+_MAX_CANDIDATES = 256
+
+
+# ----------------------------------------------------------------------------
+# JSON schema
+# ----------------------------------------------------------------------------
+
+def RUBRIC_JSON_SCHEMA(max_items: int = 16, max_item_chars: int = 400) -> dict:  # noqa: N802
+    """JSON schema of one generator output (METHOD section 8, for constrained decoding).
+
+    The accepted documents are exactly
+    `{"rubrics": [{"rubric": <str, 1..max_item_chars chars>, "weight": <int 1..5>}, ...]}`
+    with 1..max_items items and no extra keys. Only plain JSON-Schema keywords are
+    used (type, properties, required, items, minItems, maxItems, minLength,
+    maxLength, minimum, maximum, additionalProperties), so llguidance / outlines /
+    xgrammar JSON-schema grammars accept it.
+
+    Args:
+      max_items: int >= 1, maxItems of the "rubrics" array.
+      max_item_chars: int >= 1, maxLength of each criterion string (characters).
+
+    Returns:
+      dict: a fresh schema object (safe to mutate).
+
+    Raises:
+      ValueError: max_items or max_item_chars < 1.
+    """
+    if int(max_items) < 1 or int(max_item_chars) < 1:
+        raise ValueError(f"max_items and max_item_chars must be >= 1, got "
+                         f"{max_items}, {max_item_chars}")
+    item = {
+        "type": "object",
+        "properties": {
+            "rubric": {"type": "string", "minLength": 1, "maxLength": int(max_item_chars)},
+            "weight": {"type": "integer", "minimum": MIN_WEIGHT, "maximum": MAX_WEIGHT},
+        },
+        "required": ["rubric", "weight"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "rubrics": {"type": "array", "items": item, "minItems": 1,
+                        "maxItems": int(max_items)},
+        },
+        "required": ["rubrics"],
+        "additionalProperties": False,
+    }
+
+
+# ----------------------------------------------------------------------------
+# Parsing generator output
+# ----------------------------------------------------------------------------
+
+@dataclass
+class ParsedRubric:
+    """One parsed rubric list R = {(r_m, w_m)} (METHOD 2, 11).
+
+    Attributes:
+      texts: list[str], kept criteria r_m in output order (surrounding
+        whitespace stripped). Empty when `valid` is False.
+      weights: list[int], w_m in 1..5, same length as `texts`.
+      valid: bool, True when the output was complete, parseable and kept at
+        least one item. An invalid list gets the documented invalid-output
+        reward (R_disc = 0, R_anchor = floor; METHOD 11).
+      truncated: bool, the output was cut off (finish_reason "length" or the
+        text ends inside the JSON value). Implies not valid.
+      counters: dict[str, int] with every key of `COUNTER_KEYS`.
+    """
+
+    texts: list = field(default_factory=list)
+    weights: list = field(default_factory=list)
+    valid: bool = False
+    truncated: bool = False
+    counters: dict = field(default_factory=lambda: {k: 0 for k in COUNTER_KEYS})
+
+    @property
+    def items(self) -> list:
+        """list[tuple[str, int]]: (text, weight) pairs."""
+        return list(zip(self.texts, self.weights))
+
+    @property
+    def num_dropped(self) -> int:
+        """int: items present in the output but not kept."""
+        return sum(self.counters[k] for k in ("non_object_item", "empty_text",
+                                              "invalid_weight", "duplicate", "over_limit"))
+
+
+_SPECIAL = re.compile(r'[\[\]{}"\\]')
+_CLOSER = {"[": "]", "{": "}"}
+_RUNOFF = -1    # reached the end of the text inside the value
+_MISMATCH = -2  # a closing bracket of the wrong kind
+
+
+def _match_value(text: str, start: int) -> int:
+    """End index (exclusive) of the bracketed value opening at text[start].
+
+    String-aware: brackets and backticks inside JSON strings (with backslash
+    escapes) do not count. Returns `_RUNOFF` when the text ends before the value
+    closes and `_MISMATCH` for a wrongly nested closer.
+    """
+    stack: list = []
+    in_str = False
+    pos = start
+    while True:
+        m = _SPECIAL.search(text, pos)
+        if m is None:
+            return _RUNOFF
+        c, i = m.group(), m.start()
+        pos = i + 1
+        if in_str:
+            if c == "\\":
+                pos = i + 2
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            stack.append(c)
+        elif c in "]}":
+            if not stack or _CLOSER[stack.pop()] != c:
+                return _MISMATCH
+            if not stack:
+                return i + 1
+        # a backslash outside a string is invalid JSON; json.loads will say so
+
+
+_STRING_OR_TRAILING_COMMA = re.compile(r'"(?:[^"\\]|\\.)*"|,(\s*[\]}])', re.DOTALL)
+
+
+def _drop_trailing_commas(segment: str) -> str:
+    """Removes commas outside strings that directly precede `]` or `}`."""
+    return _STRING_OR_TRAILING_COMMA.sub(
+        lambda m: m.group(1) if m.group(1) is not None else m.group(0), segment)
+
+
+def _rubric_items(value) -> Optional[list]:
+    """The item list if `value` is rubric-shaped, else None.
+
+    Rubric-shaped: an object with a list under "rubrics", or a list that is
+    empty or holds at least one object. (A list of plain numbers or strings,
+    such as "[1]" in prose, is not a rubric.)
+    """
+    if isinstance(value, dict):
+        items = value.get("rubrics")
+        return items if isinstance(items, list) else None
+    if isinstance(value, list):
+        if not value or any(isinstance(x, dict) for x in value):
+            return value
+    return None
+
+
+def _norm_key(text: str) -> str:
+    """Duplicate key: case-folded, runs of whitespace collapsed, ends stripped."""
+    return " ".join(text.split()).casefold()
+
+
+def _is_json_int(w) -> bool:
+    """JSON integer: Python int but not bool (3.0 is a float and is rejected)."""
+    return isinstance(w, int) and not isinstance(w, bool)
+
+
+def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
+                        max_items: int = 16) -> ParsedRubric:
+    """Parses a generator's free-text output into a rubric list (METHOD 11, cases 11, 13).
+
+    Never raises. Steps:
+
+    1. `finish_reason == "length"` -> invalid, `truncated` (no salvage of the
+       items that happened to be complete; the generator gets the documented
+       invalid-output reward).
+    2. Find the first rubric-shaped JSON value. Candidate starts, in order, are
+       a `[` followed (after optional whitespace) by `{`, `]` or `"`, and a `{`
+       followed by `"` or `}` -- the only ways a rubric value can begin, so
+       prose brackets like "(v2)", "[1]" or "[see note 1]" are never tried
+       (at most 256 candidates). From a start, find the matching closer with
+       string-aware bracket matching (brackets and backticks inside JSON strings
+       do not count); remove commas outside strings that directly precede `]`
+       or `}`; `json.loads(strict=False)` (raw control characters inside
+       strings are tolerated). A candidate that does not parse (prose such as
+       `["draft"] notes]`) is skipped and the search goes on at the next character;
+       a value that parses but is not rubric-shaped (an object without a
+       "rubrics" list, a list without objects such as "[1]") is skipped whole.
+       Prose before and after the value, and a ```json fence around it, are
+       therefore ignored without being edited (backticks inside strings stay).
+       Accepted shapes: `{"rubrics": [...]}` (other keys ignored) and a bare
+       list `[...]`.
+    3. Nothing found: `truncated` when a candidate runs to the end of the
+       text unclosed, else `unparseable`.
+    4. Items, in order: a non-object -> dropped (`non_object_item`); "rubric"
+       missing / not a string / blank -> dropped (`empty_text`); "weight" not a
+       JSON integer in 1..5 (bools, floats including 3.0, strings, out of range)
+       -> dropped, never clamped (`invalid_weight`); a text equal to an earlier
+       kept one up to case and whitespace runs -> dropped (`duplicate`, first
+       kept); valid items beyond `max_items` -> dropped (`over_limit`; counted
+       after de-duplication). Extra keys in an item are ignored. Each dropped
+       item is counted once, by the first failing rule in this order.
+    5. No item left -> invalid (`no_valid_items`), e.g. "[]" or all weights 0.
+
+    Args:
+      text: str, the decoded completion only (never prompt + completion).
+        A non-string counts as unparseable.
+      finish_reason: str or None, the sampler's reason for stopping ("stop",
+        "length", ...). Only "length" has a meaning here.
+      max_items: int >= 1, most items kept.
+
+    Returns:
+      ParsedRubric with texts/weights empty whenever `valid` is False.
+    """
+    out = ParsedRubric()
+    c = out.counters
+    if finish_reason == "length":
+        out.truncated = True
+        c["truncated"] = 1
+        return out
+    if not isinstance(text, str):
+        c["unparseable"] = 1
+        return out
+    try:
+        items, ran_off = _find_rubric_value(text)
+    except (RecursionError, MemoryError):  # absurdly deep nesting: not a rubric
+        items, ran_off = None, False
+    if items is None:
+        if ran_off:
+            out.truncated = True
+            c["truncated"] = 1
+        else:
+            c["unparseable"] = 1
+        return out
+
+    seen = set()
+    limit = max(int(max_items), 0)
+    for item in items:
+        if not isinstance(item, dict):
+            c["non_object_item"] += 1
+            continue
+        r = item.get("rubric")
+        if not isinstance(r, str) or not r.strip():
+            c["empty_text"] += 1
+            continue
+        w = item.get("weight")
+        if not (_is_json_int(w) and MIN_WEIGHT <= w <= MAX_WEIGHT):
+            c["invalid_weight"] += 1
+            continue
+        key = _norm_key(r)
+        if key in seen:
+            c["duplicate"] += 1
+            continue
+        seen.add(key)
+        if len(out.texts) >= limit:
+            c["over_limit"] += 1
+            continue
+        out.texts.append(r.strip())
+        out.weights.append(int(w))
+    if not out.texts:
+        c["no_valid_items"] = 1
+        return out
+    out.valid = True
+    return out
+
+
+_CANDIDATE = re.compile(r'\[\s*[{\]"]|\{\s*["}]')
+
+
+def _find_rubric_value(text: str):
+    """(items or None, ran_off) for the first rubric-shaped JSON value in text."""
+    ran_off = False
+    pos = 0
+    for _ in range(_MAX_CANDIDATES):
+        m = _CANDIDATE.search(text, pos)
+        if m is None:
+            break
+        start = m.start()
+        end = _match_value(text, start)
+        if end == _RUNOFF:
+            ran_off = True
+            pos = start + 1
+            continue
+        if end == _MISMATCH:
+            pos = start + 1
+            continue
+        segment = _drop_trailing_commas(text[start:end])
+        try:
+            value = json.loads(segment, strict=False)
+        except ValueError:
+            pos = start + 1
+            continue
+        items = _rubric_items(value)
+        if items is not None:
+            return items, False
+        pos = end  # valid JSON but not a rubric: skip it whole
+    return None, ran_off
+
+
+def pad_rubrics(parsed_list: Sequence[ParsedRubric], m_max: int):
+    """Pads a batch of parsed rubric lists to M = m_max items (inputs of Eq. 12, 13).
+
+    Invalid lists (METHOD 11) come out with every item masked off, so the
+    scoring code sees sum_m w_m = 0 and applies its documented invalid rule.
+
+    Args:
+      parsed_list: B `ParsedRubric`s.
+      m_max: int >= 1, padded item count M.
+
+    Returns:
+      texts: list[list[str]], B lists of exactly m_max strings ("" at padding
+        and for invalid lists).
+      weights: int32[B, m_max], w_m (0 at padding).
+      item_mask: bool[B, m_max], True for real items.
+      list_valid: bool[B], `ParsedRubric.valid`.
+
+    Raises:
+      ValueError: m_max < 1, or a valid list holds more than m_max items
+        (parse with max_items <= m_max).
+    """
+    m_max = int(m_max)
+    if m_max < 1:
+        raise ValueError(f"m_max must be >= 1, got {m_max}")
+    b = len(parsed_list)
+    texts = [[""] * m_max for _ in range(b)]
+    weights = np.zeros((b, m_max), np.int32)
+    mask = np.zeros((b, m_max), bool)
+    valid = np.zeros((b,), bool)
+    for i, p in enumerate(parsed_list):
+        if not p.valid:
+            continue
+        n = len(p.texts)
+        if n > m_max:
+            raise ValueError(f"rubric list {i} has {n} items > m_max={m_max}; "
+                             f"parse with max_items <= m_max")
+        texts[i][:n] = list(p.texts)
+        weights[i, :n] = p.weights
+        mask[i, :n] = True
+        valid[i] = True
+    return texts, weights, mask, valid
