@@ -217,6 +217,26 @@ def test_item_rules_drop_and_count():
     assert p.num_dropped == 13
 
 
+def test_item_with_a_repeated_key_is_dropped_and_counted():
+    # json.loads would silently keep the last value (weight 5); other parsers keep the first
+    text = ('[{"rubric": "H", "weight": 2, "weight": 5}, {"rubric": "A", "rubric": "B", '
+            '"weight": 3}, {"rubric": "C", "weight": 4, "why": "x", "why": "y"}, '
+            '{"rubric": "Kept", "weight": 1, "note": {"a": 1, "a": 2}}]')
+    p = parse_rubric_output(text, "stop", 8)
+    assert p.valid and p.items == [("Kept", 1)]
+    assert p.counters["duplicate_key"] == 3 and p.num_dropped == 3
+    only = parse_rubric_output('{"rubrics": [{"rubric": "H", "weight": 2, "weight": 5}]}',
+                               "stop", 8)
+    assert not only.valid and only.counters["duplicate_key"] == 1
+    assert only.counters["no_valid_items"] == 1
+    # a wrapper with two "rubrics" lists is ambiguous too: invalid, neither list is read
+    two = parse_rubric_output('{"rubrics": [{"rubric": "A", "weight": 2}], '
+                              '"rubrics": [{"rubric": "B", "weight": 3}]}', "stop", 8)
+    assert not two.valid and two.texts == []
+    assert two.counters["duplicate_key"] == 1 and two.counters["no_valid_items"] == 1
+    assert two.counters["unparseable"] == 0
+
+
 def test_weights_stay_python_ints():
     p = parse_rubric_output('[{"rubric": "a", "weight": 5}]', "stop", 8)
     assert type(p.weights[0]) is int

@@ -28,6 +28,7 @@ COUNTER_KEYS = (
     "truncated",        # finish_reason == "length", or the text ends inside a JSON value
     "no_valid_items",   # parsed, but zero items survived (e.g. "[]", all weights 0)
     "non_object_item",  # list element that is not a JSON object
+    "duplicate_key",    # a key occurs twice in an item, or in the {"rubrics": ...} wrapper
     "empty_text",       # "rubric" missing, not a string, or blank
     "invalid_weight",   # "weight" missing, bool, float (3.0 too), string, or outside 1..5
     "duplicate",        # same text as an earlier item (case/whitespace-insensitive)
@@ -120,7 +121,7 @@ class ParsedRubric:
     @property
     def num_dropped(self) -> int:
         """int: items present in the output but not kept."""
-        return sum(self.counters[k] for k in ("non_object_item", "empty_text",
+        return sum(self.counters[k] for k in ("non_object_item", "duplicate_key", "empty_text",
                                               "invalid_weight", "duplicate", "over_limit"))
 
 
@@ -172,20 +173,24 @@ def _drop_trailing_commas(segment: str) -> str:
         lambda m: m.group(1) if m.group(1) is not None else m.group(0), segment)
 
 
-def _rubric_items(value) -> Optional[list]:
-    """The item list if `value` is rubric-shaped, else None.
+class _RepeatedKeys(dict):
+    """A JSON object in which some key occurs twice (holding the last value, as `json` does)."""
 
-    Rubric-shaped: an object with a list under "rubrics", or a list that is
-    empty or holds at least one object. (A list of plain numbers or strings,
-    such as "[1]" in prose, is not a rubric.)
+
+def _json_object(pairs: list) -> dict:
+    """`object_pairs_hook` of json.loads: marks objects with a repeated key."""
+    obj = dict(pairs)
+    return _RepeatedKeys(obj) if len(obj) < len(pairs) else obj
+
+
+def _is_rubric_shaped(value) -> bool:
+    """An object with a list under "rubrics", or a list that is empty or holds an object.
+
+    (A list of plain numbers or strings, such as "[1]" in prose, is not a rubric.)
     """
     if isinstance(value, dict):
-        items = value.get("rubrics")
-        return items if isinstance(items, list) else None
-    if isinstance(value, list):
-        if not value or any(isinstance(x, dict) for x in value):
-            return value
-    return None
+        return isinstance(value.get("rubrics"), list)
+    return isinstance(value, list) and (not value or any(isinstance(x, dict) for x in value))
 
 
 def _norm_key(text: str) -> str:
@@ -222,10 +227,14 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
        Prose before and after the value, and a ```json fence around it, are
        therefore ignored without being edited (backticks inside strings stay).
        Accepted shapes: `{"rubrics": [...]}` (other keys ignored) and a bare
-       list `[...]`.
+       list `[...]`. A wrapper object in which a key occurs twice is ambiguous
+       (`json` keeps the last value, other readers the first): the output is
+       invalid (`duplicate_key` and `no_valid_items`).
     3. Nothing found: `truncated` when a candidate runs to the end of the
        text unclosed, else `unparseable`.
-    4. Items, in order: a non-object -> dropped (`non_object_item`); "rubric"
+    4. Items, in order: a non-object -> dropped (`non_object_item`); an
+       object in which any key occurs twice (e.g. two "weight"s) -> dropped
+       (`duplicate_key`: which value was meant is unknown); "rubric"
        missing / not a string / blank -> dropped (`empty_text`); "weight" not a
        JSON integer in 1..5 (bools, floats including 3.0, strings, out of range)
        -> dropped, never clamped (`invalid_weight`); a text equal to an earlier
@@ -255,22 +264,29 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         c["unparseable"] = 1
         return out
     try:
-        items, ran_off = _find_rubric_value(text)
+        value, ran_off = _find_rubric_value(text)
     except (RecursionError, MemoryError):  # absurdly deep nesting: not a rubric
-        items, ran_off = None, False
-    if items is None:
+        value, ran_off = None, False
+    if value is None:
         if ran_off:
             out.truncated = True
             c["truncated"] = 1
         else:
             c["unparseable"] = 1
         return out
+    if isinstance(value, _RepeatedKeys):  # e.g. two "rubrics" lists: which one is meant?
+        c["duplicate_key"] = 1
+        c["no_valid_items"] = 1
+        return out
 
     seen = set()
     limit = max(int(max_items), 0)
-    for item in items:
+    for item in (value["rubrics"] if isinstance(value, dict) else value):
         if not isinstance(item, dict):
             c["non_object_item"] += 1
+            continue
+        if isinstance(item, _RepeatedKeys):
+            c["duplicate_key"] += 1
             continue
         r = item.get("rubric")
         if not isinstance(r, str) or not r.strip():
@@ -301,7 +317,7 @@ _CANDIDATE = re.compile(r'\[\s*[{\]"]|\{\s*["}]')
 
 
 def _find_rubric_value(text: str):
-    """(items or None, ran_off) for the first rubric-shaped JSON value in text."""
+    """(value or None, ran_off) for the first rubric-shaped JSON value in text."""
     ran_off = False
     pos = 0
     for _ in range(_MAX_CANDIDATES):
@@ -319,13 +335,12 @@ def _find_rubric_value(text: str):
             continue
         segment = _drop_trailing_commas(text[start:end])
         try:
-            value = json.loads(segment, strict=False)
+            value = json.loads(segment, strict=False, object_pairs_hook=_json_object)
         except ValueError:
             pos = start + 1
             continue
-        items = _rubric_items(value)
-        if items is not None:
-            return items, False
+        if _is_rubric_shaped(value):
+            return value, False
         pos = end  # valid JSON but not a rubric: skip it whole
     return None, ran_off
 
