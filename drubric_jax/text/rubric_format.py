@@ -13,12 +13,12 @@ Pure Python plus numpy; nothing here touches a model.
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
+
+from drubric_jax.text.json_scan import RepeatedKeys, find_rubric_value
 
 MIN_WEIGHT = 1  # smallest valid rubric weight (METHOD 2)
 MAX_WEIGHT = 5  # largest valid rubric weight (METHOD 2)
@@ -35,9 +35,6 @@ COUNTER_KEYS = (
     "over_limit",       # valid item beyond max_items
 )
 """Names of the `ParsedRubric.counters` entries (always all present)."""
-
-# Candidate start positions tried before giving up (bounds the work on long prose).
-_MAX_CANDIDATES = 256
 
 
 # ----------------------------------------------------------------------------
@@ -125,74 +122,6 @@ class ParsedRubric:
                                               "invalid_weight", "duplicate", "over_limit"))
 
 
-_SPECIAL = re.compile(r'[\[\]{}"\\]')
-_CLOSER = {"[": "]", "{": "}"}
-_RUNOFF = -1    # reached the end of the text inside the value
-_MISMATCH = -2  # a closing bracket of the wrong kind
-
-
-def _match_value(text: str, start: int) -> int:
-    """End index (exclusive) of the bracketed value opening at text[start].
-
-    String-aware: brackets and backticks inside JSON strings (with backslash
-    escapes) do not count. Returns `_RUNOFF` when the text ends before the value
-    closes and `_MISMATCH` for a wrongly nested closer.
-    """
-    stack: list = []
-    in_str = False
-    pos = start
-    while True:
-        m = _SPECIAL.search(text, pos)
-        if m is None:
-            return _RUNOFF
-        c, i = m.group(), m.start()
-        pos = i + 1
-        if in_str:
-            if c == "\\":
-                pos = i + 2
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "[{":
-            stack.append(c)
-        elif c in "]}":
-            if not stack or _CLOSER[stack.pop()] != c:
-                return _MISMATCH
-            if not stack:
-                return i + 1
-        # a backslash outside a string is invalid JSON; json.loads will say so
-
-
-_STRING_OR_TRAILING_COMMA = re.compile(r'"(?:[^"\\]|\\.)*"|,(\s*[\]}])', re.DOTALL)
-
-
-def _drop_trailing_commas(segment: str) -> str:
-    """Removes commas outside strings that directly precede `]` or `}`."""
-    return _STRING_OR_TRAILING_COMMA.sub(
-        lambda m: m.group(1) if m.group(1) is not None else m.group(0), segment)
-
-
-class _RepeatedKeys(dict):
-    """A JSON object in which some key occurs twice (holding the last value, as `json` does)."""
-
-
-def _json_object(pairs: list) -> dict:
-    """`object_pairs_hook` of json.loads: marks objects with a repeated key."""
-    obj = dict(pairs)
-    return _RepeatedKeys(obj) if len(obj) < len(pairs) else obj
-
-
-def _is_rubric_shaped(value) -> bool:
-    """An object with a list under "rubrics", or a list that is empty or holds an object.
-
-    (A list of plain numbers or strings, such as "[1]" in prose, is not a rubric.)
-    """
-    if isinstance(value, dict):
-        return isinstance(value.get("rubrics"), list)
-    return isinstance(value, list) and (not value or any(isinstance(x, dict) for x in value))
-
-
 def _norm_key(text: str) -> str:
     """Duplicate key: case-folded, runs of whitespace collapsed, ends stripped."""
     return " ".join(text.split()).casefold()
@@ -264,7 +193,7 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         c["unparseable"] = 1
         return out
     try:
-        value, ran_off = _find_rubric_value(text)
+        value, ran_off = find_rubric_value(text)
     except (RecursionError, MemoryError):  # absurdly deep nesting: not a rubric
         value, ran_off = None, False
     if value is None:
@@ -274,7 +203,7 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         else:
             c["unparseable"] = 1
         return out
-    if isinstance(value, _RepeatedKeys):  # e.g. two "rubrics" lists: which one is meant?
+    if isinstance(value, RepeatedKeys):  # e.g. two "rubrics" lists: which one is meant?
         c["duplicate_key"] = 1
         c["no_valid_items"] = 1
         return out
@@ -285,7 +214,7 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         if not isinstance(item, dict):
             c["non_object_item"] += 1
             continue
-        if isinstance(item, _RepeatedKeys):
+        if isinstance(item, RepeatedKeys):
             c["duplicate_key"] += 1
             continue
         r = item.get("rubric")
@@ -312,37 +241,6 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
     out.valid = True
     return out
 
-
-_CANDIDATE = re.compile(r'\[\s*[{\]"]|\{\s*["}]')
-
-
-def _find_rubric_value(text: str):
-    """(value or None, ran_off) for the first rubric-shaped JSON value in text."""
-    ran_off = False
-    pos = 0
-    for _ in range(_MAX_CANDIDATES):
-        m = _CANDIDATE.search(text, pos)
-        if m is None:
-            break
-        start = m.start()
-        end = _match_value(text, start)
-        if end == _RUNOFF:
-            ran_off = True
-            pos = start + 1
-            continue
-        if end == _MISMATCH:
-            pos = start + 1
-            continue
-        segment = _drop_trailing_commas(text[start:end])
-        try:
-            value = json.loads(segment, strict=False, object_pairs_hook=_json_object)
-        except ValueError:
-            pos = start + 1
-            continue
-        if _is_rubric_shaped(value):
-            return value, False
-        pos = end  # valid JSON but not a rubric: skip it whole
-    return None, ran_off
 
 
 def pad_rubrics(parsed_list: Sequence[ParsedRubric], m_max: int):
