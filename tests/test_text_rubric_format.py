@@ -2,6 +2,7 @@
 the JSON schema and padding."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -115,6 +116,52 @@ def test_case_11_garbage_never_raises(text):
     assert not p.valid
     assert p.counters["unparseable"] + p.counters["truncated"] + p.counters["no_valid_items"] == 1
     assert set(p.counters) == set(COUNTER_KEYS)
+
+
+def _best_seconds(fn, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+SLOW_BEFORE = {  # took 0.5 to 2 s each before the parser's work was bounded
+    "open_lists": "[{" * 20000,
+    "open_objects": '{"' * 20000,
+    "open_strings": '["' * 20000,
+    "unclosed_items": '[{"a":1,' * 5000,
+    "nested_lists": ("[{" + "[1]" * 52) * 256,
+    "deep_openers": ("[" * 300 + '{"') * 100,
+    "closed_nesting": "[{" * 20000 + "}]" * 20000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOW_BEFORE))
+def test_parser_work_is_bounded(name):
+    text = SLOW_BEFORE[name]
+    p = parse_rubric_output(text, "stop", 8)
+    assert not p.valid
+    assert p.counters["unparseable"] + p.counters["truncated"] == 1
+    assert _best_seconds(lambda: parse_rubric_output(text, "stop", 8)) < 0.1
+
+
+def test_parser_work_limit_is_counted_and_spares_real_outputs():
+    p = parse_rubric_output("[{" * 20000, "stop", 8)
+    assert p.counters["work_limit"] == 1 and p.truncated
+    huge = parse_rubric_output('[{"rubric": "A", "weight": 1}]' + " " * (1 << 21), "stop", 8)
+    assert not huge.valid and huge.counters["work_limit"] == 1
+    assert huge.counters["unparseable"] == 1
+    # a long chatty output (reasoning with JSON-like snippets, then the list) still parses
+    line = 'I think the item should say "why" [see 1], (v2) {draft} and {"a": [1]} matter.\n'
+    prose = (line + 'The "weight" of [that] is {unclear}, see note [2] and "quote".\n' * 9) * 50
+    items = [{"rubric": f"Criterion number {i} about {'x' * 200}", "weight": 1 + i % 5}
+             for i in range(20)]
+    text = '<think>\n["unclosed' + prose + "</think>\n" + json.dumps({"rubrics": items})
+    p = parse_rubric_output(text, "stop", 20)
+    assert p.valid and len(p.texts) == 20 and p.counters["work_limit"] == 0
+    assert _best_seconds(lambda: parse_rubric_output(text, "stop", 20)) < 0.1
 
 
 def test_case_11_non_string_input_never_raises():

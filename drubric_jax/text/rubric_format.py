@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from drubric_jax.text.json_scan import RepeatedKeys, find_rubric_value
+from drubric_jax.text.json_scan import RepeatedKeys, Search, find_rubric_value
 
 MIN_WEIGHT = 1  # smallest valid rubric weight (METHOD 2)
 MAX_WEIGHT = 5  # largest valid rubric weight (METHOD 2)
@@ -26,6 +26,7 @@ MAX_WEIGHT = 5  # largest valid rubric weight (METHOD 2)
 COUNTER_KEYS = (
     "unparseable",      # no rubric-shaped JSON value found in the text
     "truncated",        # finish_reason == "length", or the text ends inside a JSON value
+    "work_limit",       # the search for the JSON value stopped at a work bound (json_scan)
     "no_valid_items",   # parsed, but zero items survived (e.g. "[]", all weights 0)
     "non_object_item",  # list element that is not a JSON object
     "duplicate_key",    # a key occurs twice in an item, or in the {"rubrics": ...} wrapper
@@ -144,8 +145,8 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
     2. Find the first rubric-shaped JSON value. Candidate starts, in order, are
        a `[` followed (after optional whitespace) by `{`, `]` or `"`, and a `{`
        followed by `"` or `}` -- the only ways a rubric value can begin, so
-       prose brackets like "(v2)", "[1]" or "[see note 1]" are never tried
-       (at most 256 candidates). From a start, find the matching closer with
+       prose brackets like "(v2)", "[1]" or "[see note 1]" are never tried.
+       From a start, find the matching closer with
        string-aware bracket matching (brackets and backticks inside JSON strings
        do not count); remove commas outside strings that directly precede `]`
        or `}`; `json.loads(strict=False)` (raw control characters inside
@@ -159,6 +160,10 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
        list `[...]`. A wrapper object in which a key occurs twice is ambiguous
        (`json` keeps the last value, other readers the first): the output is
        invalid (`duplicate_key` and `no_valid_items`).
+       The work is bounded (`json_scan.find_rubric_value`: texts over 2^20
+       characters, 256 candidates, 2^16 bracket / quote characters visited,
+       2^20 characters given to json.loads); where the search stops at a bound
+       `work_limit` is counted and the output is treated as in step 3.
     3. Nothing found: `truncated` when a candidate runs to the end of the
        text unclosed, else `unparseable`.
     4. Items, in order: a non-object -> dropped (`non_object_item`); an
@@ -193,9 +198,10 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         c["unparseable"] = 1
         return out
     try:
-        value, ran_off = find_rubric_value(text)
+        value, ran_off, work_limit = find_rubric_value(text)
     except (RecursionError, MemoryError):  # absurdly deep nesting: not a rubric
-        value, ran_off = None, False
+        value, ran_off, work_limit = Search(None, False, False)
+    c["work_limit"] = int(work_limit)
     if value is None:
         if ran_off:
             out.truncated = True
