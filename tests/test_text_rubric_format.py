@@ -284,6 +284,21 @@ def test_item_with_a_repeated_key_is_dropped_and_counted():
     assert two.counters["unparseable"] == 0
 
 
+def test_item_with_a_lone_surrogate_is_dropped_and_counted():
+    # json.loads turns the escape "\ud800" into a lone surrogate, which no tokenizer or
+    # UTF-8 file writer accepts (it crashed the verifier and the trace writer)
+    text = r'[{"rubric": "\ud800", "weight": 3}, {"rubric": "Says hi \udc00 twice", "weight": 2}]'
+    p = parse_rubric_output(text, "stop", 8)
+    assert not p.valid and p.counters["invalid_unicode"] == 2
+    assert p.counters["no_valid_items"] == 1
+    mixed = parse_rubric_output(r'[{"rubric": "Uses \ud83d\ude00 once", "weight": 4}, '
+                                r'{"rubric": "Bad \ud800", "weight": 1}]', "stop", 8)
+    assert mixed.items == [("Uses \U0001F600 once", 4)]  # a proper pair is one character
+    assert mixed.counters["invalid_unicode"] == 1 and mixed.num_dropped == 1
+    for t in mixed.texts:
+        t.encode("utf-8")
+
+
 def test_weights_stay_python_ints():
     p = parse_rubric_output('[{"rubric": "a", "weight": 5}]', "stop", 8)
     assert type(p.weights[0]) is int

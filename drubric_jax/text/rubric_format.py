@@ -31,6 +31,7 @@ COUNTER_KEYS = (
     "non_object_item",  # list element that is not a JSON object
     "duplicate_key",    # a key occurs twice in an item, or in the {"rubrics": ...} wrapper
     "empty_text",       # "rubric" missing, not a string, or blank
+    "invalid_unicode",  # "rubric" holds a lone surrogate (JSON "\ud800"): not encodable text
     "invalid_weight",   # "weight" missing, bool, float (3.0 too), string, or outside 1..5
     "duplicate",        # same text as an earlier item (case/whitespace-insensitive)
     "over_limit",       # valid item beyond max_items
@@ -120,12 +121,22 @@ class ParsedRubric:
     def num_dropped(self) -> int:
         """int: items present in the output but not kept."""
         return sum(self.counters[k] for k in ("non_object_item", "duplicate_key", "empty_text",
-                                              "invalid_weight", "duplicate", "over_limit"))
+                                              "invalid_unicode", "invalid_weight",
+                                              "duplicate", "over_limit"))
 
 
 def _norm_key(text: str) -> str:
     """Duplicate key: case-folded, runs of whitespace collapsed, ends stripped."""
     return " ".join(text.split()).casefold()
+
+
+def _is_utf8_encodable(text: str) -> bool:
+    """False for a str holding a lone surrogate (json.loads makes one from "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_json_int(w) -> bool:
@@ -169,7 +180,10 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
     4. Items, in order: a non-object -> dropped (`non_object_item`); an
        object in which any key occurs twice (e.g. two "weight"s) -> dropped
        (`duplicate_key`: which value was meant is unknown); "rubric"
-       missing / not a string / blank -> dropped (`empty_text`); "weight" not a
+       missing / not a string / blank -> dropped (`empty_text`); a "rubric"
+       holding a lone surrogate code point (the JSON escape "\\ud800" without
+       its pair; no tokenizer or UTF-8 writer accepts it) -> dropped
+       (`invalid_unicode`); "weight" not a
        JSON integer in 1..5 (bools, floats including 3.0, strings, out of range)
        -> dropped, never clamped (`invalid_weight`); a text equal to an earlier
        kept one up to case and whitespace runs -> dropped (`duplicate`, first
@@ -226,6 +240,9 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         r = item.get("rubric")
         if not isinstance(r, str) or not r.strip():
             c["empty_text"] += 1
+            continue
+        if not _is_utf8_encodable(r):
+            c["invalid_unicode"] += 1
             continue
         w = item.get("weight")
         if not (_is_json_int(w) and MIN_WEIGHT <= w <= MAX_WEIGHT):
