@@ -9,9 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drubric_jax.text import prompts
 from drubric_jax.text.rubric_format import (
     COUNTER_KEYS,
+    CRITERION_PLACEHOLDER,
     RUBRIC_JSON_SCHEMA,
+    WEIGHT_PLACEHOLDER,
+    _is_format_echo,
     pad_rubrics,
     parse_rubric_output,
 )
@@ -182,9 +186,12 @@ def test_case_11_parser_total_on_random_text(text, finish):
     assert p.valid == (len(p.texts) > 0)
 
 
+# item texts the item rules keep: not blank, not an echo of the format line such as "..."
+ITEM_TEXT = st.text(max_size=25).filter(lambda t: t.strip() and not _is_format_echo(t))
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=25).filter(lambda t: t.strip()), st.integers(1, 5)),
-                min_size=1, max_size=6),
+@given(st.lists(st.tuples(ITEM_TEXT, st.integers(1, 5)), min_size=1, max_size=6),
        st.sampled_from(["", "Here you go (v2) [note 1]:\n", "Criteria {draft}:\n", "```json\n"]),
        st.sampled_from(["", "\n```", "\nThat is all [1].", " {done}"]),
        st.booleans(), st.booleans())
@@ -297,6 +304,26 @@ def test_item_with_a_lone_surrogate_is_dropped_and_counted():
     assert mixed.counters["invalid_unicode"] == 1 and mixed.num_dropped == 1
     for t in mixed.texts:
         t.encode("utf-8")
+
+
+def test_items_echoing_the_output_format_are_dropped_and_counted():
+    # the SmolLM2 generator copied the prompt's format line: items "<criterion>",
+    # "<criterion_1", "<criterion_2", "<criterion_3" (round-0 trace of the default run)
+    for system in (prompts.GENERATOR_SYSTEM_DYNAMIC, prompts.GENERATOR_SYSTEM_STATIC):
+        assert (f'{{"rubric": "{CRITERION_PLACEHOLDER}", "weight": {WEIGHT_PLACEHOLDER}}}'
+                in system)
+    echoes = ["<criterion>", "<criterion_1", "<criterion_2", "<criterion_3", " Criterion 4 ",
+              "<integer 1-5>", "rubric", "Weight: 5", "...", "<criterion>, ...", "\u2026",
+              "<CRITERION>"]
+    kept = ["Criterion: states the date", "Names the criterion it uses",
+            "Gives the weight in kg", "Uses an integer between 1 and 5", "Ends with ..."]
+    items = [{"rubric": t, "weight": 3} for t in echoes + kept]
+    p = parse_rubric_output(json.dumps(items), "stop", 16)
+    assert p.texts == kept
+    assert p.counters["placeholder_item"] == len(echoes) and p.num_dropped == len(echoes)
+    only = parse_rubric_output('{"rubrics": [{"rubric": "<criterion>", "weight": 1}]}', "stop", 8)
+    assert not only.valid and only.counters["placeholder_item"] == 1
+    assert only.counters["no_valid_items"] == 1
 
 
 def test_weights_stay_python_ints():

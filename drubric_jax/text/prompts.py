@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+from drubric_jax.text.rubric_format import CRITERION_PLACEHOLDER, WEIGHT_PLACEHOLDER
+
 _GUIDELINES = """Guidelines for the criteria:
 - Judge how well a response serves what the user actually asked for.
 - Do not build in facts, figures or answers that the user did not supply. Every criterion must be checkable by reading the request and a response.
@@ -31,7 +33,8 @@ _GUIDELINES = """Guidelines for the criteria:
 - Weight each criterion with an integer: 5 = essential (failing it makes a response unacceptable), 3 or 4 = important, 1 or 2 = nice to have."""
 
 _OUTPUT_SPEC = ('Reply with a JSON object and nothing else, in this form:\n'
-                '{"rubrics": [{"rubric": "<criterion>", "weight": <integer 1-5>}, ...]}')
+                f'{{"rubrics": [{{"rubric": "{CRITERION_PLACEHOLDER}", '
+                f'"weight": {WEIGHT_PLACEHOLDER}}}, ...]}}')
 
 GENERATOR_SYSTEM_DYNAMIC = (
     "You write grading checklists for answers to user requests. You will see a "

@@ -10,9 +10,13 @@ Pure Python plus numpy; nothing here touches a model.
 - `pad_rubrics`: B parsed lists -> padded texts, weights and masks with M items, the inputs
   of Eq. 12, 13 in `drubric_jax.rewards`.
 - `MIN_WEIGHT` / `MAX_WEIGHT`: the valid weight range of w_m, shared with `rewards`.
+- `CRITERION_PLACEHOLDER` / `WEIGHT_PLACEHOLDER`: the placeholders of the generator
+  prompt's output format line (`text.prompts` writes them; the parser drops items that only
+  echo them).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -23,18 +27,24 @@ from drubric_jax.text.json_scan import RepeatedKeys, Search, find_rubric_value
 MIN_WEIGHT = 1  # smallest valid rubric weight (METHOD 2)
 MAX_WEIGHT = 5  # largest valid rubric weight (METHOD 2)
 
+# Placeholders of the generator prompt's output format line (`text.prompts`):
+# {"rubrics": [{"rubric": "<criterion>", "weight": <integer 1-5>}, ...]}
+CRITERION_PLACEHOLDER = "<criterion>"
+WEIGHT_PLACEHOLDER = f"<integer {MIN_WEIGHT}-{MAX_WEIGHT}>"
+
 COUNTER_KEYS = (
-    "unparseable",      # no rubric-shaped JSON value found in the text
-    "truncated",        # finish_reason == "length", or the text ends inside a JSON value
-    "work_limit",       # the search for the JSON value stopped at a work bound (json_scan)
-    "no_valid_items",   # parsed, but zero items survived (e.g. "[]", all weights 0)
-    "non_object_item",  # list element that is not a JSON object
-    "duplicate_key",    # a key occurs twice in an item, or in the {"rubrics": ...} wrapper
-    "empty_text",       # "rubric" missing, not a string, or blank
-    "invalid_unicode",  # "rubric" holds a lone surrogate (JSON "\ud800"): not encodable text
-    "invalid_weight",   # "weight" missing, bool, float (3.0 too), string, or outside 1..5
-    "duplicate",        # same text as an earlier item (case/whitespace-insensitive)
-    "over_limit",       # valid item beyond max_items
+    "unparseable",       # no rubric-shaped JSON value found in the text
+    "truncated",         # finish_reason == "length", or the text ends inside a JSON value
+    "work_limit",        # the search for the JSON value stopped at a work bound (json_scan)
+    "no_valid_items",    # parsed, but zero items survived (e.g. "[]", all weights 0)
+    "non_object_item",   # list element that is not a JSON object
+    "duplicate_key",     # a key occurs twice in an item, or in the {"rubrics": ...} wrapper
+    "empty_text",        # "rubric" missing, not a string, or blank
+    "invalid_unicode",   # "rubric" holds a lone surrogate (JSON "\ud800"): not encodable text
+    "placeholder_item",  # "rubric" only echoes the prompt's format line ("<criterion>", "...")
+    "invalid_weight",    # "weight" missing, bool, float (3.0 too), string, or outside 1..5
+    "duplicate",         # same text as an earlier item (case/whitespace-insensitive)
+    "over_limit",        # valid item beyond max_items
 )
 """Names of the `ParsedRubric.counters` entries (always all present)."""
 
@@ -121,8 +131,8 @@ class ParsedRubric:
     def num_dropped(self) -> int:
         """int: items present in the output but not kept."""
         return sum(self.counters[k] for k in ("non_object_item", "duplicate_key", "empty_text",
-                                              "invalid_unicode", "invalid_weight",
-                                              "duplicate", "over_limit"))
+                                              "invalid_unicode", "placeholder_item",
+                                              "invalid_weight", "duplicate", "over_limit"))
 
 
 def _norm_key(text: str) -> str:
@@ -137,6 +147,20 @@ def _is_utf8_encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+_WORD = re.compile(r"[^\W\d_]+")  # a run of letters
+_FORMAT_WORDS = frozenset(_WORD.findall(f"{CRITERION_PLACEHOLDER} {WEIGHT_PLACEHOLDER}")
+                          + ["rubric", "rubrics", "weight"])
+_ELLIPSES = ("...", "\u2026")
+
+
+def _is_format_echo(text: str) -> bool:
+    """True when an item text only repeats the placeholders / keys of the format line."""
+    words = _WORD.findall(text.casefold())
+    if words:
+        return set(words) <= _FORMAT_WORDS
+    return any(e in text for e in _ELLIPSES)
 
 
 def _is_json_int(w) -> bool:
@@ -183,7 +207,12 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
        missing / not a string / blank -> dropped (`empty_text`); a "rubric"
        holding a lone surrogate code point (the JSON escape "\\ud800" without
        its pair; no tokenizer or UTF-8 writer accepts it) -> dropped
-       (`invalid_unicode`); "weight" not a
+       (`invalid_unicode`); a "rubric" that only echoes the prompt's format
+       line -> dropped (`placeholder_item`): its words (letter runs, any case)
+       all come from the placeholders and key names "<criterion>",
+       "<integer 1-5>", "rubric", "rubrics", "weight" (so "<criterion_1",
+       "Criterion 2", "weight: 5"), or it has no letters and holds the "..."
+       of the format line; "weight" not a
        JSON integer in 1..5 (bools, floats including 3.0, strings, out of range)
        -> dropped, never clamped (`invalid_weight`); a text equal to an earlier
        kept one up to case and whitespace runs -> dropped (`duplicate`, first
@@ -243,6 +272,9 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
             continue
         if not _is_utf8_encodable(r):
             c["invalid_unicode"] += 1
+            continue
+        if _is_format_echo(r):
+            c["placeholder_item"] += 1
             continue
         w = item.get("weight")
         if not (_is_json_int(w) and MIN_WEIGHT <= w <= MAX_WEIGHT):
