@@ -186,6 +186,26 @@ def test_case_11_parser_total_on_random_text(text, finish):
     assert p.valid == (len(p.texts) > 0)
 
 
+JSONISH = st.lists(st.sampled_from(
+    ['{"rubrics": [', '{"rubric": ', '"weight": ', '"A b"', '"<criterion>"', '"\\ud800"',
+     '"..."', "3", "5.0", "true", "null", ", ", "]", "}", "[", "{", '"', "\\", "```json\n",
+     "\n", "prose ", "[1]"]), max_size=80).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(st.characters(exclude_categories=())), JSONISH),  # surrogates too
+       st.sampled_from(["stop", "length", None]), st.integers(-1, 20))
+def test_parser_never_raises_on_arbitrary_text(text, finish, max_items):
+    p = parse_rubric_output(text, finish, max_items)
+    assert set(p.counters) == set(COUNTER_KEYS)
+    assert p.valid == (len(p.texts) > 0) and len(p.texts) == len(p.weights)
+    assert len(p.texts) <= max(max_items, 0)
+    for t, w in p.items:
+        assert t == t.strip() and t and not _is_format_echo(t)
+        t.encode("utf-8")  # what the verifier and the trace writer need
+        assert type(w) is int and 1 <= w <= 5
+
+
 # item texts the item rules keep: not blank, not an echo of the format line such as "..."
 ITEM_TEXT = st.text(max_size=25).filter(lambda t: t.strip() and not _is_format_echo(t))
 
