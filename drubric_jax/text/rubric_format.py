@@ -181,11 +181,11 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
        a `[` followed (after optional whitespace) by `{`, `]` or `"`, and a `{`
        followed by `"` or `}` -- the only ways a rubric value can begin, so
        prose brackets like "(v2)", "[1]" or "[see note 1]" are never tried.
-       From a start, find the matching closer with
-       string-aware bracket matching (brackets and backticks inside JSON strings
-       do not count); remove commas outside strings that directly precede `]`
-       or `}`; `json.loads(strict=False)` (raw control characters inside
-       strings are tolerated). A candidate that does not parse (prose such as
+       From a start, find the matching closer with string-aware bracket
+       matching (brackets and backticks inside JSON strings do not count);
+       remove commas outside strings that directly precede `]` or `}`;
+       `json.loads(strict=False)` (raw control characters inside strings are
+       tolerated). A candidate that does not parse (prose such as
        `["draft"] notes]`) is skipped and the search goes on at the next character;
        a value that parses but is not rubric-shaped (an object without a
        "rubrics" list, a list without objects such as "[1]") is skipped whole.
@@ -196,29 +196,31 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
        (`json` keeps the last value, other readers the first): the output is
        invalid (`duplicate_key` and `no_valid_items`).
        The work is bounded (`json_scan.find_rubric_value`: texts over 2^20
-       characters, 256 candidates, 2^16 bracket / quote characters visited,
-       2^20 characters given to json.loads); where the search stops at a bound
-       `work_limit` is counted and the output is treated as in step 3.
+       characters are not searched; at most 256 candidates, 2^16 bracket /
+       quote characters visited and 2^20 characters given to json.loads);
+       where the search stops at a bound, `work_limit` is counted and the
+       output is treated as in step 3.
     3. Nothing found: `truncated` when a candidate runs to the end of the
        text unclosed, else `unparseable`.
-    4. Items, in order: a non-object -> dropped (`non_object_item`); an
-       object in which any key occurs twice (e.g. two "weight"s) -> dropped
-       (`duplicate_key`: which value was meant is unknown); "rubric"
-       missing / not a string / blank -> dropped (`empty_text`); a "rubric"
-       holding a lone surrogate code point (the JSON escape "\\ud800" without
-       its pair; no tokenizer or UTF-8 writer accepts it) -> dropped
-       (`invalid_unicode`); a "rubric" that only echoes the prompt's format
-       line -> dropped (`placeholder_item`): its words (letter runs, any case)
-       all come from the placeholders and key names "<criterion>",
-       "<integer 1-5>", "rubric", "rubrics", "weight" (so "<criterion_1",
-       "Criterion 2", "weight: 5"), or it has no letters and holds the "..."
-       of the format line; "weight" not a
-       JSON integer in 1..5 (bools, floats including 3.0, strings, out of range)
-       -> dropped, never clamped (`invalid_weight`); a text equal to an earlier
-       kept one up to case and whitespace runs -> dropped (`duplicate`, first
-       kept); valid items beyond `max_items` -> dropped (`over_limit`; counted
-       after de-duplication). Extra keys in an item are ignored. Each dropped
-       item is counted once, by the first failing rule in this order.
+    4. Items, in order; a dropped item is counted once, by the first rule it
+       fails (extra keys in an item are ignored):
+       a. not a JSON object -> `non_object_item`;
+       b. an object in which any key occurs twice (e.g. two "weight"s: which
+          value was meant is unknown) -> `duplicate_key`;
+       c. "rubric" missing, not a string or blank -> `empty_text`;
+       d. "rubric" holds a lone surrogate code point (the JSON escape
+          "\\ud800" without its pair; no tokenizer or UTF-8 writer accepts
+          it) -> `invalid_unicode`;
+       e. "rubric" only echoes the prompt's format line -> `placeholder_item`:
+          its words (letter runs, any case) all come from "<criterion>",
+          "<integer 1-5>", "rubric", "rubrics", "weight" (so "<criterion_1",
+          "Criterion 2", "weight: 5"), or it has no letters and holds "...";
+       f. "weight" not a JSON integer in 1..5 (bools, floats including 3.0,
+          strings, out of range; never clamped) -> `invalid_weight`;
+       g. the text equals an earlier kept one up to case and whitespace runs
+          -> `duplicate` (the first is kept);
+       h. a valid item beyond `max_items` -> `over_limit` (counted after
+          de-duplication).
     5. No item left -> invalid (`no_valid_items`), e.g. "[]" or all weights 0.
 
     Args:
