@@ -19,8 +19,7 @@ groups).
 import jax
 import jax.numpy as jnp
 
-MIN_WEIGHT = 1  # smallest valid rubric weight w_m (METHOD 2)
-MAX_WEIGHT = 5  # largest valid rubric weight w_m
+from drubric_jax.text.rubric_format import MAX_WEIGHT, MIN_WEIGHT
 ADV_EPS = 1e-6  # added to the group std in Eq. 21 (METHOD 11)
 FLAT_RTOL = 1e-6  # group is flat when max - min <= FLAT_RTOL * max(1, |mean|)
 

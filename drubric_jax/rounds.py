@@ -41,8 +41,8 @@ import ml_collections
 import numpy as np
 
 from drubric_jax import checkpoint as ckpt_lib
-from drubric_jax import config_check, data, hostmem, rewards, rubric_text, run_logging
-from drubric_jax import logprobs, sampling
+from drubric_jax import config_check, data, hostmem, rewards, run_logging
+from drubric_jax import sampling
 from drubric_jax import sharding
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax import train_step as ts
@@ -52,7 +52,8 @@ from drubric_jax.models.config import ModelConfig
 from drubric_jax.train_config import TrainConfig
 from drubric_jax.types import Rollout
 from drubric_jax.rubrics import RubricGenerator, RubricInput
-from drubric_jax.verification import Verifier, fit_to_budget
+from drubric_jax.text.budget import fit_prompt
+from drubric_jax.verification import Verifier
 
 PHASES = ("generator", "policy")
 
@@ -166,15 +167,11 @@ class Timer:
 
 def _chat_prompt_ids(tokenizer, prompt: str, history: Sequence[dict], budget: int) -> list:
     """Policy chat prompt ids (history + request, assistant turn opened) within `budget`."""
-    history = list(history or [])
+    def render(p, hist, _):
+        return tok_lib.chat_ids(tokenizer, hist + [{"role": "user", "content": p}])
 
-    def build(texts):
-        msgs = [dict(h, content=t) for h, t in zip(history, texts[:-1])]
-        return tok_lib.chat_ids(tokenizer, msgs + [{"role": "user", "content": texts[-1]}])
-
-    ids, _, _ = fit_to_budget(tokenizer, build, [h["content"] for h in history] + [prompt],
-                              budget)
-    return ids
+    return fit_prompt(tokenizer, render, prompt, history, max_tokens=budget,
+                      prompt_last=True).ids
 
 
 def _decode(tokenizer, sample: Rollout, stop_ids) -> list:

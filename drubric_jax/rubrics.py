@@ -4,8 +4,8 @@ For an input (prompt x, response set C) the generator writes G rubric lists
 R = {(r_m, w_m)} as JSON. Each list is sampled from its own chat prompt in which the K
 responses appear as "Response 1..K" in an order drawn from the key, so the generator
 cannot learn the sampling order and the G lists see different orders. Decoding is
-constrained to `rubric_text.RUBRIC_JSON_SCHEMA` with llguidance (the paper uses SGLang
-structured output, METHOD 8); the text is then parsed by `rubric_text.parse_rubric_output`
+constrained to `rubric_format.RUBRIC_JSON_SCHEMA` with llguidance (the paper uses SGLang
+structured output, METHOD 8); the text is then parsed by `rubric_format.parse_rubric_output`
 (METHOD 11 item rules) and padded to M = max_items.
 
 `static=True` gives the RaR-style static baseline (METHOD 6): the same code with no
@@ -26,11 +26,13 @@ from typing import Optional, Sequence, Union
 import jax
 import numpy as np
 
-from drubric_jax import rubric_text, sampling
+from drubric_jax import sampling
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.constrained import JsonSchemaConstraint
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.verification import fit_to_budget
+from drubric_jax.text import rubric_format
+from drubric_jax.text.budget import fit_prompt
+from drubric_jax.text.prompts import generator_messages
 
 
 JSON_SEPARATORS = {"item_separator": ", ", "key_separator": ": "}
@@ -104,13 +106,13 @@ class RubricGenerator:
     """Samples weighted yes/no rubric lists from a (prompt, response set) (METHOD 1, 8).
 
     Input budget: the whole generator prompt (template + instructions + request + history
-    + K labelled responses) must fit `input_budget` tokens. `verification.fit_to_budget`
+    + K labelled responses) must fit `input_budget` tokens. `text.budget.fit_prompt`
     measures the fixed template part, then splits the rest with
-    `rubric_text.fit_responses` (water-filling) over the request, each history turn and
+    `text.budget.fit_responses` (water-filling) over the request, each history turn and
     each response: texts shorter than the equal share keep every token and the longer ones
     share the remainder equally, so in the usual case (short request) every long response
     gets the same token budget. A cut text keeps its first tokens followed by the visible
-    `rubric_text.TRUNCATION_MARKER` (" [...truncated]"), so the generator can see that the
+    `text.budget.TRUNCATION_MARKER` (" [...truncated]"), so the generator can see that the
     response went on.
 
     Args:
@@ -137,7 +139,7 @@ class RubricGenerator:
         self.max_new_tokens = int(max_new_tokens)
         self.input_budget = int(input_budget)
         self.min_bucket = int(min_bucket)
-        self.schema = rubric_text.RUBRIC_JSON_SCHEMA(self.max_items, self.max_item_chars)
+        self.schema = rubric_format.RUBRIC_JSON_SCHEMA(self.max_items, self.max_item_chars)
         # Fixed separators ", " and ": " (no other whitespace): the spacing chat models
         # write by themselves in one-line JSON, so the constraint does not push the model
         # off its usual token sequences (compact "," / ":" made SmolLM2 emit noise).
@@ -162,20 +164,14 @@ class RubricGenerator:
         Raises:
             ValueError: the template alone exceeds the budget; a bad `order`.
         """
-        history = list(history or [])
-        responses = list(responses or [])
-        n_hist = len(history)
-
-        def build(texts):
-            hist = [dict(h, content=c) for h, c in zip(history, texts[1:1 + n_hist])]
-            msgs = rubric_text.generator_messages(texts[0], texts[1 + n_hist:] or None, hist,
-                                                  order=order if responses else None,
-                                                  max_items=self.max_items)
+        def render(p, hist, resp):
+            msgs = generator_messages(p, resp or None, hist, order=order if resp else None,
+                                      max_items=self.max_items)
             return tok_lib.chat_ids(self.tokenizer, msgs)
 
-        texts = [prompt] + [h["content"] for h in history] + responses
-        ids, _, cut = fit_to_budget(self.tokenizer, build, texts, self.input_budget)
-        return ids, list(cut[1 + n_hist:]), any(cut[:1 + n_hist])
+        fit = fit_prompt(self.tokenizer, render, prompt, history, responses,
+                         max_tokens=self.input_budget)
+        return fit.ids, list(fit.response_cut), fit.prompt_cut or any(fit.history_cut)
 
     def generate(self, key: jax.Array, prompt: str, responses: Optional[Sequence[str]],
                  history: Optional[Sequence[dict]] = None, *, num_lists: int = 4,
@@ -264,13 +260,13 @@ class RubricGenerator:
                 reason = "length"
             else:
                 reason = "stop"
-            parsed.append(rubric_text.parse_rubric_output(
+            parsed.append(rubric_format.parse_rubric_output(
                 text, "length" if reason == "length" else "stop", self.max_items))
             reasons.append(reason)
             raws.append(text)
-        texts, weights, item_mask, valid = rubric_text.pad_rubrics(parsed, self.max_items)
+        texts, weights, item_mask, valid = rubric_format.pad_rubrics(parsed, self.max_items)
 
-        counters = dict.fromkeys(rubric_text.COUNTER_KEYS, 0)
+        counters = dict.fromkeys(rubric_format.COUNTER_KEYS, 0)
         for p in parsed:
             for name, v in p.counters.items():
                 counters[name] += int(v)

@@ -31,16 +31,18 @@ L layers, Hkv KV heads, Dh head dim.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import rubric_text
 from drubric_jax import models
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
+from drubric_jax.text.budget import fit_prompt, fit_to_budget
+from drubric_jax.text.prompts import (plain_render, render_verifier_prompts,
+                                      verifier_prefix_messages)
 
 YES_WORD = "yes"
 NO_WORD = "no"
@@ -149,69 +151,6 @@ def restore_order(values, order: Sequence[int], axis: int = -1) -> np.ndarray:
     return out
 
 
-# ----------------------------------------------------------------------------- budgets
-
-
-def fit_to_budget(tokenizer, build_ids: Callable[[list], list], texts: Sequence[str],
-                  max_tokens: int, max_tries: int = 6) -> tuple[list, list, list]:
-    """Cuts the variable texts of a prompt so the whole prompt has <= `max_tokens` tokens.
-
-    (Input budgets of METHOD 4, e.g. the paper's 24K generator input; no paper equation.)
-
-    `build_ids(texts) -> token ids` renders the full prompt (chat template included) from
-    the variable texts (e.g. [user request, history turns..., responses...]). The fixed
-    overhead is measured with every text empty; the rest, minus one `TRUNCATION_MARKER`
-    per text, is split by `rubric_text.fit_responses` (water-filling: texts shorter than
-    the equal share keep everything, the longer ones share what is left equally) and each
-    over-long text keeps its first tokens plus the visible marker. Re-tokenising a cut
-    text can merge tokens differently at the cut; the loop shrinks the budget by any
-    excess and retries.
-
-    Args:
-        tokenizer: HF tokenizer.
-        build_ids: callable list[str] -> list[int].
-        texts: the n variable texts.
-        max_tokens: int, total prompt budget in tokens.
-        max_tries: refits before giving up.
-
-    Returns:
-        (ids list[int], fitted texts list[str], cut flags list[bool]).
-
-    Raises:
-        ValueError: the fixed part alone (plus the markers) exceeds `max_tokens`, or the
-            budget could not be met.
-    """
-    texts = list(texts)
-    ids = build_ids(texts)
-    if len(ids) <= max_tokens:
-        return ids, texts, [False] * len(texts)
-    overhead = len(build_ids([""] * len(texts)))
-    marker = len(tokenizer.encode(rubric_text.TRUNCATION_MARKER, add_special_tokens=False))
-    budget = max_tokens - overhead - marker * len(texts)
-    if budget <= 0:
-        raise ValueError(f"the prompt template alone needs {overhead} tokens (+ markers); "
-                         f"budget is {max_tokens}")
-    tok_ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    for _ in range(max_tries):
-        caps = rubric_text.fit_responses([len(t) for t in tok_ids], budget)
-        fitted, cut = [], []
-        for text, t_ids, cap in zip(texts, tok_ids, caps):
-            if cap < len(t_ids):
-                fitted.append(tokenizer.decode(t_ids[:cap]) + rubric_text.TRUNCATION_MARKER)
-                cut.append(True)
-            else:
-                fitted.append(text)
-                cut.append(False)
-        ids = build_ids(fitted)
-        excess = len(ids) - max_tokens
-        if excess <= 0:
-            return ids, fitted, cut
-        budget -= excess
-        if budget <= 0:
-            break
-    raise ValueError(f"could not fit the prompt into {max_tokens} tokens")
-
-
 # ----------------------------------------------------------------------------- jitted cores
 
 
@@ -292,9 +231,9 @@ class Verifier:
     Args:
         params, cfg: the verifier model (never updated).
         tokenizer: its tokenizer; the chat template renders the prompt (a tokenizer without
-            one uses `rubric_text.plain_render`).
+            one uses `text.prompts.plain_render`).
         max_prefix_tokens: budget of [instructions + request (+ history) + response]; longer
-            texts are cut by `fit_to_budget` with the visible `TRUNCATION_MARKER`.
+            texts are cut by `text.budget.fit_prompt` with the visible `TRUNCATION_MARKER`.
         max_suffix_tokens: budget of one item suffix (criterion + question + assistant
             opener); longer criteria are cut the same way.
         cache_slots_budget: most KV-cache row-slots (rows x S) of one suffix pass; bounds
@@ -336,34 +275,29 @@ class Verifier:
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                       add_generation_prompt=True)
-        return rubric_text.plain_render(messages)
+        return plain_render(messages)
 
     def _encode(self, text: str) -> list:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _fit_pair(self, prompt: str, response: str, history) -> tuple:
         """(prompt, response, history) cut so the rendered prefix fits max_prefix_tokens."""
-        history = list(history or [])
-        n_hist = len(history)
-
-        def build(texts):
-            hist = [dict(h, content=c) for h, c in zip(history, texts[1:1 + n_hist])]
-            msgs = rubric_text.verifier_prefix_messages(texts[0], texts[-1], hist)
-            prefix, _ = rubric_text.render_verifier_prompts(self.render, msgs, [])
+        def render(p, hist, responses):
+            msgs = verifier_prefix_messages(p, responses[0], hist)
+            prefix, _ = render_verifier_prompts(self.render, msgs, [])
             return self._encode(prefix)
 
-        texts = [prompt] + [h["content"] for h in history] + [response]
-        _, fitted, cut = fit_to_budget(self.tokenizer, build, texts, self.max_prefix_tokens)
-        self.stats["prefix_cut"] += int(any(cut))
-        hist = [dict(h, content=c) for h, c in zip(history, fitted[1:1 + n_hist])]
-        return fitted[0], fitted[-1], hist
+        fit = fit_prompt(self.tokenizer, render, prompt, history, [response],
+                         max_tokens=self.max_prefix_tokens)
+        self.stats["prefix_cut"] += int(fit.any_cut)
+        return fit.prompt, fit.responses[0], fit.history
 
     def _fit_item(self, item: str) -> str:
         """Item text cut so its suffix fits max_suffix_tokens (suffix measured on a stub)."""
-        msgs = rubric_text.verifier_prefix_messages("x", "y")
+        msgs = verifier_prefix_messages("x", "y")
 
         def build(texts):
-            _, suffixes = rubric_text.render_verifier_prompts(self.render, msgs, texts)
+            _, suffixes = render_verifier_prompts(self.render, msgs, texts)
             return self._encode(suffixes[0])
 
         _, fitted, cut = fit_to_budget(self.tokenizer, build, [item], self.max_suffix_tokens)
@@ -375,16 +309,16 @@ class Verifier:
         """Token ids of one response's shared prefix and of each item suffix.
 
         `prefix_ids + suffix_ids[m]` tokenises to the same ids as the full verifier prompt
-        for item m (`rubric_text.render_verifier_prompts` splits at a pre-tokenizer
+        for item m (`render_verifier_prompts` splits at a pre-tokenizer
         boundary). Empty item strings give empty suffixes (padding).
 
         Returns:
             (prefix_ids list[int], suffix_ids list[list[int]]).
         """
         prompt, response, history = self._fit_pair(prompt, response, history)
-        msgs = rubric_text.verifier_prefix_messages(prompt, response, history)
+        msgs = verifier_prefix_messages(prompt, response, history)
         real = [self._fit_item(it) for it in items if it.strip()]
-        prefix, suffixes = rubric_text.render_verifier_prompts(self.render, msgs, real)
+        prefix, suffixes = render_verifier_prompts(self.render, msgs, real)
         it = iter(suffixes)
         out = []
         for item in items:

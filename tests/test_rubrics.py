@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from drubric_jax import rubric_text
+from drubric_jax.text import prompts
+from drubric_jax.text.budget import TRUNCATION_MARKER
 from drubric_jax.rubrics import RubricGenerator, RubricInput
 
 PROMPT = "What is the capital of France? Answer in one sentence."
@@ -121,7 +122,7 @@ def test_static_variant_shows_no_responses(tiny_gen, tok):
         text = tok.decode(out.prompt_tokens[j][out.prompt_mask[j]].tolist())
         assert PROMPT in text and "Response 1" not in text
         assert all(r not in text for r in RESPONSES)
-        assert rubric_text.GENERATOR_SYSTEM_STATIC.split("\n")[0] in text
+        assert prompts.GENERATOR_SYSTEM_STATIC.split("\n")[0] in text
     assert out.orders.tolist() == [[0, 1, 2], [0, 1, 2]]
     assert out.weights.shape == (2, 2)
 
@@ -133,11 +134,11 @@ def test_budget_truncation_puts_marker_in(tiny_gen, tok):
     assert len(ids) <= tiny_gen.input_budget
     assert cut == [False, True, True] and not pcut
     text = tok.decode(ids)
-    assert text.count(rubric_text.TRUNCATION_MARKER) == 2
+    assert text.count(TRUNCATION_MARKER) == 2
     assert RESPONSES[0] in text and PROMPT in text
     # equal shares for the two long responses (water-filling)
-    body1 = text.split("[Response 2]\n")[1].split(rubric_text.TRUNCATION_MARKER)[0]
-    body2 = text.split("[Response 3]\n")[1].split(rubric_text.TRUNCATION_MARKER)[0]
+    body1 = text.split("[Response 2]\n")[1].split(TRUNCATION_MARKER)[0]
+    body2 = text.split("[Response 3]\n")[1].split(TRUNCATION_MARKER)[0]
     n1 = len(tok.encode(body1, add_special_tokens=False))
     n2 = len(tok.encode(body2, add_special_tokens=False))
     assert abs(n1 - n2) <= 3

@@ -391,8 +391,8 @@ def test_logprobs_equal_full_forward(tiny_model, method):
 
 def _rubric_schema(max_items, max_chars):
     try:
-        from drubric_jax.rubric_text import RUBRIC_JSON_SCHEMA
-    except ImportError:  # the schema of rubric_text, inline
+        from drubric_jax.text.rubric_format import RUBRIC_JSON_SCHEMA
+    except ImportError:  # the schema of text.rubric_format, inline
         item = {"type": "object", "additionalProperties": False, "required": ["rubric", "weight"],
                 "properties": {"rubric": {"type": "string", "minLength": 1,
                                           "maxLength": max_chars},

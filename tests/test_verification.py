@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from drubric_jax import rewards, rubric_text
+from drubric_jax import rewards
 from drubric_jax import verification as ver_lib
+from drubric_jax.text import prompts
+from drubric_jax.text.budget import TRUNCATION_MARKER
 
 TOL = 1e-4
 
@@ -117,8 +119,8 @@ def test_prepare_splits_at_a_token_boundary(tiny_verifier, tok):
     pre, sufs = tiny_verifier.prepare(PROMPTS[0], RESPONSES[0], ITEMS + [""])
     assert sufs[-1] == []
     for item, suf in zip(ITEMS, sufs):
-        msgs = rubric_text.verifier_prefix_messages(PROMPTS[0], RESPONSES[0])
-        msgs[-1]["content"] += rubric_text.verifier_item_suffix(item)
+        msgs = prompts.verifier_prefix_messages(PROMPTS[0], RESPONSES[0])
+        msgs[-1]["content"] += prompts.verifier_item_suffix(item)
         full = tok.encode(tiny_verifier.render(msgs), add_special_tokens=False)
         assert pre + suf == full
 
@@ -151,24 +153,13 @@ def test_long_response_cut_to_budget_with_marker(tiny_verifier, tok):
     long = " ".join(f"word{i}" for i in range(2000))
     pre, sufs = tiny_verifier.prepare(PROMPTS[0], long, ITEMS[:1])
     assert len(pre) <= tiny_verifier.max_prefix_tokens
-    assert rubric_text.TRUNCATION_MARKER.strip() in tok.decode(pre)
+    assert TRUNCATION_MARKER.strip() in tok.decode(pre)
     assert "[End of Response]" in tok.decode(pre)
     long_item = "The response " + "is very clear and " * 60
     _, sufs = tiny_verifier.prepare(PROMPTS[0], RESPONSES[0], [long_item])
     assert len(sufs[0]) <= tiny_verifier.max_suffix_tokens
     p = tiny_verifier.p_yes(PROMPTS[0], [long], [long_item])
     assert p.shape == (1, 1) and 0 < p[0, 0] < 1
-
-
-def test_fit_to_budget_errors_when_template_too_long(tok):
-    def build(texts):
-        return tok.encode("fixed " * 50 + texts[0], add_special_tokens=False)
-
-    with pytest.raises(ValueError, match="template alone"):
-        ver_lib.fit_to_budget(tok, build, ["x " * 100], 40)
-    ids, fitted, cut = ver_lib.fit_to_budget(tok, build, ["x " * 100], 90)
-    assert len(ids) <= 90 and cut == [True]
-    assert fitted[0].endswith(rubric_text.TRUNCATION_MARKER)
 
 
 # --------------------------------------------------------------------------- order bookkeeping

@@ -1,22 +1,23 @@
-"""Tests for drubric_jax.rubric_text: rubric parsing (cases 11, 13), verdict parsing
-(case 14), the JSON schema, padding, prompt builders and input budgets."""
+"""Tests for drubric_jax.text.rubric_format: rubric parsing (cases 11, 13), item rules,
+the JSON schema and padding."""
 
 import json
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drubric_jax import rubric_text as rt
-from drubric_jax.rubric_text import (
+from drubric_jax.text import prompts
+from drubric_jax.text.rubric_format import (
     COUNTER_KEYS,
+    CRITERION_PLACEHOLDER,
     RUBRIC_JSON_SCHEMA,
-    TRUNCATION_MARKER,
-    fit_responses,
+    WEIGHT_PLACEHOLDER,
+    _is_format_echo,
     pad_rubrics,
     parse_rubric_output,
-    parse_text_verdict,
 )
 
 # ---------------------------------------------------------------------------
@@ -121,6 +122,52 @@ def test_case_11_garbage_never_raises(text):
     assert set(p.counters) == set(COUNTER_KEYS)
 
 
+def _best_seconds(fn, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+SLOW_BEFORE = {  # took 0.5 to 2 s each before the parser's work was bounded
+    "open_lists": "[{" * 20000,
+    "open_objects": '{"' * 20000,
+    "open_strings": '["' * 20000,
+    "unclosed_items": '[{"a":1,' * 5000,
+    "nested_lists": ("[{" + "[1]" * 52) * 256,
+    "deep_openers": ("[" * 300 + '{"') * 100,
+    "closed_nesting": "[{" * 20000 + "}]" * 20000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOW_BEFORE))
+def test_parser_work_is_bounded(name):
+    text = SLOW_BEFORE[name]
+    p = parse_rubric_output(text, "stop", 8)
+    assert not p.valid
+    assert p.counters["unparseable"] + p.counters["truncated"] == 1
+    assert _best_seconds(lambda: parse_rubric_output(text, "stop", 8)) < 0.1
+
+
+def test_parser_work_limit_is_counted_and_spares_real_outputs():
+    p = parse_rubric_output("[{" * 20000, "stop", 8)
+    assert p.counters["work_limit"] == 1 and p.truncated
+    huge = parse_rubric_output('[{"rubric": "A", "weight": 1}]' + " " * (1 << 21), "stop", 8)
+    assert not huge.valid and huge.counters["work_limit"] == 1
+    assert huge.counters["unparseable"] == 1
+    # a long chatty output (reasoning with JSON-like snippets, then the list) still parses
+    line = 'I think the item should say "why" [see 1], (v2) {draft} and {"a": [1]} matter.\n'
+    prose = (line + 'The "weight" of [that] is {unclear}, see note [2] and "quote".\n' * 9) * 50
+    items = [{"rubric": f"Criterion number {i} about {'x' * 200}", "weight": 1 + i % 5}
+             for i in range(20)]
+    text = '<think>\n["unclosed' + prose + "</think>\n" + json.dumps({"rubrics": items})
+    p = parse_rubric_output(text, "stop", 20)
+    assert p.valid and len(p.texts) == 20 and p.counters["work_limit"] == 0
+    assert _best_seconds(lambda: parse_rubric_output(text, "stop", 20)) < 0.1
+
+
 def test_case_11_non_string_input_never_raises():
     for bad in (None, 3, b"[]"):
         p = parse_rubric_output(bad, "stop", 8)
@@ -139,9 +186,32 @@ def test_case_11_parser_total_on_random_text(text, finish):
     assert p.valid == (len(p.texts) > 0)
 
 
+JSONISH = st.lists(st.sampled_from(
+    ['{"rubrics": [', '{"rubric": ', '"weight": ', '"A b"', '"<criterion>"', '"\\ud800"',
+     '"..."', "3", "5.0", "true", "null", ", ", "]", "}", "[", "{", '"', "\\", "```json\n",
+     "\n", "prose ", "[1]"]), max_size=80).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(st.characters(exclude_categories=())), JSONISH),  # surrogates too
+       st.sampled_from(["stop", "length", None]), st.integers(-1, 20))
+def test_parser_never_raises_on_arbitrary_text(text, finish, max_items):
+    p = parse_rubric_output(text, finish, max_items)
+    assert set(p.counters) == set(COUNTER_KEYS)
+    assert p.valid == (len(p.texts) > 0) and len(p.texts) == len(p.weights)
+    assert len(p.texts) <= max(max_items, 0)
+    for t, w in p.items:
+        assert t == t.strip() and t and not _is_format_echo(t)
+        t.encode("utf-8")  # what the verifier and the trace writer need
+        assert type(w) is int and 1 <= w <= 5
+
+
+# item texts the item rules keep: not blank, not an echo of the format line such as "..."
+ITEM_TEXT = st.text(max_size=25).filter(lambda t: t.strip() and not _is_format_echo(t))
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=25).filter(lambda t: t.strip()), st.integers(1, 5)),
-                min_size=1, max_size=6),
+@given(st.lists(st.tuples(ITEM_TEXT, st.integers(1, 5)), min_size=1, max_size=6),
        st.sampled_from(["", "Here you go (v2) [note 1]:\n", "Criteria {draft}:\n", "```json\n"]),
        st.sampled_from(["", "\n```", "\nThat is all [1].", " {done}"]),
        st.booleans(), st.booleans())
@@ -219,6 +289,61 @@ def test_item_rules_drop_and_count():
     assert c["duplicate"] == 1
     assert c["over_limit"] == 1
     assert p.num_dropped == 13
+
+
+def test_item_with_a_repeated_key_is_dropped_and_counted():
+    # json.loads would silently keep the last value (weight 5); other parsers keep the first
+    text = ('[{"rubric": "H", "weight": 2, "weight": 5}, {"rubric": "A", "rubric": "B", '
+            '"weight": 3}, {"rubric": "C", "weight": 4, "why": "x", "why": "y"}, '
+            '{"rubric": "Kept", "weight": 1, "note": {"a": 1, "a": 2}}]')
+    p = parse_rubric_output(text, "stop", 8)
+    assert p.valid and p.items == [("Kept", 1)]
+    assert p.counters["duplicate_key"] == 3 and p.num_dropped == 3
+    only = parse_rubric_output('{"rubrics": [{"rubric": "H", "weight": 2, "weight": 5}]}',
+                               "stop", 8)
+    assert not only.valid and only.counters["duplicate_key"] == 1
+    assert only.counters["no_valid_items"] == 1
+    # a wrapper with two "rubrics" lists is ambiguous too: invalid, neither list is read
+    two = parse_rubric_output('{"rubrics": [{"rubric": "A", "weight": 2}], '
+                              '"rubrics": [{"rubric": "B", "weight": 3}]}', "stop", 8)
+    assert not two.valid and two.texts == []
+    assert two.counters["duplicate_key"] == 1 and two.counters["no_valid_items"] == 1
+    assert two.counters["unparseable"] == 0
+
+
+def test_item_with_a_lone_surrogate_is_dropped_and_counted():
+    # json.loads turns the escape "\ud800" into a lone surrogate, which no tokenizer or
+    # UTF-8 file writer accepts (it crashed the verifier and the trace writer)
+    text = r'[{"rubric": "\ud800", "weight": 3}, {"rubric": "Says hi \udc00 twice", "weight": 2}]'
+    p = parse_rubric_output(text, "stop", 8)
+    assert not p.valid and p.counters["invalid_unicode"] == 2
+    assert p.counters["no_valid_items"] == 1
+    mixed = parse_rubric_output(r'[{"rubric": "Uses \ud83d\ude00 once", "weight": 4}, '
+                                r'{"rubric": "Bad \ud800", "weight": 1}]', "stop", 8)
+    assert mixed.items == [("Uses \U0001F600 once", 4)]  # a proper pair is one character
+    assert mixed.counters["invalid_unicode"] == 1 and mixed.num_dropped == 1
+    for t in mixed.texts:
+        t.encode("utf-8")
+
+
+def test_items_echoing_the_output_format_are_dropped_and_counted():
+    # the SmolLM2 generator copied the prompt's format line: items "<criterion>",
+    # "<criterion_1", "<criterion_2", "<criterion_3" (round-0 trace of the default run)
+    for system in (prompts.GENERATOR_SYSTEM_DYNAMIC, prompts.GENERATOR_SYSTEM_STATIC):
+        assert (f'{{"rubric": "{CRITERION_PLACEHOLDER}", "weight": {WEIGHT_PLACEHOLDER}}}'
+                in system)
+    echoes = ["<criterion>", "<criterion_1", "<criterion_2", "<criterion_3", " Criterion 4 ",
+              "<integer 1-5>", "rubric", "Weight: 5", "...", "<criterion>, ...", "\u2026",
+              "<CRITERION>"]
+    kept = ["Criterion: states the date", "Names the criterion it uses",
+            "Gives the weight in kg", "Uses an integer between 1 and 5", "Ends with ..."]
+    items = [{"rubric": t, "weight": 3} for t in echoes + kept]
+    p = parse_rubric_output(json.dumps(items), "stop", 16)
+    assert p.texts == kept
+    assert p.counters["placeholder_item"] == len(echoes) and p.num_dropped == len(echoes)
+    only = parse_rubric_output('{"rubrics": [{"rubric": "<criterion>", "weight": 1}]}', "stop", 8)
+    assert not only.valid and only.counters["placeholder_item"] == 1
+    assert only.counters["no_valid_items"] == 1
 
 
 def test_weights_stay_python_ints():
@@ -321,177 +446,3 @@ def test_pad_rubrics_shapes_and_values():
         pad_rubrics([a], m_max=0)
     texts, w, mask, ok = pad_rubrics([], m_max=2)
     assert w.shape == (0, 2) and ok.shape == (0,)
-
-
-# ---------------------------------------------------------------------------
-# case-14: verifier yes/no text parsing
-# ---------------------------------------------------------------------------
-
-CASE_14_COMPLETIONS = [
-    "Yes", " yes", "YES.", "**Yes**", "Yes, the response cites a source.", "No", "no.",
-    "No, it never says yes.", "Yesterday's figure is missing.", "",
-    "<think>The answer says yes to part one but misses part two.</think>\nNo",
-]
-CASE_14_V = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
-CASE_14_FAIL = [False, False, False, False, False, False, False, False, True, True, False]
-
-
-def test_case_14_text_verdicts(load_case):
-    case = load_case("case-14")
-    if case is not None:
-        assert case["input"]["completions"] == CASE_14_COMPLETIONS
-        assert case["expected"]["v"] == CASE_14_V
-        assert case["expected"]["parse_failure"] == CASE_14_FAIL
-    got = [parse_text_verdict(c) for c in CASE_14_COMPLETIONS]
-    assert [v for v, _ in got] == CASE_14_V
-    assert [f for _, f in got] == CASE_14_FAIL
-
-
-def test_case_14_decoded_with_prompt_parses_completion_only():
-    decoded = "...Does the response cite a source? Answer Yes or No.\nNo"
-    prompt_part, completion = decoded.rsplit("\n", 1)
-    assert completion == "No"
-    assert parse_text_verdict(completion) == (0, False)
-    # the instruction text in the prompt never turns into a "yes"
-    assert parse_text_verdict(decoded)[0] == 0
-
-
-def test_case_14_more_variants():
-    assert parse_text_verdict("`yes`") == (1, False)
-    assert parse_text_verdict("_No_!") == (0, False)
-    assert parse_text_verdict("\n\n  Yes\n") == (1, False)
-    assert parse_text_verdict("</think>\n\nYes") == (1, False)  # template opened the think block
-    assert parse_text_verdict("<think>never closed... Yes") == (0, True)
-    assert parse_text_verdict("Nope") == (0, True)
-    assert parse_text_verdict("Answer: Yes") == (0, True)
-    assert parse_text_verdict(None) == (0, True)
-
-
-# ---------------------------------------------------------------------------
-# Prompt builders
-# ---------------------------------------------------------------------------
-
-HISTORY = [{"role": "user", "content": "Earlier question"},
-           {"role": "assistant", "content": "Earlier answer"}]
-
-
-def test_generator_messages_dynamic_order_and_labels():
-    msgs = rt.generator_messages("What is 2+2?", ["four", "five", "4"], history=HISTORY,
-                                 order=[2, 0, 1], max_items=7)
-    assert [m["role"] for m in msgs] == ["system", "user"]
-    assert msgs[0]["content"] == rt.GENERATOR_SYSTEM_DYNAMIC + "\nWrite at most 7 criteria."
-    u = msgs[1]["content"]
-    assert "What is 2+2?" in u and "Earlier question" in u and "Earlier answer" in u
-    i1, i2, i3 = (u.index(f"[Response {k}]") for k in (1, 2, 3))
-    assert i1 < i2 < i3
-    assert u[i1:i2].split("\n")[1] == "4"       # order[0] = 2
-    assert u[i2:i3].split("\n")[1] == "four"    # order[1] = 0
-    assert u[i3:].split("\n")[1] == "five"      # order[2] = 1
-    assert '"rubrics"' in msgs[0]["content"]
-    with pytest.raises(ValueError):
-        rt.generator_messages("q", ["a", "b"], order=[0, 0])
-    with pytest.raises(ValueError):
-        rt.generator_messages("q", ["a", "b"], order=[0, 1, 2])
-
-
-def test_generator_messages_static_variant():
-    for responses in (None, []):
-        msgs = rt.generator_messages("Write a haiku about rain.", responses)
-        assert msgs[0]["content"] == rt.GENERATOR_SYSTEM_STATIC
-        assert "[Response 1]" not in msgs[1]["content"]
-        assert "Write a haiku about rain." in msgs[1]["content"]
-    assert rt.GENERATOR_SYSTEM_STATIC != rt.GENERATOR_SYSTEM_DYNAMIC
-
-
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def _chatml(messages):
-    import jinja2
-
-    return jinja2.Template(CHATML).render(messages=messages, add_generation_prompt=True)
-
-
-@pytest.mark.parametrize("render", [rt.plain_render, _chatml])
-def test_verifier_prefix_suffix_layout(render):
-    prefix_msgs = rt.verifier_prefix_messages("Name a prime.", "7 is prime.", history=HISTORY)
-    assert prefix_msgs[0] == {"role": "system", "content": rt.VERIFIER_SYSTEM}
-    content = prefix_msgs[1]["content"]
-    assert content.endswith("[Response]\n7 is prime.\n[End of Response]")
-    assert content.index("Earlier question") < content.index("Name a prime.")
-    items = ["Names a prime number", "Explains why it is prime"]
-    suffix_text = rt.verifier_item_suffix(items[0])
-    assert suffix_text.startswith("\n\n") and suffix_text.endswith("Answer Yes or No.")
-    prefix, suffixes = rt.render_verifier_prompts(render, prefix_msgs, items)
-    for item, suf in zip(items, suffixes):
-        full = render([prefix_msgs[0], {"role": "user", "content": content + rt.verifier_item_suffix(item)}])
-        assert prefix + suf == full
-        assert suf.startswith("\n\nCriterion: " + item)
-        # the rendered prompt ends where the answer token goes
-        assert full.endswith("Assistant:" if render is rt.plain_render else "<|im_start|>assistant\n")
-    assert prefix.endswith("[End of Response]")
-
-
-def test_verifier_split_rejects_unstable_renderer():
-    calls = []
-
-    def unstable(msgs):
-        calls.append(1)
-        return str(len(calls)) + msgs[-1]["content"]
-
-    with pytest.raises(ValueError):
-        rt.render_verifier_prompts(unstable, rt.verifier_prefix_messages("q", "r"), ["a"])
-
-
-def test_direct_and_pairwise_judge_messages():
-    d = rt.direct_judge_messages("Q?", "resp", history=HISTORY)
-    assert d[0]["content"] == rt.DIRECT_JUDGE_SYSTEM
-    assert "[Response to judge]\nresp\n" in d[1]["content"]
-    assert d[1]["content"].endswith("Answer Yes or No.")
-    assert "[Response 1]" not in d[1]["content"]
-    d2 = rt.direct_judge_messages("Q?", "resp", response_set=["resp", "other"])
-    assert "[Response 1]\nresp\n" in d2[1]["content"] and "[Response 2]\nother\n" in d2[1]["content"]
-    p = rt.pairwise_judge_messages("Q?", "alpha", "beta")
-    u = p[1]["content"]
-    assert u.index("[Response A]\nalpha") < u.index("[Response B]\nbeta")
-    assert "Is Response A better than Response B" in u and u.endswith("Answer Yes or No.")
-
-
-# ---------------------------------------------------------------------------
-# Input budget
-# ---------------------------------------------------------------------------
-
-def test_fit_responses_water_filling_numbers():
-    assert fit_responses([100, 300, 50, 1000], 600) == [100, 225, 50, 225]
-    assert fit_responses([10, 500, 500], 301) == [10, 146, 145]  # remainder to the first long one
-    assert fit_responses([400, 400, 400, 400], 1000) == [250, 250, 250, 250]
-    assert fit_responses([5, 6, 7], 100) == [5, 6, 7]  # fits: untouched
-    assert fit_responses([5, 6, 7], 18) == [5, 6, 7]
-    assert fit_responses([9, 9], 0) == [0, 0]
-    assert fit_responses([], 10) == []
-    for bad in (([1, -1], 5), ([1, 2], -1), ([1.5], 3)):
-        with pytest.raises(ValueError):
-            fit_responses(*bad)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 500), max_size=9), st.integers(0, 2000))
-def test_fit_responses_properties(lengths, budget):
-    caps = fit_responses(lengths, budget)
-    assert len(caps) == len(lengths)
-    assert all(0 <= c <= n for c, n in zip(caps, lengths))
-    assert sum(caps) == min(budget, sum(lengths))
-    # max-min fair: a truncated response is within one token of every other cap
-    cut = [c for c, n in zip(caps, lengths) if c < n]
-    if cut:
-        assert max(caps) - min(cut) <= 1
-
-
-def test_truncate_to_caps_marker():
-    marker = [99, 98]
-    out = rt.truncate_to_caps([[1, 2, 3, 4], [5, 6]], [2, 2], marker)
-    assert out == [[1, 2, 99, 98], [5, 6]]
-    assert TRUNCATION_MARKER == " [...truncated]"
-    with pytest.raises(ValueError):
-        rt.truncate_to_caps([[1]], [1, 2], marker)
