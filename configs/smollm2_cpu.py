@@ -48,5 +48,7 @@ def get_config(arg: str = ""):
 
 
 def get_sweep(hyper=None):
-    """The paper's generator ablation as override dicts (METHOD section 6)."""
+    """The paper's generator ablation as override dicts (METHOD section 6); run them with
+    `python -m experiments.sweep --config=configs/smollm2_cpu.py --workdir=runs/ablation`."""
+    del hyper
     return [{"config.variant": v} for v in ("full", "disc_only", "anchor_only", "static")]

@@ -12,9 +12,11 @@ from typing import Callable, Mapping, Optional
 
 import ml_collections
 
+from drubric_jax import grpo
+
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")  # grpo.AGGREGATIONS
-KL_ESTIMATORS = ("k1", "k2", "k3")                                # grpo.KL_ESTIMATORS
+AGGREGATIONS = tuple(grpo.AGGREGATIONS)
+KL_ESTIMATORS = tuple(sorted(grpo.KL_ESTIMATORS))
 DATA_NAMES = ("demo", "shared", "custom")
 DTYPES = ("float32", "bfloat16")
 

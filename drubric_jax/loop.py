@@ -87,6 +87,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     os.makedirs(workdir, exist_ok=True)
     c = config
     host, hosts = jax.process_index(), jax.process_count()
+    data.check_data_sources(c)  # every file exists and parses, before any weights load
     loaded = data.load_data(c, num_hosts=hosts)
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])

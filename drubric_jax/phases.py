@@ -31,13 +31,14 @@ from drubric_jax import train_step as ts
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.roles import Roles
 from drubric_jax.rubric_generator import RubricGenerator, RubricInput
-from drubric_jax.text import budget
+from drubric_jax.text.budget import fit_prompt
 from drubric_jax.types import Role, Rollout
-from drubric_jax.verifier import Verifier, verdicts_from_p_yes
+from drubric_jax.verdicts import verdicts_from_p_yes
+from drubric_jax.verifier import Verifier
 
-# Eq. 24-25 weights (A_disc, A_anchor) of each generator-training variant (METHOD 6).
-VARIANT_WEIGHTS = {"full": lambda lam: (1.0, lam), "disc_only": lambda lam: (1.0, 0.0),
-                   "anchor_only": lambda lam: (0.0, 1.0)}
+# Eq. 24-25 weights (of z(R_disc), of z(R_anchor)) of each generator-training variant
+# (METHOD 6); "full" uses config.generator.lam for the second.
+VARIANT_WEIGHTS = {"full": (1.0, None), "disc_only": (1.0, 0.0), "anchor_only": (0.0, 1.0)}
 
 
 class Timer:
@@ -64,18 +65,23 @@ class Timer:
 
 @dataclasses.dataclass
 class Context:
-    """What every phase function needs: the config, the roles and their samplers, the mesh."""
+    """What every phase function needs: the config, the roles and their samplers, the mesh,
+    the ids that end a policy response (the policy tokenizer's EOS / end of turn) and the
+    policy's pad id (the first of those; the masks, not the id, tell padding apart)."""
 
     config: ml_collections.ConfigDict
     roles: Roles
     generator: RubricGenerator
     verifier: Verifier
     mesh: Any
+    policy_stop_ids: np.ndarray
+    policy_pad_id: int
 
     @classmethod
     def build(cls, config, roles: Roles, mesh) -> "Context":
         g, v = config.generator, config.verifier
         gen = roles.generator.model
+        stop = tok_lib.stop_ids(roles.policy.model.tokenizer)
         return cls(config, roles,
                    RubricGenerator(gen.cfg, gen.tokenizer, max_items=g.max_items,
                                    max_item_chars=g.max_item_chars,
@@ -84,7 +90,7 @@ class Context:
                    Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
                             max_prefix_tokens=v.max_prefix_tokens,
                             max_suffix_tokens=v.max_suffix_tokens),
-                   mesh)
+                   mesh, stop, int(stop[0]))
 
 
 @dataclasses.dataclass
@@ -101,19 +107,30 @@ class PhaseStep:
 # ----------------------------------------------------------------------------- pieces
 
 
+def policy_prompt_ids(tokenizer, prompt: str, history: Sequence[dict], budget: int) -> list:
+    """Policy chat prompt ids (history + request, assistant turn opened) within `budget`
+    tokens (METHOD 4: the paper's 8K policy input)."""
+    def render(p, hist, _):
+        return tok_lib.chat_ids(tokenizer, hist + [{"role": "user", "content": p}])
+
+    # prompt_last: the request is the last text, as in the chat (cut order of the budget).
+    return fit_prompt(tokenizer, render, prompt, history, max_tokens=budget,
+                      prompt_last=True).ids
+
+
 def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: int,
                      timer: Timer) -> tuple[Rollout, list]:
     """K policy responses per prompt: (Rollout of B*K rows grouped by prompt, texts)."""
     model, p = ctx.roles.policy.model, ctx.config.policy
-    stop = tok_lib.stop_ids(model.tokenizer)
-    ids = [budget.chat_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens)
+    stop = ctx.policy_stop_ids
+    ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens)
            for x, h in zip(prompts, histories)]
     with timer("sampling"):
         out = sampling.generate(ctx.roles.params(Role.POLICY), model.cfg,
                                 [i for i in ids for _ in range(k)], key=key,
                                 max_new_tokens=p.max_new_tokens,
                                 method=sampling.method_from_flags(p.temperature, top_p=p.top_p),
-                                stop_ids=stop, pad_id=int(stop[0]),
+                                stop_ids=stop, pad_id=ctx.policy_pad_id,
                                 min_bucket=p.min_prompt_bucket)
     out = out.replace(group_ids=np.repeat(np.arange(len(prompts), dtype=np.int32), k))
     return out, decode(model.tokenizer, out, set(stop.tolist()))
@@ -231,10 +248,10 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     r_anchor = np.asarray(rewards.anchor_reward_or_floor(
         s_anchor, jnp.broadcast_to(gold[:, None], (b, gl, a_max)),
         jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
-    lam_disc, lam_anchor = VARIANT_WEIGHTS[c.variant](g.lam)
-    a_disc, flat_d = rewards.group_advantages(jnp.asarray(r_disc))
-    a_anchor, flat_a = rewards.group_advantages(jnp.asarray(r_anchor))
-    adv = np.asarray(lam_disc * a_disc + lam_anchor * a_anchor).reshape(-1)
+    disc_weight, lam = VARIANT_WEIGHTS[c.variant]
+    adv, flat_d, flat_a = rewards.generator_advantages(
+        r_disc, r_anchor, g.lam if lam is None else lam, disc_weight=disc_weight)
+    adv = np.asarray(adv).reshape(-1)
     metrics = dict(
         r_disc=float(r_disc.mean()), r_anchor=float(r_anchor.mean()),
         flat_group_fraction=float(np.mean(np.asarray(flat_d) & np.asarray(flat_a))),

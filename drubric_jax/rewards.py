@@ -308,18 +308,20 @@ def group_advantages_by_id(rewards, group_ids, num_groups, mask=None):
     return jnp.where(m & ~flat[ids], adv, 0.0), flat
 
 
-def generator_advantages(r_disc, r_anchor, lam=1.0, mask=None):
+def generator_advantages(r_disc, r_anchor, lam=1.0, mask=None, disc_weight=1.0):
     """Generator advantage A = z(R_disc) + lambda z(R_anchor), Eq. 24-25.
 
     Each reward is group-normalised on its own with `group_advantages` (never
     sum-then-normalise); a flat component contributes 0 and leaves the other
-    intact (case-17).
+    intact (case-17). The objective ablations of METHOD 6 set the weight of one
+    term to 0: disc_only is (disc_weight 1, lam 0), anchor_only (0, 1).
 
     Args:
         r_disc: float[..., G], Eq. 13 rewards of the G rubric lists of a group.
         r_anchor: float[..., G], Eq. 15 rewards (floor for invalid lists).
         lam: float, lambda in Eq. 17 (paper: 1).
         mask: bool[..., G] or None (all real).
+        disc_weight: float, weight of z(R_disc) (1 in the paper's objective).
 
     Returns:
         advantages: float32[..., G].
@@ -328,16 +330,16 @@ def generator_advantages(r_disc, r_anchor, lam=1.0, mask=None):
     """
     a_disc, flat_disc = group_advantages(r_disc, mask)
     a_anchor, flat_anchor = group_advantages(r_anchor, mask)
-    return a_disc + lam * a_anchor, flat_disc, flat_anchor
+    return disc_weight * a_disc + lam * a_anchor, flat_disc, flat_anchor
 
 
 def generator_advantages_by_id(r_disc, r_anchor, lam, group_ids, num_groups,
-                               mask=None):
+                               mask=None, disc_weight=1.0):
     """`generator_advantages` with groups formed by id, Eq. 24-25.
 
     Args:
         r_disc, r_anchor: float[R].
-        lam: float, lambda.
+        lam: float, lambda; disc_weight: float, weight of z(R_disc).
         group_ids: int[R], the (x, C) group of each rubric list.
         num_groups: static int.
         mask: bool[R] or None.
@@ -349,4 +351,4 @@ def generator_advantages_by_id(r_disc, r_anchor, lam, group_ids, num_groups,
     a_disc, flat_disc = group_advantages_by_id(r_disc, group_ids, num_groups, mask)
     a_anchor, flat_anchor = group_advantages_by_id(r_anchor, group_ids,
                                                    num_groups, mask)
-    return a_disc + lam * a_anchor, flat_disc, flat_anchor
+    return disc_weight * a_disc + lam * a_anchor, flat_disc, flat_anchor

@@ -1,7 +1,7 @@
 """Device mesh and the sharding spec of the decoder's parameters and batches.
 
-One small place: a mesh with three named axes and a dataclass of PartitionSpecs keyed by
-the parameter names of `drubric_jax.models.llama`. Arrays are created already sharded by
+One small place: a mesh with three named axes, and PartitionSpecs keyed by parameter
+names, which each model family declares next to its parameters (`PARAM_SPECS`). Arrays are created already sharded by
 `jax.jit(f, out_shardings=param_shardings(jax.eval_shape(f, ...), mesh))`.
 
 Mesh axes:
@@ -15,7 +15,6 @@ Dh head dim, F MLP width, B batch rows. L is never sharded (layers run in a `lax
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import jax
@@ -64,44 +63,42 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
                          axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardingRules:
-    """PartitionSpecs of the parameter kinds, keyed by the leaf's dict key.
+def spec_for(rule: Optional[P], shape: tuple, mesh: Mesh) -> P:
+    """The PartitionSpec `rule` adapted to a leaf of `shape` on `mesh`.
 
-    fsdp splits D, tensor splits heads / F / V; the stacked layer axis L stays whole;
-    norms (and anything not named here, e.g. optimizer counters) are replicated. The same
-    rules apply to optimizer moments, whose tree mirrors the params.
+    No rule, or one whose rank differs from the leaf's, gives P() (replicated). A dim whose
+    size does not divide by its mesh axes is replicated (that dim only).
     """
-
-    embed: P = P("tensor", "fsdp")                   # [V, D]
-    lm_head: P = P("fsdp", "tensor")                 # [D, V]
-    wq: P = P(None, "fsdp", "tensor")                # [L, D, H*Dh]
-    wk: P = P(None, "fsdp", "tensor")                # [L, D, Hkv*Dh]
-    wv: P = P(None, "fsdp", "tensor")                # [L, D, Hkv*Dh]
-    wo: P = P(None, "tensor", "fsdp")                # [L, H*Dh, D]
-    w_gate: P = P(None, "fsdp", "tensor")            # [L, D, F]
-    w_up: P = P(None, "fsdp", "tensor")              # [L, D, F]
-    w_down: P = P(None, "tensor", "fsdp")            # [L, F, D]
-
-    def spec(self, name: Optional[str], shape: tuple, mesh: Mesh) -> P:
-        """PartitionSpec for a leaf called `name` with `shape` on `mesh`.
-
-        Unknown names, and rules whose rank differs from the leaf's, give P() (replicated).
-        A dim whose size does not divide by its mesh axes is replicated (that dim only).
-        """
-        rule = getattr(self, name, None) if name in _RULE_NAMES else None
-        if rule is None or len(rule) != len(shape):
-            return P()
-        dims = []
-        for size, axes in zip(shape, rule):
-            ways = 1 if axes is None else int(np.prod(
-                [mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
-            dims.append(axes if size % ways == 0 else None)
-        return P(*dims)
+    if rule is None or len(rule) != len(shape):
+        return P()
+    dims = []
+    for size, axes in zip(shape, rule):
+        ways = 1 if axes is None else int(np.prod(
+            [mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+        dims.append(axes if size % ways == 0 else None)
+    return P(*dims)
 
 
-_RULE_NAMES = frozenset(f.name for f in dataclasses.fields(ShardingRules))
-DEFAULT_RULES = ShardingRules()
+def param_specs() -> dict:
+    """{leaf name: PartitionSpec} of every registered model family (`PARAM_SPECS` of each
+    family module; a name two families share must have one spec).
+
+    fsdp splits D, tensor splits heads / F / V; the stacked layer axis L stays whole; norms
+    (and anything not named, e.g. optimizer counters) are replicated. The same rules apply
+    to optimizer moments, whose tree mirrors the params.
+
+    Raises:
+        ValueError: two families give the same leaf name different specs.
+    """
+    from drubric_jax.models import registry
+
+    specs: dict = {}
+    for name, module in registry.FAMILIES.items():
+        for leaf, spec in module.PARAM_SPECS.items():
+            if specs.setdefault(leaf, spec) != spec:
+                raise ValueError(f"family {name!r} gives {leaf!r} the spec {spec}, another "
+                                 f"family {specs[leaf]}")
+    return specs
 
 
 def leaf_name(path) -> Optional[str]:
@@ -112,7 +109,7 @@ def leaf_name(path) -> Optional[str]:
     return None
 
 
-def param_shardings(tree: Any, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES) -> Any:
+def param_shardings(tree: Any, mesh: Mesh, rules: Optional[dict] = None) -> Any:
     """Pytree of NamedSharding matching `tree` (params, a TrainState, or their shapes).
 
     Args:
@@ -120,13 +117,16 @@ def param_shardings(tree: Any, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES)
             A leaf's rule is found from the nearest dict key on its path, so params,
             Adam moments and a whole TrainState all work; scalars are replicated.
         mesh: from `make_mesh`.
-        rules: the PartitionSpec table.
+        rules: {leaf name: PartitionSpec}; default `param_specs()`.
 
     Returns:
         Pytree of `NamedSharding` with the structure of `tree`.
     """
+    rules = param_specs() if rules is None else rules
+
     def one(path, leaf):
-        return NamedSharding(mesh, rules.spec(leaf_name(path), tuple(leaf.shape), mesh))
+        return NamedSharding(mesh, spec_for(rules.get(leaf_name(path)), tuple(leaf.shape),
+                                            mesh))
 
     return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -77,3 +77,52 @@ class Rollout:
         """The rows `rows` (an index array or slice) of every field."""
         return Rollout(**{f.name: getattr(self, f.name)[rows]
                           for f in dataclasses.fields(self)})
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricBatch:
+    """G sampled rubric lists for each of B generator inputs (host numpy).
+
+    Attributes:
+        texts: [B][G][M] criteria strings, "" at padding and for invalid lists.
+        weights: int32[B, G, M] w_m in 1..5, 0 at padding.
+        item_mask: bool[B, G, M] real items.
+        list_valid: bool[B, G] the list parsed with >= 1 valid item (METHOD 11).
+        finish_reasons: [B][G] "stop" or "length" ("invalid" when the grammar reached a
+            dead end).
+        raw_texts: [B][G] decoded completions (parser input).
+        orders: int32[B, G, K] order[p] = response index shown as "Response p+1"
+            (-1 padding; identity for static).
+        response_cut: bool[B, G, K] the response was cut by the input budget.
+        prompt_cut: bool[B, G] the request or a history turn was cut.
+        rollout: the R = B * G generator samples, row b * G + g = list (b, g), grouped by
+            input b: what the generator is trained on (Eq. 23-25). `truncated` is True for
+            lists cut by the token budget before their JSON value was complete.
+        temperature: sampling temperature (log-probs are reported at it; 1.0 for greedy).
+        counters: summed `ParsedRubric.counters` plus lists, valid_lists, items_kept,
+            items_dropped, constraint_dead_end.
+    """
+
+    texts: list
+    weights: np.ndarray
+    item_mask: np.ndarray
+    list_valid: np.ndarray
+    finish_reasons: list
+    raw_texts: list
+    orders: np.ndarray
+    response_cut: np.ndarray
+    prompt_cut: np.ndarray
+    rollout: Rollout
+    temperature: float
+    counters: dict
+
+    def first(self) -> "RubricBatch":
+        """The first input's lists with the B axis dropped (`RubricGenerator.generate`);
+        `rollout` keeps its G rows."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.ndarray) or f.name in ("texts", "finish_reasons", "raw_texts"):
+                v = v[0]
+            out[f.name] = v
+        return RubricBatch(**out)

@@ -67,25 +67,33 @@ def _phase_seconds(runs):
 
 def cost_part(steps: int) -> None:
     from configs.smollm2_cpu import get_config
-    from drubric_jax import rounds
+    from drubric_jax import loop, phases
+    from drubric_jax.types import Role
 
     c = get_config("")
     c.policy.prompts_per_step, c.policy.num_responses = 2, 4
     c.log.progress = c.log.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
-        loop = rounds.CoEvolution(c, workdir)
-        loop.activate("policy")  # as in the run's policy phase (parks the generator's moments)
+        run = loop.setup(c, workdir)
+        # As in the run's policy phase (parks the generator's moments).
+        run.ctx.roles.park_idle(Role.POLICY, run.park_dir)
         try:
             def rule(item, response):
                 ref = (item.reference or "").strip().lower()
                 return float(bool(ref) and response.strip().lower() == ref)
 
-            dyn = _timed_steps(lambda i: loop.policy_step(rounds.phase_key(0, 0, "policy", i)),
-                               steps)
-            plain = _timed_steps(lambda i: loop.rule_policy_step(
-                rounds.phase_key(0, 0, "policy", 100 + i), rule), steps)
+            def step(rollout_fn):
+                s = rollout_fn()
+                m = phases.update(run.ctx, Role.POLICY, s, 0)
+                return {**m, **s.metrics, **s.timer.metrics()}
+
+            dyn = _timed_steps(lambda i: step(lambda: phases.policy_rollout(
+                run.ctx, loop.phase_key(0, 0, "policy", i), next(run.prompt_iter))), steps)
+            plain = _timed_steps(lambda i: step(lambda: phases.rule_policy_rollout(
+                run.ctx, loop.phase_key(0, 0, "policy", 100 + i), next(run.prompt_iter),
+                rule)), steps)
         finally:
-            loop.close()
+            loop.close(run)
     d = sum(s for s, _ in dyn) / len(dyn)
     p = sum(s for s, _ in plain) / len(plain)
     shape = dict(prompts=c.policy.prompts_per_step, K=c.policy.num_responses,
@@ -103,7 +111,8 @@ def tunix_shape_part(steps: int) -> None:
     import numpy as np
 
     from configs.smollm2_cpu import get_config
-    from drubric_jax import data, rounds
+    from drubric_jax import data, loop, phases
+    from drubric_jax.types import Role
 
     c = get_config("")
     c.policy.prompts_per_step, c.policy.num_responses = 4, 4
@@ -112,17 +121,22 @@ def tunix_shape_part(steps: int) -> None:
     c.policy.train.beta, c.policy.train.learning_rate = 0.04, 1e-6
     c.log.progress = c.log.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
-        loop = rounds.CoEvolution(c, workdir)
-        loop.activate("policy")
+        run = loop.setup(c, workdir)
+        run.ctx.roles.park_idle(Role.POLICY, run.park_dir)
         try:
-            loop.prompt_iter = data.EpochIterator(
+            prompts = data.EpochIterator(
                 [data.PromptItem(id=str(i), source="bench", prompt=q)
                  for i, q in enumerate(_QUESTIONS)], 4, 0)
-            loop.pol_stop = np.array([-1], np.int32)  # never matches: always 64 new tokens
-            runs = _timed_steps(lambda i: loop.rule_policy_step(
-                jax.random.PRNGKey(i), lambda item, y: float(len(y))), steps)
+            run.ctx.policy_stop_ids = np.array([-1], np.int32)  # never matches: 64 tokens
+
+            def step(i):
+                s = phases.rule_policy_rollout(run.ctx, jax.random.PRNGKey(i), next(prompts),
+                                               lambda item, y: float(len(y)))
+                return {**phases.update(run.ctx, Role.POLICY, s, i), **s.timer.metrics()}
+
+            runs = _timed_steps(step, steps)
         finally:
-            loop.close()
+            loop.close(run)
     step_s = sum(s for s, _ in runs) / len(runs)
     peak = _peak_rss_mb()
     _emit(part="tunix_shape", impl="drubric_jax", prompts=4, G=4, prompt_len_padded=128,

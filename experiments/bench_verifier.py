@@ -80,12 +80,12 @@ def run_mode(mode: str) -> dict:
     import numpy as np
 
     from drubric_jax.models import load_model
-    from drubric_jax.verification import Verifier
+    from drubric_jax.verifier import Verifier
 
     pairs = _pairs(_DATA.value or _default_data(), _K.value)
     items = _items(_M.value)
     cfg, params, tok = load_model(_MODEL.value)
-    ver = Verifier(params, cfg, tok, _PREFIX.value, _SUFFIX.value)
+    ver = Verifier(cfg, tok, _PREFIX.value, _SUFFIX.value)
     prompts, responses = [p for p, _ in pairs], [y for _, y in pairs]
     shared = mode == "prefix_shared"
     # Compile call. Naive: the first response's M prompts already have the timed call's
@@ -93,12 +93,12 @@ def run_mode(mode: str) -> dict:
     # the expensive naive pass is not run twice. Prefix sharing: the full (cheap) call.
     t0 = time.time()
     warm = slice(None) if shared else slice(0, 1)
-    ver.p_yes(prompts[warm], responses[warm], items, shared_prefix=shared)
+    ver.p_yes(params, prompts[warm], responses[warm], items, shared_prefix=shared)
     first = time.time() - t0
     times = []
     for _ in range(_REPS.value):
         t0 = time.time()
-        p = ver.p_yes(prompts, responses, items, shared_prefix=shared)
+        p = ver.p_yes(params, prompts, responses, items, shared_prefix=shared)
         times.append(time.time() - t0)
     sec = statistics.median(times)
     prepared = [ver.prepare(a, b, items) for a, b in pairs]

@@ -21,15 +21,14 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import config_check, data, rounds
+    from drubric_jax import loop
 
-    config_check.validate(_CONFIG.value)  # before any compute
-    data.check_data_sources(_CONFIG.value)  # before the weights load
     if _DISTRIBUTED.value:
         jax.distributed.initialize()
     logging.info("JAX devices (process %d of %d): %s", jax.process_index(),
                  jax.process_count(), jax.devices())
-    rounds.run(_CONFIG.value, _WORKDIR.value)
+    # Validates the config, then checks the data, before any weights load.
+    loop.run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

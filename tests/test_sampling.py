@@ -461,8 +461,7 @@ def test_json_constrained_samples_always_parse(tiny_model, real_tokenizer):
 
 
 def _take_rows(out, rows):
-    return sampling.SampleOutput(**{f: getattr(out, f)[rows] for f in (
-        "tokens", "logprobs", "mask", "lengths", "truncated", "invalid")})
+    return out.take(rows)
 
 
 # --------------------------------------------------------------------------- real model

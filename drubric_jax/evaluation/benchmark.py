@@ -37,6 +37,7 @@ and sample), trace.html (readable static page).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -52,8 +53,8 @@ from drubric_jax import data, models
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.evaluation import judges, metrics, report as report_lib
 from drubric_jax.models import config as cfg_lib
-from drubric_jax.rubrics import RubricGenerator, RubricInput
-from drubric_jax.verification import Verifier
+from drubric_jax.rubric_generator import RubricGenerator, RubricInput
+from drubric_jax.verifier import Verifier
 
 
 class ModelLoader:
@@ -168,11 +169,23 @@ def aggregate(per_sample: list) -> dict:
     return out
 
 
+@dataclasses.dataclass
+class Evaluators:
+    """The rubric generator and the verifier with their params, and the verifier's
+    counters (`Verifier.p_yes(stats=...)`) over the whole benchmark."""
+
+    generator: RubricGenerator
+    generator_params: dict
+    verifier: Verifier
+    verifier_params: dict
+    verifier_stats: dict = dataclasses.field(default_factory=dict)
+
+
 class FileRun:
     """Evaluates every method on one file; accumulates scores, traces, counters, timings."""
 
-    def __init__(self, config, generator, verifier, path: str, file_index: int):
-        self.c, self.gen, self.ver, self.path = config, generator, verifier, path
+    def __init__(self, config, ev: Evaluators, path: str, file_index: int):
+        self.c, self.ev, self.path = config, ev, path
         self.methods = [m.strip() for m in config.methods.split(",") if m.strip()]
         self.n = config.n_samples
         self.file_index = file_index
@@ -203,7 +216,9 @@ class FileRun:
         lists = self._generate(key, rows)
         if lists:
             t0 = time.time()
-            for j, samples in enumerate(judges.rubric_samples(self.ver, rows, lists, self.n)):
+            for j, samples in enumerate(judges.rubric_samples(
+                    self.ev.verifier, self.ev.verifier_params, rows, lists, self.n,
+                    self.ev.verifier_stats)):
                 per_row[j].update(samples)
             self._tick("verifier", t0)
         self._direct(offset, rows, per_row)
@@ -220,8 +235,9 @@ class FileRun:
             t0 = time.time()
             inputs = [RubricInput(r.rec.prompt, tuple(r.responses), tuple(r.rec.history))
                       for r in rows]
-            lists[method] = self.gen.generate_batch(
-                jax.random.fold_in(key, 1 + mi), inputs, num_lists=self.n,
+            lists[method] = self.ev.generator.generate_batch(
+                self.ev.generator_params, jax.random.fold_in(key, 1 + mi), inputs,
+                num_lists=self.n,
                 temperature=self.c.temperature, static=(method == "static"))
             for name, v in lists[method].counters.items():
                 self.counters[method][name] = self.counters[method].get(name, 0) + v
@@ -234,14 +250,16 @@ class FileRun:
             if name not in self.methods:
                 continue
             t0 = time.time()
-            ps = judges.direct_scores(self.ver, rows, self.c.judge_max_tokens, with_set)
+            ps = judges.direct_scores(self.ev.verifier, self.ev.verifier_params, rows,
+                                      self.c.judge_max_tokens, with_set)
             for j in range(len(rows)):
                 one = {"scores": np.asarray(ps[j], np.float64), "p_yes": ps[j].round(4).tolist()}
                 # Deterministic: one sample repeated n times (std 0); the n entries share
                 # one dict, so the pairwise answers below reach every sample's trace.
                 per_row[j][name] = [one] * self.n
             if name == "direct":
-                pw = judges.pairwise_scores(self.ver, rows, self.c.judge_max_tokens)
+                pw = judges.pairwise_scores(self.ev.verifier, self.ev.verifier_params, rows,
+                                            self.c.judge_max_tokens)
                 for j, x in enumerate(pw):
                     if x is not None:
                         p_ab, p_ba = x
@@ -327,17 +345,18 @@ def evaluate(config, workdir: str, loader: ModelLoader | None = None) -> dict:
     t_start = time.time()
     gcfg, gparams, gtok = loader(config.generator_model, config.dtype)
     vcfg, vparams, vtok = loader(config.verifier_model, config.dtype)
-    generator = RubricGenerator(gparams, gcfg, gtok, config.max_items, config.max_item_chars,
-                                config.max_new_tokens, config.generator_input_budget)
-    verifier = Verifier(vparams, vcfg, vtok, config.verifier_max_prefix_tokens,
-                        config.verifier_max_suffix_tokens)
+    ev = Evaluators(
+        RubricGenerator(gcfg, gtok, config.max_items, config.max_item_chars,
+                        config.max_new_tokens, config.generator_input_budget), gparams,
+        Verifier(vcfg, vtok, config.verifier_max_prefix_tokens,
+                 config.verifier_max_suffix_tokens), vparams)
     load_s = time.time() - t_start
     report = {"config": config.to_dict(), "model_load_s": round(load_s, 2), "files": {}}
     sections = []
     with open(os.path.join(workdir, "trace.jsonl"), "w", encoding="utf-8") as trace:
         for index, (path, rows) in enumerate(zip(paths, all_rows)):
             t0 = time.time()
-            run = FileRun(config, generator, verifier, path, index)
+            run = FileRun(config, ev, path, index)
             run.run(rows)
             report["files"][path] = run.report(rows, time.time() - t0)
             for rec in run.traces:
@@ -351,7 +370,7 @@ def evaluate(config, workdir: str, loader: ModelLoader | None = None) -> dict:
     report["wall_s"] = round(wall, 2)
     report["total_rows"] = total_rows
     report["s_per_100_rows"] = round(100 * wall / max(total_rows, 1), 2)
-    report["verifier_stats"] = dict(verifier.stats)
+    report["verifier_stats"] = dict(ev.verifier_stats)
     report_lib.write_report(os.path.join(workdir, "report.json"), report)
     report_lib.write_html(os.path.join(workdir, "trace.html"), sections)
     return report

@@ -19,27 +19,33 @@ import zlib
 import jax
 import numpy as np
 
-from drubric_jax import rewards, rubric_text, verification
+from drubric_jax import rewards
+from drubric_jax.text.budget import fit_prompt
+from drubric_jax.text.prompts import direct_judge_messages, pairwise_judge_messages
+from drubric_jax.verdicts import verdicts_from_p_yes
 
 RUBRIC_METHODS = ("dynamic", "static")
 PAIRWISE_VARIANTS = ("direct_pairwise_ab", "direct_pairwise_ba", "direct_pairwise_avg")
 
 
-def fitted_ids(verifier, make_messages, texts, max_tokens):
-    """Token ids of a judge prompt with its texts cut to `max_tokens` (fit_to_budget).
+def fitted_ids(verifier, make_messages, prompt, history, responses, max_tokens) -> list:
+    """Token ids of a judge prompt whose texts are cut to `max_tokens` (`fit_prompt`).
 
-    Returns:
-        (ids: list[int], cut: bool, True when some text was shortened).
+    Args:
+        verifier: a `verifier.Verifier` (its tokenizer and chat template).
+        make_messages: (prompt, history, responses) -> chat messages.
+        prompt, history, responses: the texts the budget may cut.
+        max_tokens: the judge prompt's budget.
     """
-    def build(t):
-        return verifier.tokenizer.encode(verifier.render(make_messages(t)),
+    def render(p, h, r):
+        return verifier.tokenizer.encode(verifier.render(make_messages(p, h, r)),
                                          add_special_tokens=False)
 
-    ids, _, cut = verification.fit_to_budget(verifier.tokenizer, build, texts, max_tokens)
-    return ids, any(cut)
+    return fit_prompt(verifier.tokenizer, render, prompt, history, responses,
+                      max_tokens=max_tokens).ids
 
 
-def direct_scores(verifier, rows, max_tokens, with_set: bool):
+def direct_scores(verifier, params, rows, max_tokens, with_set: bool):
     """P(yes) per response of the pointwise judge (optionally shown the set), per row.
 
     Returns:
@@ -47,26 +53,21 @@ def direct_scores(verifier, rows, max_tokens, with_set: bool):
     """
     prompts, spans = [], []
     for row in rows:
-        hist = row.rec.history
-        nh = len(hist)
         start = len(prompts)
         for i in range(row.k):
-            # texts = [prompt, history turns..., (set...), response]; fit_to_budget cuts
-            # them all, so the message builder reads them back by position.
-            def make(t, i=i, nh=nh, hist=hist, k=row.k):
-                h = [dict(x, content=c) for x, c in zip(hist, t[1:1 + nh])]
-                rs = t[1 + nh:1 + nh + k] if with_set else None
-                return rubric_text.direct_judge_messages(t[0], t[-1], h, rs)
+            # The response judged is the last text; with the set, the K responses precede it.
+            def make(p, h, r):
+                return direct_judge_messages(p, r[-1], h, r[:-1] if with_set else None)
 
-            texts = ([row.rec.prompt] + [x["content"] for x in hist]
-                     + (row.responses if with_set else []) + [row.responses[i]])
-            prompts.append(fitted_ids(verifier, make, texts, max_tokens)[0])
+            texts = (row.responses if with_set else []) + [row.responses[i]]
+            prompts.append(fitted_ids(verifier, make, row.rec.prompt, row.rec.history, texts,
+                                      max_tokens))
         spans.append((start, len(prompts)))
-    p = verifier.p_yes_ids(prompts)
+    p = verifier.p_yes_ids(params, prompts)
     return [p[a:b] for a, b in spans]
 
 
-def pairwise_scores(verifier, rows, max_tokens):
+def pairwise_scores(verifier, params, rows, max_tokens):
     """(P(yes | A=resp0, B=resp1), P(yes | A=resp1, B=resp0)) per pair row, else None.
 
     Returns:
@@ -76,20 +77,16 @@ def pairwise_scores(verifier, rows, max_tokens):
     for j, row in enumerate(rows):
         if row.k != 2:
             continue
-        hist = row.rec.history
-        nh = len(hist)
         for a, b in ((0, 1), (1, 0)):
-            def make(t, nh=nh, hist=hist):
-                h = [dict(x, content=c) for x, c in zip(hist, t[1:1 + nh])]
-                return rubric_text.pairwise_judge_messages(t[0], t[-2], t[-1], h)
+            def make(p, h, r):
+                return pairwise_judge_messages(p, r[0], r[1], h)
 
-            texts = ([row.rec.prompt] + [x["content"] for x in hist]
-                     + [row.responses[a], row.responses[b]])
-            prompts.append(fitted_ids(verifier, make, texts, max_tokens)[0])
+            prompts.append(fitted_ids(verifier, make, row.rec.prompt, row.rec.history,
+                                      [row.responses[a], row.responses[b]], max_tokens))
         where.append(j)
     out = [None] * len(rows)
     if prompts:
-        p = verifier.p_yes_ids(prompts)
+        p = verifier.p_yes_ids(params, prompts)
         for n, j in enumerate(where):
             out[j] = (float(p[2 * n]), float(p[2 * n + 1]))
     return out
@@ -118,11 +115,11 @@ def first_position_win_rate(p_ab, p_ba) -> float:
     return float(np.mean(np.concatenate([p_ab > 0.5, p_ba > 0.5])))
 
 
-def rubric_samples(verifier, rows, lists: dict, n: int) -> list:
+def rubric_samples(verifier, params, rows, lists: dict, n: int, stats=None) -> list:
     """Verifier answers and Eq. 12 scores of every sampled rubric list (METHOD 6, Eq. 12).
 
     Args:
-        verifier: a `verification.Verifier`.
+        verifier: a `verifier.Verifier`; params: its params; stats: its counters (dict).
         rows: the R rows of the batch.
         lists: {method: the generator's batch of n lists per row (RubricGenerator)}.
         n: lists per row and method.
@@ -149,7 +146,7 @@ def rubric_samples(verifier, rows, lists: dict, n: int) -> list:
             resps.append(y)
             items.append(list(uniq))
             hists.append(r.rec.history)
-    p_all = verifier.p_yes(prompts, resps, items, hists)
+    p_all = verifier.p_yes(params, prompts, resps, items, hists, stats=stats)
     out, at = [], 0
     for j, r in enumerate(rows):
         p_row = p_all[at:at + r.k]
@@ -179,7 +176,7 @@ def _sample(lst, j, s, k, p_row, column) -> dict:
     for col, t in enumerate(lst.texts[j][s]):
         if t.strip():
             p[:, col] = p_row[:, column[t.strip()]]
-    v = verification.verdicts_from_p_yes(p)
+    v = verdicts_from_p_yes(p)
     sc, _ = rewards.rubric_scores(v, w, mask)
     soft, _ = rewards.rubric_scores(p, w, mask)
     return {

@@ -33,6 +33,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
@@ -60,6 +61,19 @@ TOP_WEIGHT_NAMES = {
     "embed": ("model.embed_tokens.weight", "token_embd.weight"),
     "final_norm": ("model.norm.weight", "output_norm.weight"),
     "lm_head": ("lm_head.weight", "output.weight"),
+}
+# How each leaf is split over the mesh (`sharding.param_specs`): fsdp splits D, tensor
+# splits heads / F / V, the stacked layer axis L stays whole; norms are replicated.
+PARAM_SPECS = {
+    "embed": P("tensor", "fsdp"),          # [V, D]
+    "lm_head": P("fsdp", "tensor"),        # [D, V]
+    "wq": P(None, "fsdp", "tensor"),       # [L, D, H*Dh]
+    "wk": P(None, "fsdp", "tensor"),       # [L, D, Hkv*Dh]
+    "wv": P(None, "fsdp", "tensor"),       # [L, D, Hkv*Dh]
+    "wo": P(None, "tensor", "fsdp"),       # [L, H*Dh, D]
+    "w_gate": P(None, "fsdp", "tensor"),   # [L, D, F]
+    "w_up": P(None, "fsdp", "tensor"),     # [L, D, F]
+    "w_down": P(None, "tensor", "fsdp"),   # [L, F, D]
 }
 # Linear weights: checkpoints store [out, in], ours are [in, out].
 TRANSPOSED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"})

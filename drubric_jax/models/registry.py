@@ -9,6 +9,7 @@ A family is one module that implements, over a plain parameter pytree:
     unstack_layers(params) -> params in the per-layer form used by decode loops
     LAYER_WEIGHT_NAMES, TOP_WEIGHT_NAMES, TRANSPOSED, layer_keys(cfg), top_keys(cfg)
         checkpoint names for `models.weights` (loading and Hugging Face export)
+    PARAM_SPECS  {leaf name: PartitionSpec} over the mesh axes (`sharding.param_specs`)
 
 and uses the shared `models.cache.KVCache`. `FAMILIES` maps `ModelConfig.family` to its
 module, and `HF_MODEL_TYPES` maps a Hugging Face `config.json` `model_type` to a family.

@@ -2,14 +2,8 @@
 
 The verifier reads [instructions + user request (+ earlier turns) + response + criterion]
 and answers Yes or No. We never sample that answer: one forward pass gives the logits of
-the first assistant token, and
-
-    P(yes) = sum_{t in YES} p(t) / (sum_{t in YES} p(t) + sum_{t in NO} p(t)),
-    v_m(y) = 1  iff  P(yes) > 0.5                                   (METHOD 11)
-
-where YES / NO are all single-token spellings of the words found in the tokenizer
-(" yes", "Yes", " Yes", "YES", ... ; case-14). v feeds Eq. 12 (`rewards.rubric_scores`),
-Eq. 13 and Eq. 15.
+the first assistant token, and `verdicts.p_yes_from_logits` gives P(yes) from them
+(METHOD 11; `verdicts` also turns P(yes) into the v of Eq. 12, 13 and 15).
 
 Two execution paths give the same numbers (|dP| <= 1e-4, tested):
 - prefix sharing (default): the prefix [instructions + request + response] is prefilled
@@ -24,9 +18,12 @@ Shapes are bucketed (powers of two for prefix and full-prompt lengths, multiples
 the short item suffixes; row chunks derived from the buckets and a memory budget) so a new
 text length reuses a compiled program.
 
-Axis legend: R (prompt, response) pairs, M rubric items, P prefix tokens (bucket),
-Ts suffix tokens (bucket), S = P + Ts cache slots, T full-prompt tokens, V vocab,
-L layers, Hkv KV heads, Dh head dim.
+Counters (cut prefixes and items, prefixes, judgements) go into a dict the caller passes
+as `stats=` (nothing is kept on the object between calls).
+
+Axis legend (docs/CONVENTIONS.md): R (prompt, response) pairs, M rubric items, P prefix
+tokens (bucket), S cache slots, V vocab; here also Ts suffix tokens (bucket), T
+full-prompt tokens.
 """
 from __future__ import annotations
 
@@ -41,114 +38,11 @@ from drubric_jax import models
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
 from drubric_jax.text.budget import fit_prompt, fit_to_budget
+from drubric_jax.verdicts import p_yes_from_logits, yes_no_token_ids
 from drubric_jax.text.prompts import (plain_render, render_verifier_prompts,
                                       verifier_prefix_messages)
 
-YES_WORD = "yes"
-NO_WORD = "no"
-_VARIANT_PREFIXES = ("", " ")  # leading-space and bare forms (chat templates use both)
 _SUFFIX_CACHE_SIZE = 20000  # tokenised item suffixes kept (cleared when exceeded)
-
-
-# ----------------------------------------------------------------------------- yes/no tokens
-
-
-def yes_no_token_ids(tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Single-token spellings of "yes" and "no" in a tokenizer (METHOD 11, case-14).
-
-    Candidates are the lower / Capitalised / UPPER forms with and without a leading space
-    ("yes", "Yes", "YES", " yes", " Yes", " YES"; same for "no"). A candidate counts when
-    it encodes to exactly one token whose decoded text, stripped and lower-cased, is the
-    word. Nothing is hard-coded: a different tokenizer gives its own ids.
-
-    Args:
-        tokenizer: a Hugging Face tokenizer (`encode`, `decode`).
-
-    Returns:
-        (yes_ids int32[n_yes], no_ids int32[n_no]), sorted, without duplicates.
-
-    Raises:
-        ValueError: no single-token spelling of "yes" or of "no" exists, or the sets overlap.
-    """
-    found = {}
-    for word in (YES_WORD, NO_WORD):
-        ids = set()
-        for form in (word, word.capitalize(), word.upper()):
-            for prefix in _VARIANT_PREFIXES:
-                enc = tokenizer.encode(prefix + form, add_special_tokens=False)
-                if len(enc) == 1 and tokenizer.decode(enc).strip().lower() == word:
-                    ids.add(int(enc[0]))
-        if not ids:
-            raise ValueError(f"the tokenizer has no single-token spelling of {word!r}")
-        found[word] = np.array(sorted(ids), np.int32)
-    if set(found[YES_WORD].tolist()) & set(found[NO_WORD].tolist()):
-        raise ValueError("yes and no token sets overlap")
-    return found[YES_WORD], found[NO_WORD]
-
-
-def p_yes_from_logits(logits: jax.Array, yes_ids: jax.Array, no_ids: jax.Array) -> jax.Array:
-    """P(yes) from next-token logits, summing every yes and no variant (METHOD 11; the
-    verdict it gives is v_m(y) of Eq. 12-13).
-
-        P(yes) = sum_yes exp(l) / (sum_yes exp(l) + sum_no exp(l))
-               = sigmoid(logsumexp(l[YES]) - logsumexp(l[NO]))
-
-    The softmax normaliser over the vocabulary cancels, so mass on other tokens does not
-    matter (case-14: Yes .30 + " Yes" .25 vs No .40 + " no" .05 gives 0.55).
-
-    Args:
-        logits: float32[..., V].
-        yes_ids: int32[n_yes]; no_ids: int32[n_no] (from `yes_no_token_ids`).
-
-    Returns:
-        float32[...] in [0, 1].
-    """
-    logits = jnp.asarray(logits, jnp.float32)
-    lse_yes = jax.nn.logsumexp(jnp.take(logits, yes_ids, axis=-1), axis=-1)
-    lse_no = jax.nn.logsumexp(jnp.take(logits, no_ids, axis=-1), axis=-1)
-    return jax.nn.sigmoid(lse_yes - lse_no)
-
-
-def verdicts_from_p_yes(p_yes) -> np.ndarray:
-    """v in {0, 1}: 1 iff P(yes) > 0.5 (METHOD 11; exactly 0.5 is No).
-
-    Args:
-        p_yes: float[...].
-
-    Returns:
-        float32[...] of 0.0 / 1.0 (the dtype `rewards.rubric_scores` takes, Eq. 12).
-    """
-    return (np.asarray(p_yes, np.float32) > 0.5).astype(np.float32)
-
-
-def restore_order(values, order: Sequence[int], axis: int = -1) -> np.ndarray:
-    """Maps values given in presentation order back to the original response order.
-
-    Slot j showed original response `order[j]`, so `out[..., order[j]] = values[..., j]`
-    along `axis` (case-15: shuffled presentation must be undone before Eq. 12 scores are
-    assigned to responses).
-
-    Args:
-        values: array [..., K, ...] in presentation order along `axis`.
-        order: a permutation of range(K).
-        axis: the response axis.
-
-    Returns:
-        np.ndarray of the same shape, in original order.
-
-    Raises:
-        ValueError: `order` is not a permutation of range(K).
-    """
-    values = np.asarray(values)
-    order = np.asarray(order, np.int64)
-    k = values.shape[axis]
-    if sorted(order.tolist()) != list(range(k)):
-        raise ValueError(f"order must be a permutation of range({k}), got {order.tolist()}")
-    out = np.empty_like(values)
-    idx = [slice(None)] * values.ndim
-    idx[axis] = order
-    out[tuple(idx)] = values
-    return out
 
 
 # ----------------------------------------------------------------------------- jitted cores
@@ -220,6 +114,11 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
+def _count(stats: Optional[dict], name: str, n: int) -> None:
+    if stats is not None:
+        stats[name] = stats.get(name, 0) + n
+
+
 # ----------------------------------------------------------------------------- verifier
 
 Items = Union[Sequence[str], Sequence[Sequence[str]]]
@@ -229,7 +128,7 @@ class Verifier:
     """Frozen yes/no verifier with prefix sharing (METHOD 1, 11; scores feed Eq. 12-15).
 
     Args:
-        params, cfg: the verifier model (never updated).
+        cfg: the verifier model's config (params are passed to each call).
         tokenizer: its tokenizer; the chat template renders the prompt (a tokenizer without
             one uses `text.prompts.plain_render`).
         max_prefix_tokens: budget of [instructions + request (+ history) + response]; longer
@@ -247,14 +146,14 @@ class Verifier:
         ValueError: a budget < 16 tokens, or the tokenizer has no yes/no tokens.
     """
 
-    def __init__(self, params, cfg: ModelConfig, tokenizer, max_prefix_tokens: int = 2048,
+    def __init__(self, cfg: ModelConfig, tokenizer, max_prefix_tokens: int = 2048,
                  max_suffix_tokens: int = 128, *, cache_slots_budget: int = 1 << 15,
                  prefill_tokens_budget: int = 8192, max_rows: int = 8, item_chunk: int = 16,
                  min_bucket: int = 16):
         if max_prefix_tokens < 16 or max_suffix_tokens < 16:
             raise ValueError(f"max_prefix_tokens ({max_prefix_tokens}) and max_suffix_tokens "
                              f"({max_suffix_tokens}) must be >= 16")
-        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        self.cfg, self.tokenizer = cfg, tokenizer
         self.max_prefix_tokens = int(max_prefix_tokens)
         self.max_suffix_tokens = int(max_suffix_tokens)
         self.cache_slots_budget = int(cache_slots_budget)
@@ -266,7 +165,6 @@ class Verifier:
         self.yes_ids, self.no_ids = jnp.asarray(yes), jnp.asarray(no)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self._suffix_cache: dict = {}
-        self.stats = {"prefix_cut": 0, "item_cut": 0, "prefixes": 0, "judgements": 0}
 
     # ------------------------------------------------------------------ text -> tokens
 
@@ -280,7 +178,7 @@ class Verifier:
     def _encode(self, text: str) -> list:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _fit_pair(self, prompt: str, response: str, history) -> tuple:
+    def _fit_pair(self, prompt: str, response: str, history, stats: dict) -> tuple:
         """(prompt, response, history) cut so the rendered prefix fits max_prefix_tokens."""
         def render(p, hist, responses):
             msgs = verifier_prefix_messages(p, responses[0], hist)
@@ -289,10 +187,10 @@ class Verifier:
 
         fit = fit_prompt(self.tokenizer, render, prompt, history, [response],
                          max_tokens=self.max_prefix_tokens)
-        self.stats["prefix_cut"] += int(fit.any_cut)
+        _count(stats, "prefix_cut", int(fit.any_cut))
         return fit.prompt, fit.responses[0], fit.history
 
-    def _fit_item(self, item: str) -> str:
+    def _fit_item(self, item: str, stats: dict) -> str:
         """Item text cut so its suffix fits max_suffix_tokens (suffix measured on a stub)."""
         msgs = verifier_prefix_messages("x", "y")
 
@@ -301,11 +199,12 @@ class Verifier:
             return self._encode(suffixes[0])
 
         _, fitted, cut = fit_to_budget(self.tokenizer, build, [item], self.max_suffix_tokens)
-        self.stats["item_cut"] += int(cut[0])
+        _count(stats, "item_cut", int(cut[0]))
         return fitted[0]
 
     def prepare(self, prompt: str, response: str, items: Sequence[str],
-                history: Optional[Sequence[dict]] = None) -> tuple[list, list]:
+                history: Optional[Sequence[dict]] = None,
+                stats: Optional[dict] = None) -> tuple[list, list]:
         """Token ids of one response's shared prefix and of each item suffix.
 
         `prefix_ids + suffix_ids[m]` tokenises to the same ids as the full verifier prompt
@@ -315,9 +214,9 @@ class Verifier:
         Returns:
             (prefix_ids list[int], suffix_ids list[list[int]]).
         """
-        prompt, response, history = self._fit_pair(prompt, response, history)
+        prompt, response, history = self._fit_pair(prompt, response, history, stats)
         msgs = verifier_prefix_messages(prompt, response, history)
-        real = [self._fit_item(it) for it in items if it.strip()]
+        real = [self._fit_item(it, stats) for it in items if it.strip()]
         prefix, suffixes = render_verifier_prompts(self.render, msgs, real)
         it = iter(suffixes)
         out = []
@@ -354,11 +253,13 @@ class Verifier:
                 raise ValueError("items must be strings")
         return list(prompts), list(histories), [list(x) for x in items]
 
-    def p_yes(self, prompts: Union[str, Sequence[str]], responses: Sequence[str],
-              items: Items, history=None, *, shared_prefix: bool = True) -> np.ndarray:
-        """P(yes) for every response and item (METHOD 11; v = P > 0.5 feeds Eq. 12).
+    def p_yes(self, params, prompts: Union[str, Sequence[str]], responses: Sequence[str],
+              items: Items, history=None, *, shared_prefix: bool = True,
+              stats: Optional[dict] = None) -> np.ndarray:
+        """P(yes) for every response and item (METHOD 11; `verdicts` turns it into v).
 
         Args:
+            params: the verifier's params.
             prompts: one user request for all responses, or R of them.
             responses: R response strings.
             items: M criteria shared by all responses, or R lists (ragged allowed; "" is
@@ -367,6 +268,7 @@ class Verifier:
                 ([{"role", "content"}, ...]).
             shared_prefix: True = prefix-sharing path, False = naive path (one full prompt
                 per pair); both agree to ~1e-5.
+            stats: optional dict that counts prefix_cut, item_cut, prefixes, judgements.
 
         Returns:
             float32[R, M_max], M_max the longest item list; 0.0 at padding.
@@ -380,21 +282,21 @@ class Verifier:
         out = np.zeros((r, m_max), np.float32)
         if r == 0 or m_max == 0:
             return out
-        prepared = [self.prepare(p, y, it, h)
+        prepared = [self.prepare(p, y, it, h, stats)
                     for p, y, it, h in zip(prompts, responses, items, histories)]
-        self.stats["prefixes"] += r
-        self.stats["judgements"] += sum(1 for lst in items for s in lst if s.strip())
+        _count(stats, "prefixes", r)
+        _count(stats, "judgements", sum(1 for lst in items for s in lst if s.strip()))
         if shared_prefix:
-            self._run_shared(prepared, out)
+            self._run_shared(params, prepared, out)
         else:
             full = [(i, m, pre + suf) for i, (pre, sufs) in enumerate(prepared)
                     for m, suf in enumerate(sufs) if suf]
-            values = self.p_yes_ids([ids for _, _, ids in full])
+            values = self.p_yes_ids(params, [ids for _, _, ids in full])
             for (i, m, _), v in zip(full, values):
                 out[i, m] = v
         return out
 
-    def _run_shared(self, prepared: list, out: np.ndarray) -> None:
+    def _run_shared(self, params, prepared: list, out: np.ndarray) -> None:
         m_max = out.shape[1]
         longest = max((len(s) for _, sufs in prepared for s in sufs), default=0)
         if longest == 0:
@@ -419,7 +321,7 @@ class Verifier:
                 tokens[j, p - len(pre):] = pre
                 tmask[j, p - len(pre):] = True
             tmask[len(chunk):, -1] = True  # filler rows: one pad token
-            cache, plen = _prefill(self.params, self.cfg, jnp.asarray(tokens),
+            cache, plen = _prefill(params, self.cfg, jnp.asarray(tokens),
                                    jnp.asarray(tmask), num_slots=slots)
             for m0 in range(0, m_max, mc):
                 suf = np.full((rc, mc, ts), self.pad_id, np.int32)
@@ -431,7 +333,7 @@ class Verifier:
                 if not slen.any():
                     continue
                 vals = np.asarray(_score_suffixes(
-                    self.params, self.cfg, cache, plen, jnp.asarray(suf), jnp.asarray(slen),
+                    params, self.cfg, cache, plen, jnp.asarray(suf), jnp.asarray(slen),
                     self.yes_ids, self.no_ids))
                 for j, i in enumerate(chunk):
                     n = min(mc, len(prepared[i][1]) - m0)
@@ -439,10 +341,12 @@ class Verifier:
                         if slen[j, dm]:
                             out[i, m0 + dm] = vals[j, dm]
 
-    def p_yes_ids(self, prompts_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """P(yes) after each full token-id prompt (naive path; one pass per chunk).
+    def p_yes_ids(self, params, prompts_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """P(yes) after each full token-id prompt (naive path and the direct judges; one
+        pass per chunk).
 
         Args:
+            params: the verifier's params.
             prompts_ids: N non-empty lists of token ids, each ending where the answer token
                 is predicted (assistant turn opened).
 
@@ -468,29 +372,7 @@ class Verifier:
                 tokens[j, t - len(ids):] = ids
                 mask[j, t - len(ids):] = True
             mask[len(chunk):, -1] = True
-            vals = np.asarray(_score_full(self.params, self.cfg, jnp.asarray(tokens),
+            vals = np.asarray(_score_full(params, self.cfg, jnp.asarray(tokens),
                                           jnp.asarray(mask), self.yes_ids, self.no_ids))
             out[chunk] = vals[:len(chunk)]
         return out
-
-    def p_yes_messages(self, messages_list: Sequence[Sequence[dict]],
-                       max_tokens: Optional[int] = None) -> np.ndarray:
-        """P(yes) of the first assistant token after each chat (direct / pairwise judges).
-
-        Args:
-            messages_list: N message lists; each is rendered with the assistant turn opened.
-            max_tokens: optional length check (callers fit texts with `fit_to_budget`).
-
-        Returns:
-            float32[N].
-
-        Raises:
-            ValueError: a rendered prompt is longer than `max_tokens`.
-        """
-        ids = [self._encode(self.render(m)) for m in messages_list]
-        if max_tokens is not None:
-            for i, x in enumerate(ids):
-                if len(x) > max_tokens:
-                    raise ValueError(f"prompt {i} has {len(x)} tokens > {max_tokens}")
-        self.stats["judgements"] += len(ids)
-        return self.p_yes_ids(ids)

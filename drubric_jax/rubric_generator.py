@@ -11,12 +11,13 @@ structured output, METHOD 8); the text is then parsed by `rubric_format.parse_ru
 `static=True` gives the RaR-style static baseline (METHOD 6): the same code with no
 responses shown.
 
-The outputs also carry what a GRPO step on the generator needs (Eq. 21-23): the left-padded
-prompt ids, the completion ids, the sampler's per-token log-probs (at the sampling
-temperature) and the completion mask (up to and including the stop token).
+The output (`types.RubricBatch`) also carries what a GRPO step on the generator needs
+(Eq. 21-23): its `rollout` holds the left-padded prompts, completions, the sampler's
+per-token log-probs (at the sampling temperature) and the completion mask (up to and
+including the stop token), grouped by input.
 
-Axis legend: B inputs (x, C), G rubric lists per input, K responses per input (padded to
-K_max), M rubric items (= max_items), P prompt tokens (bucket), N max new tokens.
+Axis legend (docs/CONVENTIONS.md): B inputs (x, C), G rubric lists per input, K responses
+per input (padded to the longest), M rubric items (= max_items), R = B * G rows.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from drubric_jax.models.config import ModelConfig
 from drubric_jax.text import rubric_format
 from drubric_jax.text.budget import fit_prompt
 from drubric_jax.text.prompts import generator_messages
+from drubric_jax.types import RubricBatch
 
 
 JSON_SEPARATORS = {"item_separator": ", ", "key_separator": ": "}
@@ -46,60 +48,6 @@ class RubricInput:
     prompt: str
     responses: Sequence[str] = ()
     history: Sequence[dict] = ()
-
-
-@dataclasses.dataclass
-class RubricSamples:
-    """G sampled rubric lists for each of B inputs (host numpy; B axis absent from `generate`).
-
-    Attributes:
-        texts: [B][G][M] criteria strings, "" at padding and for invalid lists.
-        weights: int32[B, G, M] w_m in 1..5, 0 at padding.
-        item_mask: bool[B, G, M] real items.
-        list_valid: bool[B, G] the list parsed with >= 1 valid item (METHOD 11).
-        finish_reasons: [B][G] "stop" or "length" ("invalid" when the grammar reached a
-            dead end).
-        raw_texts: [B][G] decoded completions (parser input).
-        orders: int32[B, G, K_max] order[p] = response index shown as "Response p+1"
-            (-1 padding; identity for static).
-        response_cut: bool[B, G, K_max] the response was cut by the input budget.
-        prompt_cut: bool[B, G] the request or a history turn was cut.
-        prompt_tokens: int32[B, G, P] left-padded generator prompts; prompt_mask bool[B,G,P].
-        completion_tokens: int32[B, G, N]; logprobs float32[B, G, N] sampler log-probs at
-            `temperature` (0 where masked); completion_mask bool[B, G, N] up to and
-            including the stop token.
-        temperature: sampling temperature (log-probs are reported at it; 1.0 for greedy).
-        counters: summed `ParsedRubric.counters` plus lists, valid_lists, items_kept,
-            items_dropped, constraint_dead_end.
-    """
-
-    texts: list
-    weights: np.ndarray
-    item_mask: np.ndarray
-    list_valid: np.ndarray
-    finish_reasons: list
-    raw_texts: list
-    orders: np.ndarray
-    response_cut: np.ndarray
-    prompt_cut: np.ndarray
-    prompt_tokens: np.ndarray
-    prompt_mask: np.ndarray
-    completion_tokens: np.ndarray
-    logprobs: np.ndarray
-    completion_mask: np.ndarray
-    temperature: float
-    counters: dict
-
-    def squeeze(self) -> "RubricSamples":
-        """The first input's lists with the B axis dropped (what `generate` returns)."""
-        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out = {}
-        for name, v in arrays.items():
-            if isinstance(v, np.ndarray) or name in ("texts", "finish_reasons", "raw_texts"):
-                out[name] = v[0]
-            else:
-                out[name] = v
-        return RubricSamples(**out)
 
 
 class RubricGenerator:
@@ -116,7 +64,8 @@ class RubricGenerator:
     response went on.
 
     Args:
-        params, cfg, tokenizer: the generator model.
+        cfg, tokenizer: the generator model (params are passed to each call, so the
+            current generator weights are always the caller's `Roles.params("generator")`).
         max_items: M, most items per list (JSON schema maxItems; padded width).
         max_item_chars: most characters per criterion (schema maxLength).
         max_new_tokens: N, output budget; a list cut by it is invalid (finish "length").
@@ -127,13 +76,13 @@ class RubricGenerator:
         ValueError: bad sizes, or llguidance rejects the schema.
     """
 
-    def __init__(self, params, cfg: ModelConfig, tokenizer, max_items: int = 8,
+    def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
                  input_budget: int = 2048, min_bucket: int = 64):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
-        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        self.cfg, self.tokenizer = cfg, tokenizer
         self.max_items = int(max_items)
         self.max_item_chars = int(max_item_chars)
         self.max_new_tokens = int(max_new_tokens)
@@ -173,20 +122,21 @@ class RubricGenerator:
                          max_tokens=self.input_budget)
         return fit.ids, list(fit.response_cut), fit.prompt_cut or any(fit.history_cut)
 
-    def generate(self, key: jax.Array, prompt: str, responses: Optional[Sequence[str]],
-                 history: Optional[Sequence[dict]] = None, *, num_lists: int = 4,
-                 temperature: float = 1.0, static: bool = False) -> RubricSamples:
+    def generate(self, params, key: jax.Array, prompt: str,
+                 responses: Optional[Sequence[str]], history: Optional[Sequence[dict]] = None,
+                 *, num_lists: int = 4, temperature: float = 1.0,
+                 static: bool = False) -> RubricBatch:
         """G = num_lists rubric lists for one (x, C); arrays without the B axis.
 
         See `generate_batch`.
         """
         inp = RubricInput(prompt, tuple(responses or ()), tuple(history or ()))
-        return self.generate_batch(key, [inp], num_lists=num_lists, temperature=temperature,
-                                   static=static).squeeze()
+        return self.generate_batch(params, key, [inp], num_lists=num_lists,
+                                   temperature=temperature, static=static).first()
 
-    def generate_batch(self, key: jax.Array, inputs: Sequence[RubricInput], *,
+    def generate_batch(self, params, key: jax.Array, inputs: Sequence[RubricInput], *,
                        num_lists: int = 4, temperature: float = 1.0,
-                       static: Union[bool, Sequence[bool]] = False) -> RubricSamples:
+                       static: Union[bool, Sequence[bool]] = False) -> RubricBatch:
         """G rubric lists for each of B inputs, sampled in one constrained batch.
 
         Randomness: `key` splits into an order key (list (b, g) shows the responses in
@@ -194,6 +144,7 @@ class RubricGenerator:
         Temperature 0 is greedy.
 
         Args:
+            params: the generator's current params.
             key: PRNG key.
             inputs: B `RubricInput`s (responses ignored when `static`).
             num_lists: G.
@@ -202,7 +153,7 @@ class RubricGenerator:
                 for all inputs or one per input.
 
         Returns:
-            RubricSamples with a leading B axis.
+            RubricBatch with a leading B axis.
 
         Raises:
             ValueError: no inputs, num_lists < 1, negative temperature, a dynamic input
@@ -242,7 +193,7 @@ class RubricGenerator:
                 prompt_cut[i, j] = pcut
                 prompts.append(ids)
 
-        out = sampling.generate(self.params, self.cfg, prompts, key=sample_key,
+        out = sampling.generate(params, self.cfg, prompts, key=sample_key,
                                 max_new_tokens=self.max_new_tokens, method=method,
                                 stop_ids=self.stop_ids, constraint=self.constraint,
                                 min_bucket=self.min_bucket, allow_invalid=True)
@@ -275,20 +226,18 @@ class RubricGenerator:
                         items_dropped=sum(p.num_dropped for p in parsed),
                         constraint_dead_end=int(out.invalid.sum()))
 
-        p_len = sampling.bucket_length(max(len(x) for x in prompts), self.min_bucket)
-        ptoks, pmask = sampling.left_pad(prompts, p_len, int(self.stop_ids[0]))
-
         def grid(x):
             return x.reshape((b, g) + x.shape[1:])
 
         def nested(xs):
             return [xs[i * g:(i + 1) * g] for i in range(b)]
 
-        return RubricSamples(
+        # A list is truncated only when the budget ran out before its JSON value closed (a
+        # row the grammar completed is ended by the sampler, not cut).
+        rollout = out.replace(group_ids=np.repeat(np.arange(b, dtype=np.int32), g),
+                              truncated=np.array([r == "length" for r in reasons]))
+        return RubricBatch(
             texts=nested(texts), weights=grid(weights), item_mask=grid(item_mask),
             list_valid=grid(valid), finish_reasons=nested(reasons), raw_texts=nested(raws),
-            orders=orders, response_cut=response_cut, prompt_cut=prompt_cut,
-            prompt_tokens=grid(ptoks), prompt_mask=grid(pmask),
-            completion_tokens=grid(out.tokens), logprobs=grid(out.logprobs),
-            completion_mask=grid(out.mask),
+            orders=orders, response_cut=response_cut, prompt_cut=prompt_cut, rollout=rollout,
             temperature=sampling.scoring_temperature(method), counters=counters)

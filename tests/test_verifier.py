@@ -1,12 +1,14 @@
-"""Tests of the frozen verifier (drubric_jax/verification.py): yes/no variants, P(yes)
-(METHOD 11, case-14), prefix sharing == naive, budgets, order bookkeeping (case-15)."""
+"""Tests of the frozen verifier (drubric_jax/verifier.py) and of verdicts
+(drubric_jax/verdicts.py): yes/no variants, P(yes) (METHOD 11, case-14), prefix sharing ==
+naive, budgets, order bookkeeping (case-15)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from drubric_jax import rewards
-from drubric_jax import verification as ver_lib
+from drubric_jax import verdicts
+from drubric_jax import verifier as ver_lib
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
 
@@ -18,10 +20,27 @@ def tok(smollm2_tokenizer):
     return smollm2_tokenizer
 
 
+class WithParams:
+    """A Verifier whose p_yes / p_yes_ids get fixed params (test brevity)."""
+
+    def __init__(self, ver, params):
+        self.ver, self.params = ver, params
+
+    def __getattr__(self, name):
+        return getattr(self.ver, name)
+
+    def p_yes(self, *args, **kw):
+        return self.ver.p_yes(self.params, *args, **kw)
+
+    def p_yes_ids(self, *args, **kw):
+        return self.ver.p_yes_ids(self.params, *args, **kw)
+
+
 @pytest.fixture(scope="module")
 def tiny_verifier(tiny_model, tok):
     cfg, params = tiny_model
-    return ver_lib.Verifier(params, cfg, tok, max_prefix_tokens=192, max_suffix_tokens=48)
+    return WithParams(ver_lib.Verifier(cfg, tok, max_prefix_tokens=192, max_suffix_tokens=48),
+                      params)
 
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.",
@@ -53,7 +72,7 @@ class _FakeTokenizer:
 
 
 def test_yes_no_variants_found_from_tokenizer(tok):
-    yes, no = ver_lib.yes_no_token_ids(tok)
+    yes, no = verdicts.yes_no_token_ids(tok)
     for text in (" yes", "Yes", " Yes", "yes"):
         ids = tok.encode(text, add_special_tokens=False)
         assert len(ids) == 1 and ids[0] in yes.tolist(), text
@@ -72,10 +91,10 @@ def test_yes_no_variants_found_from_tokenizer(tok):
 
 def test_yes_no_variants_not_hard_coded():
     fake = _FakeTokenizer({"Yes": 7, " yes": 11, "no": 3, " NO": 40, "x": 1})
-    yes, no = ver_lib.yes_no_token_ids(fake)
+    yes, no = verdicts.yes_no_token_ids(fake)
     assert yes.tolist() == [7, 11] and no.tolist() == [3, 40]
     with pytest.raises(ValueError, match="yes"):
-        ver_lib.yes_no_token_ids(_FakeTokenizer({"no": 3}))
+        verdicts.yes_no_token_ids(_FakeTokenizer({"no": 3}))
 
 
 def test_case_14_first_token_probs_sum_all_variants(tok, load_case):
@@ -83,7 +102,7 @@ def test_case_14_first_token_probs_sum_all_variants(tok, load_case):
     probs = (case["input"]["first_token_probs"] if case else
              {"Yes": 0.3, " Yes": 0.25, "No": 0.4, " no": 0.05})
     expected = case["expected"]["first_token_probs"] if case else {"p_yes": 0.55, "v": 1}
-    yes, no = ver_lib.yes_no_token_ids(tok)
+    yes, no = verdicts.yes_no_token_ids(tok)
     logits = np.full((tok.vocab_size,), -1e9, np.float32)
     rest = 1.0 - sum(probs.values())
     logits[100] = np.log(rest) if rest > 0 else -1e9  # leftover mass on an unrelated token
@@ -91,10 +110,10 @@ def test_case_14_first_token_probs_sum_all_variants(tok, load_case):
         (i,) = tok.encode(text, add_special_tokens=False)
         assert i in yes.tolist() + no.tolist()
         logits[i] = np.log(p)
-    p_yes = float(ver_lib.p_yes_from_logits(jnp.asarray(logits), jnp.asarray(yes),
+    p_yes = float(verdicts.p_yes_from_logits(jnp.asarray(logits), jnp.asarray(yes),
                                             jnp.asarray(no)))
     assert p_yes == pytest.approx(expected["p_yes"], abs=1e-5)
-    assert ver_lib.verdicts_from_p_yes(p_yes) == expected["v"]
+    assert verdicts.verdicts_from_p_yes(p_yes) == expected["v"]
     # the wrong reading (only "Yes" vs "No") would give 0.3 / 0.7 < 0.5
     assert probs["Yes"] / (probs["Yes"] + probs["No"]) < 0.5
 
@@ -106,10 +125,10 @@ def test_p_yes_is_ratio_of_summed_probabilities():
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     want = p[:, yes].sum(-1) / (p[:, yes].sum(-1) + p[:, no].sum(-1))
-    got = np.asarray(ver_lib.p_yes_from_logits(jnp.asarray(logits), jnp.asarray(yes),
+    got = np.asarray(verdicts.p_yes_from_logits(jnp.asarray(logits), jnp.asarray(yes),
                                                jnp.asarray(no)))
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert ver_lib.verdicts_from_p_yes(np.array([0.5, 0.5001, 0.2])).tolist() == [0, 1, 0]
+    assert verdicts.verdicts_from_p_yes(np.array([0.5, 0.5001, 0.2])).tolist() == [0, 1, 0]
 
 
 # --------------------------------------------------------------------------- prefix sharing
@@ -128,8 +147,9 @@ def test_prepare_splits_at_a_token_boundary(tiny_verifier, tok):
 def test_prefix_shared_matches_naive_tiny(tiny_model, tok):
     cfg, params = tiny_model
     # small budgets force several prefill chunks and item chunks
-    ver = ver_lib.Verifier(params, cfg, tok, 192, 48, cache_slots_budget=1024,
-                           prefill_tokens_budget=256, max_rows=2, item_chunk=2)
+    ver = WithParams(ver_lib.Verifier(cfg, tok, 192, 48, cache_slots_budget=1024,
+                                      prefill_tokens_budget=256, max_rows=2, item_chunk=2),
+                     params)
     items = [ITEMS, ITEMS[:1], ITEMS[1:] + ["", "Another criterion."]]
     history = [[], [{"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": "Hello! How can I help?"}], []]
@@ -165,6 +185,19 @@ def test_long_response_cut_to_budget_with_marker(tiny_verifier, tok):
 # --------------------------------------------------------------------------- order bookkeeping
 
 
+def restore_order(values, order, axis=0):
+    """Values given in presentation order back in original order: slot j showed response
+    order[j], so out[order[j]] = values[j] along `axis`."""
+    values, order = np.asarray(values), np.asarray(order)
+    if sorted(order.tolist()) != list(range(values.shape[axis])):
+        raise ValueError(f"order must be a permutation, got {order.tolist()}")
+    out = np.empty_like(values)
+    idx = [slice(None)] * values.ndim
+    idx[axis] = order
+    out[tuple(idx)] = values
+    return out
+
+
 def test_case_15_shuffled_verdicts_mapped_back(load_case):
     case = load_case("case-15")
     if case is None:
@@ -178,7 +211,7 @@ def test_case_15_shuffled_verdicts_mapped_back(load_case):
         want_e = case["expected"]["shuffle_test"]["E_per_response_in_original_order"]
         want_disc = case["expected"]["shuffle_test"]["R_disc"]
     # verdicts[m][j]: item m, presentation slot j -> responses-by-items in original order
-    v = ver_lib.restore_order(np.asarray(returned, np.float32).T, order, axis=0)
+    v = restore_order(np.asarray(returned, np.float32).T, order, axis=0)
     w = np.asarray(weights, np.float32)
     mask = np.ones(len(weights), bool)
     scores, valid = rewards.rubric_scores(v, w, mask)
@@ -187,14 +220,14 @@ def test_case_15_shuffled_verdicts_mapped_back(load_case):
     disc = rewards.discriminability_reward(v, w, mask)
     assert float(disc) == pytest.approx(want_disc, abs=1e-5)
     with pytest.raises(ValueError):
-        ver_lib.restore_order(v, [0, 0, 1, 2], axis=0)
+        restore_order(v, [0, 0, 1, 2], axis=0)
 
 
 def test_p_yes_follows_the_response_not_its_position(tiny_verifier):
     perm = [2, 0, 1]
     base = tiny_verifier.p_yes(PROMPTS, RESPONSES, ITEMS)
     shown = tiny_verifier.p_yes([PROMPTS[i] for i in perm], [RESPONSES[i] for i in perm], ITEMS)
-    np.testing.assert_allclose(ver_lib.restore_order(shown, perm, axis=0), base, atol=1e-6)
+    np.testing.assert_allclose(restore_order(shown, perm, axis=0), base, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- real model
@@ -203,7 +236,7 @@ def test_p_yes_follows_the_response_not_its_position(tiny_verifier):
 @pytest.mark.real_model
 def test_real_model_prefix_shared_matches_naive(smollm2):
     cfg, params, tok = smollm2
-    ver = ver_lib.Verifier(params, cfg, tok, 256, 64)
+    ver = WithParams(ver_lib.Verifier(cfg, tok, 256, 64), params)
     items = ["The response states that Paris is the capital.", "The response is in French."]
     shared = ver.p_yes(PROMPTS[0], ["The capital of France is Paris.", "It is Lyon."], items)
     naive = ver.p_yes(PROMPTS[0], ["The capital of France is Paris.", "It is Lyon."], items,
