@@ -94,6 +94,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.verifier = ml_collections.ConfigDict()
     c.verifier.max_prefix_tokens = 384  # instructions + prompt + response budget, tokens
     c.verifier.max_suffix_tokens = 64   # rubric item question budget, tokens
+    c.verifier.verdict = "hard"         # v of Eq. 12-13: hard 1[P(yes) > 0.5] | soft P(yes)
+    c.verifier.calibration = "none"     # none | contextual (P(yes) vs the "N/A" response)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1    # data-parallel axis size (-1 = all remaining devices)
@@ -109,6 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 1   # save after every N optimizer steps (either role)
     c.checkpoint.max_to_keep = 2
+    # Resume even when the data's fingerprint (paths, rows, content hash) differs from the
+    # checkpoint's; by default such a resume is refused.
+    c.checkpoint.allow_data_change = False
 
     c.log = ml_collections.ConfigDict()
     c.log.trace_prompts = 2        # prompts shown in trace/round_N.html

@@ -53,6 +53,7 @@ def get_config(arg: str = ""):
     c.generator.train.learning_rate = 5e-6
     c.generator.train.beta = 0.01
     c.generator.train.micro_batch_size = 8
+    c.verifier.verdict = "hard"  # the paper's 0/1 verdicts (a 30B verifier separates items)
     c.verifier.max_prefix_tokens = 16384
     c.verifier.max_suffix_tokens = 256
     c.mesh.data = -1

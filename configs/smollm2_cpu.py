@@ -9,6 +9,15 @@ The argument after ':' is a comma-separated list of switches:
     variant=full|disc_only|anchor_only|static
     tiny               a random-weight tiny model in every role (tests, smoke runs)
 Any field can then be overridden with --config.<field>=<value>.
+
+Verdicts are soft here (`verifier.verdict = "soft"`, METHOD 12), not the paper's 0/1: with
+SmolLM2-135M as the verifier, P(yes) sits between 0.25 and 0.45 for nearly every item, so
+every thresholded verdict is 0, every score 0 and every group flat (policy reward 0.0 and
+zero-variance items 0.92-1.0 in the hard-verdict data=shared round; flat-group fraction
+0.75 on average over the default run's policy steps). Its P(yes) still carries a signal
+(the mean over four generic quality items ranks the preferred LLMBar-natural response
+higher in 77% of 30 pairs, where the 0.5 threshold gets 20% right with 77% ties), which
+soft verdicts pass on to Eq. 12-15. `--config.verifier.verdict=hard` gives the paper's.
 """
 from configs.base import base_config, parse_switches
 
@@ -27,6 +36,7 @@ def get_config(arg: str = ""):
     # The idle role's AdamW moments wait on disk during the other role's phase (0.81 GB).
     c.memory.park_idle_optimizer = True
     c.variant = opts.get("variant", "full")
+    c.verifier.verdict = "soft"  # why: the module docstring
     if c.data.name == "shared":
         # Prompts from AlpacaEval; anchor lists from RM-Bench chat (6 responses, chosen
         # tied above rejected) and AlpacaEval listwise (7 responses ranked by judge score).

@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Optional
 import ml_collections
 
 from drubric_jax import grpo
+from drubric_jax.verdicts import CALIBRATIONS, VERDICT_MODES
 
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
 AGGREGATIONS = tuple(grpo.AGGREGATIONS)
@@ -135,6 +136,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     check_trainer(g.train, "config.generator.train", rows=g.anchors_per_step * g.num_lists)
     need(c.verifier.max_prefix_tokens >= 32, "verifier.max_prefix_tokens", "must be >= 32")
     need(c.verifier.max_suffix_tokens >= 8, "verifier.max_suffix_tokens", "must be >= 8")
+    need(c.verifier.verdict in VERDICT_MODES, "verifier.verdict",
+         f"{c.verifier.verdict!r} not in {VERDICT_MODES}")
+    need(c.verifier.calibration in CALIBRATIONS, "verifier.calibration",
+         f"{c.verifier.calibration!r} not in {CALIBRATIONS}")
     for axis in ("data", "fsdp", "tensor"):
         v = c.mesh[axis]
         need(v == -1 or v >= 1, f"mesh.{axis}", "must be -1 or >= 1")
@@ -146,6 +151,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
          f"to local disk); this run has {process_count} processes")
     need(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
     need(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")
+    need(isinstance(c.checkpoint.allow_data_change, bool), "checkpoint.allow_data_change",
+         "must be True or False")
     if device_count is not None:
         shards = mesh_row_shards(c, device_count)
         for field, rows in (("policy.prompts_per_step * policy.num_responses",

@@ -11,9 +11,13 @@ checkpointed with the trainees' states. A resumed run therefore repeats exactly 
 uninterrupted run does.
 
 Checkpoints (`workdir/checkpoints/<global step>/`): state = {"policy": TrainState,
-"generator": TrainState}; meta = {"loop": LoopState, "anchor_iter", "prompt_iter", "seed"}.
-A checkpoint id counts optimizer steps of both roles. Phase and round changes are not
-saved on their own: a run resumed at the end of a phase sees step == steps and moves on.
+"generator": TrainState}; meta = {"loop": LoopState, "anchor_iter", "prompt_iter", "seed",
+"data_fingerprint", "trace"}. A checkpoint id counts optimizer steps of both roles. The end
+of a round (held-out evaluation and trace done) is recorded in `round_end.json` beside
+them, so a resumed run neither repeats that evaluation nor loses the trace. A run that
+finished writes `finished.json`; running it again says so and changes nothing. Resuming
+with data whose fingerprint differs from the checkpoint's is refused unless
+config.checkpoint.allow_data_change.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from drubric_jax.roles import build_roles, role_memory
 from drubric_jax.types import Role
 
 PHASES = (Role.GENERATOR.value, Role.POLICY.value)
+FINISHED = "finished.json"
 
 
 @dataclasses.dataclass
@@ -108,28 +113,66 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
 # ----------------------------------------------------------------------------- checkpoints
 
 
+def _write_json(path: str, obj) -> None:
+    """Writes `obj` to `path` atomically (a kill leaves the old file or the new one)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
 def save(run: Run) -> None:
     """Checkpoint `run.loop.global_step`: both trainees' states and the loop meta."""
     roles = run.ctx.roles
     state = {t.role.value: t.resident_state() for t in (roles.policy, roles.generator)}
     meta = {"loop": dataclasses.asdict(run.loop), "anchor_iter": run.anchor_iter.state(),
-            "prompt_iter": run.prompt_iter.state(), "seed": int(run.config.seed)}
+            "prompt_iter": run.prompt_iter.state(), "seed": int(run.config.seed),
+            "data_fingerprint": run.data.fingerprint, "trace": run.last_trace}
     run.ckpt.save(run.loop.global_step, state, meta, force=True)
 
 
 def restore(run: Run) -> bool:
-    """Resumes from the newest checkpoint in workdir/checkpoints, if there is one."""
+    """Resumes from the newest checkpoint in workdir/checkpoints, if there is one.
+
+    Raises:
+        ValueError: the checkpoint was written with other data (its fingerprint differs)
+            and config.checkpoint.allow_data_change is False.
+    """
     step = run.ckpt.latest()
     if step is None:
         return False
     roles = run.ctx.roles
     target = {"policy": roles.policy.state, "generator": roles.generator.state}
     state, meta = run.ckpt.restore(step, target)
+    _check_same_data(run, meta.get("data_fingerprint"), step)
     roles.policy.state, roles.generator.state = state["policy"], state["generator"]
     run.loop = LoopState(**meta["loop"])
+    run.last_trace = meta.get("trace", [])
     run.anchor_iter.restore(meta["anchor_iter"])
     run.prompt_iter.restore(meta["prompt_iter"])
+    round_end = os.path.join(run.workdir, "round_end.json")
+    if os.path.exists(round_end):  # the round that ended after this checkpoint
+        with open(round_end) as f:
+            saved = json.load(f)
+        if saved["global_step"] == step:
+            run.loop = LoopState(**saved["loop"])
     return True
+
+
+def _check_same_data(run: Run, saved: Optional[dict], step: int) -> None:
+    if saved is None:  # checkpoints written before fingerprints existed
+        logging.warning("checkpoint %d has no data fingerprint; not checked", step)
+        return
+    if saved.get("sha256") == run.data.fingerprint["sha256"]:
+        return
+    was = {f["path"]: f["rows"] for f in saved.get("files", [])}
+    now = {f["path"]: f["rows"] for f in run.data.fingerprint["files"]}
+    message = (f"{run.workdir}: checkpoint {step} was trained on other data (files and "
+               f"rows then: {was}; now: {now}; content hashes differ). Resume anyway with "
+               "--config.checkpoint.allow_data_change=True, or use a new workdir.")
+    if not run.config.checkpoint.allow_data_change:
+        raise ValueError(message)
+    logging.warning("%s (allowed by config.checkpoint.allow_data_change)", message)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -206,6 +249,8 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
                 run.last_trace)
         run.loop.round, run.loop.phase, run.loop.step = (run.loop.round + 1,
                                                           Role.GENERATOR.value, 0)
+        _write_json(os.path.join(run.workdir, "round_end.json"),
+                    {"global_step": run.loop.global_step, "loop": dataclasses.asdict(run.loop)})
     run.ckpt.wait()
     if run.loop.round >= c.rounds.num_rounds:
         finish(run)
@@ -223,6 +268,19 @@ def finish(run: Run) -> None:
             export_hf_dir(trainee.params, trainee.model.cfg,
                           os.path.join(run.workdir, "export", trainee.role.value), tok,
                           bos_id=tok.bos_token_id or 0, eos_id=tok.eos_token_id or 0)
+    _write_json(os.path.join(run.workdir, FINISHED), {
+        "rounds": int(run.config.rounds.num_rounds), "global_step": run.loop.global_step,
+        "data_sha256": run.data.fingerprint["sha256"]})
+
+
+def finished(workdir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
+    """The contents of workdir/finished.json when that run already did config's rounds."""
+    path = os.path.join(workdir, FINISHED)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        done = json.load(f)
+    return done if done["rounds"] >= config.rounds.num_rounds else None
 
 
 def close(run: Run) -> None:
@@ -244,8 +302,17 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         config_check.ConfigError: a bad config field (before any compute).
         FloatingPointError: a NaN/inf training metric (names the step).
     """
+    done = finished(workdir, config)
+    if done is not None:
+        message = (f"{workdir}: this run finished ({done['rounds']} rounds, "
+                   f"{done['global_step']} optimizer steps); nothing to do. Raise "
+                   "config.rounds.num_rounds to continue it, or use a new workdir.")
+        logging.info(message)
+        print(message, flush=True)
+        return
     state = setup(config, workdir)
-    logging.info("data: %s", json.dumps(state.data.fingerprint)[:500])
+    logging.info("data: %s rows, sha256 %s", state.data.fingerprint["rows"],
+                 state.data.fingerprint["sha256"][:16])
     try:
         run_rounds(state, stop_after_rounds)
     finally:

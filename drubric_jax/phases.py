@@ -146,16 +146,21 @@ def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
 
 
 def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer) -> np.ndarray:
-    """Verdicts float32[R, M_max] for R (prompt, response, item list) triples."""
+    """Verdicts float32[R, M_max] for R (prompt, response, item list) triples, in the
+    config's mode (`config.verifier.verdict`: hard 0/1 or soft P(yes); METHOD 11, 12) after
+    its calibration (`config.verifier.calibration`)."""
+    v = ctx.config.verifier
     with timer("verification"):
         p_yes = ctx.verifier.p_yes(ctx.roles.params("verifier"), prompts, responses,
-                                   item_lists, history=histories)
-    return verdicts_from_p_yes(p_yes)
+                                   item_lists, history=histories, calibration=v.calibration)
+    return verdicts_from_p_yes(p_yes, v.verdict)
 
 
 def rubric_stats(weights, item_mask, list_valid, verdicts) -> dict:
     """Rubric statistics of one step: parse-valid rate, items per valid list, weight
-    histogram (weights 1..5), mean yes-rate, fraction of zero-variance items.
+    histogram (weights 1..5), mean yes-rate (mean verdict: the mean P(yes) for soft
+    verdicts), fraction of zero-variance items (every response got the same verdict, to
+    1e-6: such an item separates nothing, Eq. 13).
 
     Args:
         weights: int32[R, M]; item_mask: bool[R, M]; list_valid: bool[R] (R rubric lists);
@@ -163,42 +168,33 @@ def rubric_stats(weights, item_mask, list_valid, verdicts) -> dict:
     """
     item_mask = np.asarray(item_mask, bool) & np.asarray(list_valid, bool)[:, None]
     n_items = item_mask.sum()
-    vbar = np.asarray(verdicts, np.float32).mean(axis=1)  # [R, M]
+    v = np.asarray(verdicts, np.float32)
+    vbar = v.mean(axis=1)                                                 # [R, M]
+    flat = (v.max(axis=1) - v.min(axis=1)) <= 1e-6
     hist = [int(((np.asarray(weights) == w) & item_mask).sum()) for w in range(1, 6)]
     return {
         "parse_valid_rate": float(np.mean(list_valid)),
         "items_per_list": float(n_items / max(1, np.sum(list_valid))),
         "weight_hist": hist,
         "yes_rate": float(vbar[item_mask].mean()) if n_items else 0.0,
-        "zero_variance_item_fraction": float(
-            ((vbar == 0) | (vbar == 1))[item_mask].mean()) if n_items else 0.0,
+        "zero_variance_item_fraction": float(flat[item_mask].mean()) if n_items else 0.0,
     }
 
 
 def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
-    """One GRPO step (Eq. 23) of `role` on a rollout; returns host metrics.
-
-    With beta > 0 the frozen reference's log-probs (pi_ref) are computed first, sharded
-    over the same mesh.
+    """One GRPO step (Eq. 23) of `role` on a rollout; returns host metrics. The frozen
+    reference's log-probs (pi_ref) are computed inside the step (`train_step`).
 
     Raises:
         FloatingPointError: a non-finite metric, naming `global_step`.
     """
     rollout, advantages, timer = step.rollout, step.advantages, step.timer
     trainee = ctx.roles.trainee(role)
-    tc = trainee.train_config
     batch = ts.batch_from_rollout(rollout, advantages)
     hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
-    if tc.beta > 0:
-        with timer("logprobs"):
-            ref_fn = ts.make_sharded_logprobs_fn(trainee.model.cfg, ctx.mesh,
-                                                 tc.scoring_temperature,
-                                                 start=batch.prompt_len)
-            ref = ref_fn(trainee.reference_params, batch.tokens, batch.token_mask)
-            ref.block_until_ready()  # so the time lands here, not in "update"
-        batch = batch.replace(ref_logprobs=ref)
     with timer("update"):
-        trainee.state, metrics = trainee.step_fn(trainee.state, batch)
+        trainee.state, metrics = trainee.step_fn(trainee.state, batch,
+                                                 trainee.reference_params)
         metrics = ts.check_finite(metrics, global_step)
     return metrics
 
@@ -249,12 +245,17 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         s_anchor, jnp.broadcast_to(gold[:, None], (b, gl, a_max)),
         jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
     disc_weight, lam = VARIANT_WEIGHTS[c.variant]
-    adv, flat_d, flat_a = rewards.generator_advantages(
-        r_disc, r_anchor, g.lam if lam is None else lam, disc_weight=disc_weight)
-    adv = np.asarray(adv).reshape(-1)
+    ids = rb.rollout.group_ids  # row b * G + g: list g of input b (METHOD 11: by id)
+    adv, _, _ = rewards.generator_advantages_by_id(
+        r_disc.reshape(-1), r_anchor.reshape(-1), g.lam if lam is None else lam, ids, b,
+        disc_weight=disc_weight)
+    adv = np.asarray(adv)
     metrics = dict(
         r_disc=float(r_disc.mean()), r_anchor=float(r_anchor.mean()),
-        flat_group_fraction=float(np.mean(np.asarray(flat_d) & np.asarray(flat_a))),
+        r_disc_std=_mean_spread(r_disc.reshape(-1), ids, b),
+        r_anchor_std=_mean_spread(r_anchor.reshape(-1), ids, b),
+        # A group trains nothing when its combined advantage (Eq. 25) is zero everywhere.
+        flat_group_fraction=float(np.mean(np.all(adv.reshape(b, gl) == 0, axis=1))),
         **rubric_stats(w.reshape(b * gl, m), im.reshape(b * gl, m), lv.reshape(-1),
                        v_c.reshape(b * gl, k, m)))
     return PhaseStep(rb.rollout, adv, metrics, timer)
@@ -283,18 +284,19 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     v = fit_items(v, m).reshape(b, k, m)
     scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
     scores = np.asarray(scores)
-    adv, flat = rewards.group_advantages_by_id(jnp.asarray(scores.reshape(-1)),
-                                               jnp.asarray(rollout.group_ids), b)
+    adv, flat = rewards.group_advantages_by_id(scores.reshape(-1), rollout.group_ids, b)
     metrics = dict(
-        policy_reward=float(scores.mean()), flat_group_fraction=float(np.mean(flat)),
+        policy_reward=_finite_mean(scores), flat_group_fraction=float(np.mean(flat)),
+        reward_std=_mean_spread(scores.reshape(-1), rollout.group_ids, b),
+        unscorable_fraction=float(np.mean(~np.isfinite(scores))),
         rubric_invalid_fraction=float(1 - np.mean(valid)),
         **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v))
     trace = [
         {"prompt": prompts[i], "responses": sets[i],
          "items": [t for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],
          "weights": [int(w) for w, on in zip(rb.weights[i, 0], rb.item_mask[i, 0]) if on],
-         "verdicts": [[int(x) for x, on in zip(v[i, j], rb.item_mask[i, 0]) if on]
-                      for j in range(k)],
+         "verdicts": [[round(float(x), 3) for x, on in zip(v[i, j], rb.item_mask[i, 0])
+                       if on] for j in range(k)],
          "scores": [float(s) for s in scores[i]], "valid": bool(rb.list_valid[i, 0])}
         for i in range(min(b, c.log.trace_prompts))]
     return PhaseStep(rollout, np.asarray(adv), metrics, timer, trace)
@@ -311,9 +313,26 @@ def rule_policy_rollout(ctx: Context, key, items,
     with timer("reward"):
         scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
                           np.float32)
-    adv, flat = rewards.group_advantages(jnp.asarray(scores.reshape(len(items), k)))
-    metrics = dict(policy_reward=float(scores.mean()), flat_group_fraction=float(np.mean(flat)))
-    return PhaseStep(rollout, np.asarray(adv).reshape(-1), metrics, timer)
+    b = len(items)
+    adv, flat = rewards.group_advantages_by_id(scores, rollout.group_ids, b)
+    metrics = dict(policy_reward=_finite_mean(scores),
+                   flat_group_fraction=float(np.mean(flat)),
+                   reward_std=_mean_spread(scores, rollout.group_ids, b),
+                   unscorable_fraction=float(np.mean(~np.isfinite(scores))))
+    return PhaseStep(rollout, np.asarray(adv), metrics, timer)
+
+
+def _finite_mean(x) -> float:
+    """Mean of the finite entries (non-finite rewards are unscorable rows, counted apart)."""
+    x = np.asarray(x, np.float64)
+    ok = np.isfinite(x)
+    return float(x[ok].mean()) if ok.any() else 0.0
+
+
+def _mean_spread(r, group_ids, num_groups) -> float:
+    """Mean over non-flat groups of the std Eq. 21 divided their rewards by (0 if none)."""
+    std = np.asarray(rewards.group_std_by_id(r, group_ids, num_groups))
+    return float(std[std > 0].mean()) if np.any(std > 0) else 0.0
 
 
 def fit_items(v: np.ndarray, m: int) -> np.ndarray:

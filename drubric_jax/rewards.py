@@ -5,7 +5,8 @@ group, M rubric items, N anchor-list length, R flat rows of a batch. A leading
 `...` is any number of batch axes (B, or B x G) shared by all arguments.
 
 Layouts fixed for the whole module:
-- verdicts are responses-by-items, `float32[..., K, M]`, values in {0, 1};
+- verdicts are responses-by-items, `float32[..., K, M]`, values in {0, 1} (the paper) or
+    in [0, 1] (soft verdicts, METHOD 12);
 - gold ranks are numbers per item, smaller is better, equal means tied
     (`0, 1, 2, ...` for a strict best-first list);
 - masks are bool and mark real entries; padded entries may hold any value,
@@ -18,6 +19,7 @@ groups).
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from drubric_jax.text.rubric_format import MAX_WEIGHT, MIN_WEIGHT
 ADV_EPS = 1e-6  # added to the group std in Eq. 21 (METHOD 11)
@@ -76,15 +78,18 @@ def rubric_scores(verdicts, weights, item_mask):
 
 
 def discriminability_reward(verdicts, weights, item_mask, response_mask=None):
-    """Weighted Bernoulli variance of item outcomes over the responses, Eq. 13.
+    """Weighted variance of item outcomes over the responses, Eq. 13 (generalised).
 
         vbar_m = (1/K) sum_k v_m(y_k)
-        R_disc = sum_m w_m vbar_m (1 - vbar_m) / sum_m w_m       in [0, 0.25]
+        R_disc = sum_m w_m Var_k[v_m(y_k)] / sum_m w_m            in [0, 0.25]
 
-    vbar (1 - vbar) is the population variance (no Bessel correction).
+    with the population variance (no Bessel correction). For 0/1 verdicts Var_k =
+    vbar_m (1 - vbar_m), the paper's Eq. 13, and an item whose verdicts are all 0 or 1 is
+    computed that way, bit for bit; soft verdicts v in [0, 1] (METHOD 12) use the two-pass
+    (1/K) sum_k (v - vbar)^2, which is 0 when every response gets the same P(yes).
 
     Args:
-        verdicts: float32[..., K, M], v_m(y_k) in {0, 1}.
+        verdicts: float32[..., K, M], v_m(y_k) in [0, 1] ({0, 1} in the paper).
         weights: int or float[..., M], w_m.
         item_mask: bool[..., M], True for real items.
         response_mask: bool[..., K] or None (all real), True for real responses.
@@ -99,10 +104,14 @@ def discriminability_reward(verdicts, weights, item_mask, response_mask=None):
     resp = jnp.asarray(response_mask, bool)
     v = jnp.where(keep[..., None, :] & resp[..., :, None], v, 0.0)
     n = jnp.sum(resp, axis=-1)
-    vbar = jnp.sum(v, axis=-2) / jnp.maximum(n, 1)[..., None].astype(jnp.float32)
+    nf = jnp.maximum(n, 1)[..., None].astype(jnp.float32)
+    vbar = jnp.sum(v, axis=-2) / nf                                       # [..., M]
+    dev = jnp.where(resp[..., :, None], v - vbar[..., None, :], 0.0)
+    binary = jnp.all((v == 0.0) | (v == 1.0), axis=-2)
+    var = jnp.where(binary, vbar * (1.0 - vbar), jnp.sum(dev * dev, axis=-2) / nf)
     total = jnp.sum(w, axis=-1)
     ok = (total > 0) & (n > 0)
-    r = jnp.sum(w * vbar * (1.0 - vbar), axis=-1) / jnp.where(ok, total, 1.0)
+    r = jnp.sum(w * var, axis=-1) / jnp.where(ok, total, 1.0)
     return jnp.where(ok, r, 0.0)
 
 
@@ -225,15 +234,52 @@ def delta_gap(scores, gold_ranks, mask=None):
     return total / jnp.maximum(count, 1).astype(jnp.float32), count
 
 
-def _flatness_and_std(n, mean, var, spread):
-    """Per-group flat flag and a std that is safe to divide by (METHOD 11).
+def _normalise_groups(r, m, ids, num_groups):
+    """Eq. 21 over segments: (advantages float32[R], flat bool[S], std float32[S]).
 
-    Flat: fewer than two members, or max - min <= FLAT_RTOL * max(1, |mean|).
-    The std of a flat group is set to 1 so neither value nor gradient is NaN.
+    The one implementation behind `group_advantages` and `group_advantages_by_id`. A
+    non-finite reward is treated as masked (the caller counts it as unscorable). Each group
+    is first divided by a power of two of about its largest |R| (1 for groups within
+    [-1, 1]): scaling by 2^k is exact in float arithmetic, so the result is the unscaled
+    formula's, yet sums and squared deviations stay finite for rewards near the float32
+    limit. std is the ddof = 1 spread the group was divided by (0 for flat groups).
     """
-    spread = jnp.where(n > 1, spread, 0.0)
-    flat = (n <= 1) | (spread <= FLAT_RTOL * jnp.maximum(1.0, jnp.abs(mean)))
-    return flat, jnp.sqrt(jnp.where(flat, 1.0, var))
+    m = m & jnp.isfinite(r)
+    r = jnp.where(m, r, 0.0)
+
+    def seg_sum(x):
+        return jax.ops.segment_sum(x, ids, num_segments=num_groups)
+
+    peak = jax.ops.segment_max(jnp.abs(r), ids, num_segments=num_groups)
+    _, exp = jnp.frexp(jnp.where(jnp.isfinite(peak), peak, 0.0))
+    # 2^k, k in [0, 126], built from its exponent bits (exact; ldexp is not under jit).
+    # k <= 126 because XLA CPU divides by multiplying with the reciprocal, and 2^-127 is
+    # subnormal (flushed to 0); |R| / 2^126 < 4 stays harmless.
+    k = jnp.clip(exp - 1, 0, 126).astype(jnp.int32)
+    scale = jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)   # [S]
+    rs = r / scale[ids]
+    n = seg_sum(m.astype(jnp.float32))
+    mean = seg_sum(rs) / jnp.maximum(n, 1.0)                             # two passes:
+    dev = jnp.where(m, rs - mean[ids], 0.0)                              # mean first,
+    var = seg_sum(dev * dev) / jnp.maximum(n - 1.0, 1.0)                 # then deviations
+    hi = jax.ops.segment_max(jnp.where(m, rs, -jnp.inf), ids, num_segments=num_groups)
+    lo = jax.ops.segment_min(jnp.where(m, rs, jnp.inf), ids, num_segments=num_groups)
+    spread = jnp.where(n > 1, hi - lo, 0.0)
+    # Flat: max - min <= FLAT_RTOL * max(1, |mean|), in the scaled units.
+    flat = (n <= 1) | (spread <= FLAT_RTOL * jnp.maximum(1.0 / scale, jnp.abs(mean)))
+    std = jnp.sqrt(jnp.where(flat, 1.0, var))  # 1 for flat groups: no 0/0, no NaN gradient
+    adv = dev / (std + ADV_EPS / scale)[ids]
+    return (jnp.where(m & ~flat[ids], adv, 0.0), flat,
+            jnp.where(flat, 0.0, std * scale))
+
+
+def _reshape_groups(rewards, group_mask):
+    """float[..., G] -> flat rows, masks and segment ids (one segment per group)."""
+    r = jnp.asarray(rewards, jnp.float32)
+    m = _all_true(r) if group_mask is None else jnp.asarray(group_mask, bool)
+    groups = int(np.prod(r.shape[:-1], dtype=np.int64))
+    ids = jnp.repeat(jnp.arange(groups, dtype=jnp.int32), r.shape[-1])
+    return r.reshape(-1), m.reshape(-1), ids, groups
 
 
 def group_advantages(rewards, group_mask=None):
@@ -243,7 +289,10 @@ def group_advantages(rewards, group_mask=None):
 
     in float32 with two passes (mean first, then squared deviations). A group
     is flat when max R - min R <= 1e-6 max(1, |mean R|); every advantage in a
-    flat group, in a group of one and at masked members is exactly 0.
+    flat group, in a group of one and at masked members is exactly 0. A
+    non-finite reward counts as masked: its advantage is 0 and the rest of the
+    group is normalised without it. Rewards near the float32 limit give finite
+    advantages (see `_normalise_groups`).
 
     Args:
         rewards: float[..., G]; masked members may hold anything (NaN, inf).
@@ -254,27 +303,41 @@ def group_advantages(rewards, group_mask=None):
         flat: bool[...], True for flat groups (and groups of zero or one member);
             its mean over real groups is the logged flat fraction.
     """
+    shape = np.shape(rewards)
+    r, m, ids, groups = _reshape_groups(rewards, group_mask)
+    adv, flat, _ = _normalise_groups(r, m, ids, groups)
+    return adv.reshape(shape), flat.reshape(shape[:-1])
+
+
+def group_std(rewards, group_mask=None):
+    """float32[...]: the ddof = 1 std each group of `group_advantages` was divided by
+    (Eq. 21), 0 for flat groups; the number to log beside the advantages."""
+    shape = np.shape(rewards)
+    r, m, ids, groups = _reshape_groups(rewards, group_mask)
+    return _normalise_groups(r, m, ids, groups)[2].reshape(shape[:-1])
+
+
+def _id_groups(rewards, group_ids, num_groups, mask):
+    """Rows, mask (ids out of range masked) and safe segment ids of a by-id grouping."""
     r = jnp.asarray(rewards, jnp.float32)
-    m = _all_true(r) if group_mask is None else jnp.asarray(group_mask, bool)
-    r = jnp.where(m, r, 0.0)
-    n = jnp.sum(m, axis=-1)
-    nf = n.astype(jnp.float32)
-    mean = jnp.sum(r, axis=-1) / jnp.maximum(nf, 1.0)
-    dev = jnp.where(m, r - mean[..., None], 0.0)
-    var = jnp.sum(dev * dev, axis=-1) / jnp.maximum(nf - 1.0, 1.0)
-    hi = jnp.max(jnp.where(m, r, -jnp.inf), axis=-1)
-    lo = jnp.min(jnp.where(m, r, jnp.inf), axis=-1)
-    flat, std = _flatness_and_std(n, mean, var, hi - lo)
-    adv = dev / (std + ADV_EPS)[..., None]
-    return jnp.where(m & ~flat[..., None], adv, 0.0), flat
+    ids = jnp.asarray(group_ids, jnp.int32)
+    m = _all_true(r) if mask is None else jnp.asarray(mask, bool)
+    m = m & (ids >= 0) & (ids < num_groups)
+    return r, m, jnp.where(m, ids, 0)
+
+
+def group_std_by_id(rewards, group_ids, num_groups, mask=None):
+    """float32[num_groups]: `group_std` with groups formed by id."""
+    return _normalise_groups(*_id_groups(rewards, group_ids, num_groups, mask), num_groups)[2]
 
 
 def group_advantages_by_id(rewards, group_ids, num_groups, mask=None):
     """Eq. 21 with groups formed by prompt id, not by reshape (METHOD 11).
 
     Same rule as `group_advantages` (ddof = 1, two passes, flat groups and
-    groups of one get exactly 0), using segment sums over `group_ids`, so the
-    rows of a batch may come in any order (interleaved, sharded, shuffled).
+    groups of one get exactly 0, non-finite rewards masked), using segment sums
+    over `group_ids`, so the rows of a batch may come in any order
+    (interleaved, sharded, shuffled).
 
     Args:
         rewards: float[R]; masked rows may hold anything.
@@ -287,25 +350,9 @@ def group_advantages_by_id(rewards, group_ids, num_groups, mask=None):
         advantages: float32[R], 0 at masked rows.
         flat: bool[num_groups], True for flat groups and groups of <= 1 row.
     """
-    r = jnp.asarray(rewards, jnp.float32)
-    ids = jnp.asarray(group_ids, jnp.int32)
-    m = _all_true(r) if mask is None else jnp.asarray(mask, bool)
-    m = m & (ids >= 0) & (ids < num_groups)
-    ids = jnp.where(m, ids, 0)
-    r = jnp.where(m, r, 0.0)
-
-    def seg_sum(x):
-        return jax.ops.segment_sum(x, ids, num_segments=num_groups)
-
-    n = seg_sum(m.astype(jnp.float32))
-    mean = seg_sum(r) / jnp.maximum(n, 1.0)
-    dev = jnp.where(m, r - mean[ids], 0.0)
-    var = seg_sum(dev * dev) / jnp.maximum(n - 1.0, 1.0)
-    hi = jax.ops.segment_max(jnp.where(m, r, -jnp.inf), ids, num_segments=num_groups)
-    lo = jax.ops.segment_min(jnp.where(m, r, jnp.inf), ids, num_segments=num_groups)
-    flat, std = _flatness_and_std(n, mean, var, hi - lo)
-    adv = dev / (std + ADV_EPS)[ids]
-    return jnp.where(m & ~flat[ids], adv, 0.0), flat
+    adv, flat, _ = _normalise_groups(*_id_groups(rewards, group_ids, num_groups, mask),
+                                     num_groups)
+    return adv, flat
 
 
 def generator_advantages(r_disc, r_anchor, lam=1.0, mask=None, disc_weight=1.0):

@@ -1,4 +1,5 @@
-"""Run outputs: metrics.jsonl + TensorBoard events, per-round HTML traces, curves.png.
+"""Run outputs: metrics.jsonl + TensorBoard events, per-round HTML traces, curves.png;
+and the log filter that keeps third-party INFO lines out of a run's console.
 
 Metric writing uses tensorboardX (event files) and plain JSON lines; plotting uses
 matplotlib with the non-interactive Agg backend.
@@ -7,11 +8,40 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import os
 from typing import Iterable, Sequence
 
 import numpy as np
+
+
+# Where this project's code lives: records from files under these folders pass the filter.
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               d) + os.sep for d in ("drubric_jax", "experiments", "configs"))
+
+
+class ThirdPartyFilter(logging.Filter):
+    """Drops log records below WARNING that come from other packages (Orbax writes about
+    330 INFO lines around the progress bars of a default run); ours and every warning pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.levelno >= logging.WARNING
+                or os.path.abspath(record.pathname).startswith(_OWN_DIRS))
+
+
+def quiet_third_party_logs(quiet: bool = True) -> None:
+    """Installs (or, with quiet=False, removes) `ThirdPartyFilter` on the absl handler and
+    on the root logger's handlers, where absl-logging libraries such as Orbax write."""
+    from absl import logging as absl_logging
+
+    handlers = [absl_logging.get_absl_handler()] + list(logging.getLogger().handlers)
+    for handler in handlers:
+        for f in [f for f in handler.filters if isinstance(f, ThirdPartyFilter)]:
+            handler.removeFilter(f)
+        if quiet:
+            handler.addFilter(ThirdPartyFilter())
 
 
 def _scalar(v):
@@ -108,8 +138,13 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
     verdict grid and the scores.
 
     Each example: {"prompt": str, "responses": [str] (K), "items": [str] (M),
-    "weights": [int] (M), "verdicts": [[0/1] * M] * K, "scores": [float] (K), "valid": bool}.
+    "weights": [int] (M), "verdicts": [[v] * M] * K with v 0/1 (hard) or P(yes) (soft),
+    "scores": [float] (K), "valid": bool}. Cells show yes / no, or the soft verdict.
     """
+    def cell(v):
+        label = ("yes" if v else "no") if v in (0, 1) else f"{v:.2f}"
+        return f"<td class='{'y' if v > 0.5 else 'n'}'>{label}</td>"
+
     esc = html.escape
     parts = [f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
@@ -124,10 +159,7 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
         head = "".join(f"<th>R{k + 1}</th>" for k in range(len(ex["responses"])))
         parts.append(f"<table><tr><th>item</th><th>w</th>{head}</tr>")
         for m, (item, w) in enumerate(zip(ex["items"], ex["weights"])):
-            cells = "".join(
-                f"<td class='{'y' if ex['verdicts'][k][m] else 'n'}'>"
-                f"{'yes' if ex['verdicts'][k][m] else 'no'}</td>"
-                for k in range(len(ex["responses"])))
+            cells = "".join(cell(ex["verdicts"][k][m]) for k in range(len(ex["responses"])))
             parts.append(f"<tr><td>{esc(item)}</td><td>{w}</td>{cells}</tr>")
         scores = "".join(f"<td>{s:.3f}</td>" for s in ex["scores"])
         parts.append(f"<tr><th colspan=2>score E (Eq. 12)</th>{scores}</tr></table>")

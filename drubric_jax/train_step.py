@@ -13,7 +13,6 @@ Batch layout (`Batch`, one row per response):
                                  the prompt bucket and the filler after EOS
     old_logprobs  float32[R, T]  sampler log-probs (pi_old) aligned to `tokens`; anything
                                  (0 in practice) where loss_mask is False
-    ref_logprobs  float32[R, T]  frozen reference's `sequence_logprobs`; zeros if beta = 0
     advantages    float32[R]     Eq. 21 / Eq. 25 advantages, one per response
     truncated     bool[R]        the completion hit max_new_tokens without a stop id
 
@@ -73,7 +72,6 @@ class Batch:
     token_mask: jax.Array    # bool[R, T]
     loss_mask: jax.Array     # bool[R, T]
     old_logprobs: jax.Array  # float32[R, T]
-    ref_logprobs: jax.Array  # float32[R, T]
     advantages: jax.Array    # float32[R]
     truncated: jax.Array     # bool[R]
     # Prompt bucket P (static): positions < P are never scored, so the output head skips
@@ -81,7 +79,7 @@ class Batch:
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
 
 
-def batch_from_rollout(rollout: Rollout, advantages, ref_logprobs=None) -> Batch:
+def batch_from_rollout(rollout: Rollout, advantages) -> Batch:
     """The Batch layout of a Rollout: [its left-padded prompts | its completions].
 
     The prompt bucket is the sampler's own (no re-padding), so positions and log-probs line
@@ -90,8 +88,6 @@ def batch_from_rollout(rollout: Rollout, advantages, ref_logprobs=None) -> Batch
     Args:
         rollout: R sampled rows (`sampling.generate`, or a RubricBatch's rollout).
         advantages: float32[R], Eq. 21 / Eq. 25.
-        ref_logprobs: float32[R, P + N] or None (zeros; fill it later with
-            `batch.replace(ref_logprobs=...)`).
 
     Returns:
         Batch of host numpy arrays, T = P + N.
@@ -105,15 +101,12 @@ def batch_from_rollout(rollout: Rollout, advantages, ref_logprobs=None) -> Batch
     comp_mask = np.asarray(rollout.mask, bool)
     tokens = np.concatenate([np.asarray(rollout.prompt_tokens, np.int32),
                              np.asarray(rollout.tokens, np.int32)], axis=1)
-    if ref_logprobs is None:
-        ref_logprobs = np.zeros(tokens.shape, np.float32)
     return Batch(
         tokens=tokens,
         token_mask=np.concatenate([np.asarray(rollout.prompt_mask, bool), comp_mask], axis=1),
         loss_mask=np.concatenate([np.zeros((r, p), bool), comp_mask], axis=1),
         old_logprobs=np.concatenate([np.zeros((r, p), np.float32),
                                      np.asarray(rollout.logprobs, np.float32)], axis=1),
-        ref_logprobs=np.asarray(ref_logprobs, np.float32),
         advantages=np.asarray(advantages, np.float32),
         truncated=np.asarray(rollout.truncated, bool), prompt_len=p)
 
@@ -133,8 +126,8 @@ def _loss_denominator(loss_mask: jax.Array, aggregation: str) -> jax.Array:
     return jnp.asarray(loss_mask.shape[0] * loss_mask.shape[1], jnp.float32)
 
 
-def accumulate_gradients(params: dict, batch: Batch, *, model_cfg: ModelConfig,
-                         train_cfg: TrainConfig) -> tuple[dict, dict]:
+def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] = None, *,
+                         model_cfg: ModelConfig, train_cfg: TrainConfig) -> tuple[dict, dict]:
     """Gradient of the negative of Eq. 23 over the batch, accumulated over micro-batches.
 
     Micro-batch normalisation: each micro-batch's `grpo.grpo_loss` is rescaled by
@@ -145,9 +138,15 @@ def accumulate_gradients(params: dict, batch: Batch, *, model_cfg: ModelConfig,
     Micro-batch i holds rows i, i + n, i + 2n, ... so, with rows sharded in blocks over
     ("data", "fsdp"), every micro-batch stays spread over all devices.
 
+    The reference log-probs (pi_ref of Eq. 23) are computed here, per micro-batch, by the
+    same function on the same shapes as the trainee's: while the trainee still equals its
+    reference the two agree bit for bit, so the KL gradient is exactly 0 and AdamW cannot
+    turn float noise of two differently-shaped evaluations into lr-sized steps.
+
     Args:
         params: the trainee's params.
         batch: Batch with R rows (layout in the module docstring).
+        ref_params: the frozen reference's params (needed when train_cfg.beta > 0).
         model_cfg, train_cfg: static configs.
 
     Returns:
@@ -155,8 +154,10 @@ def accumulate_gradients(params: dict, batch: Batch, *, model_cfg: ModelConfig,
         clip_fraction, ratio_mean, entropy of the whole batch).
 
     Raises:
-        ValueError: R not a multiple of micro_batch_size.
+        ValueError: R not a multiple of micro_batch_size; beta > 0 without ref_params.
     """
+    if train_cfg.beta > 0 and ref_params is None:
+        raise ValueError(f"beta={train_cfg.beta} needs the reference params (ref_params)")
     b = batch.tokens.shape[0]
     mb = train_cfg.micro_batch_size
     if b % mb:
@@ -167,12 +168,15 @@ def accumulate_gradients(params: dict, batch: Batch, *, model_cfg: ModelConfig,
     denom = _loss_denominator(jnp.asarray(batch.loss_mask, bool), agg)
     total_tokens = jnp.maximum(jnp.sum(batch.loss_mask), 1).astype(jnp.float32)
 
+    def logprobs_of(p, mbatch, return_entropy=False):
+        return sequence_logprobs(p, model_cfg, mbatch.tokens, mbatch.token_mask,
+                                 train_cfg.scoring_temperature, chunk=train_cfg.logits_chunk,
+                                 return_entropy=return_entropy, start=mbatch.prompt_len)
+
     def loss_fn(p, mbatch: Batch):
-        logp, ent = sequence_logprobs(p, model_cfg, mbatch.tokens, mbatch.token_mask,
-                                      train_cfg.scoring_temperature,
-                                      chunk=train_cfg.logits_chunk, return_entropy=True,
-                                      start=mbatch.prompt_len)
-        ref = None if train_cfg.beta == 0 else mbatch.ref_logprobs
+        logp, ent = logprobs_of(p, mbatch, return_entropy=True)
+        ref = (None if train_cfg.beta == 0
+               else jax.lax.stop_gradient(logprobs_of(ref_params, mbatch)))
         loss, m = grpo.grpo_loss(logp, mbatch.old_logprobs, ref, mbatch.advantages,
                                  mbatch.loss_mask, train_cfg.clip_eps, train_cfg.beta, agg,
                                  train_cfg.kl_estimator)
@@ -203,14 +207,15 @@ def accumulate_gradients(params: dict, batch: Batch, *, model_cfg: ModelConfig,
     return grads, sums
 
 
-def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig,
-               train_cfg: TrainConfig,
+def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = None, *,
+               model_cfg: ModelConfig, train_cfg: TrainConfig,
                optimizer: optax.GradientTransformation) -> tuple[TrainState, dict]:
     """One optimizer update on the negative of Eq. 23 (`accumulate_gradients`, then AdamW).
 
     Args:
         state: TrainState (donated by the jitted wrappers).
         batch: Batch with R rows (layout in the module docstring).
+        ref_params: the frozen reference (pi_ref); needed when train_cfg.beta > 0.
         model_cfg, train_cfg: static configs.
         optimizer: `train_config.make_optimizer(train_cfg)` (the lr metric reads its
             schedule counter).
@@ -218,14 +223,16 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig,
     Returns:
         (new state, metrics): float32 scalars loss, pg_loss, kl, clip_fraction, ratio_mean,
         entropy (mean over completion tokens, nats), grad_norm (before clipping),
-        update_norm, advantage_{mean,std,min,max}, response_length_mean (tokens incl. EOS),
-        truncated_fraction, num_tokens, learning_rate (of this update).
+        update_norm, advantage_{mean,min,max}, response_length_mean (tokens incl. EOS),
+        truncated_fraction, num_tokens, learning_rate (of this update). The group std that
+        Eq. 21 divided the rewards by is logged by the phase that computed the advantages
+        (`phases`: reward_std, r_disc_std, r_anchor_std).
 
     Raises:
-        ValueError: R not a multiple of micro_batch_size.
+        ValueError: R not a multiple of micro_batch_size; beta > 0 without ref_params.
     """
-    grads, metrics = accumulate_gradients(state.params, batch, model_cfg=model_cfg,
-                                          train_cfg=train_cfg)
+    grads, metrics = accumulate_gradients(state.params, batch, ref_params,
+                                          model_cfg=model_cfg, train_cfg=train_cfg)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
     count = schedule_count(state.opt_state)
@@ -237,8 +244,8 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig,
     adv = jnp.asarray(batch.advantages, jnp.float32)
     metrics.update(
         grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
-        advantage_mean=jnp.mean(adv), advantage_std=jnp.std(adv),
-        advantage_min=jnp.min(adv), advantage_max=jnp.max(adv),
+        advantage_mean=jnp.mean(adv), advantage_min=jnp.min(adv),
+        advantage_max=jnp.max(adv),
         response_length_mean=jnp.mean(jnp.sum(loss_mask, axis=-1).astype(jnp.float32)),
         truncated_fraction=jnp.mean(jnp.asarray(batch.truncated, jnp.float32)),
         num_tokens=jnp.sum(loss_mask).astype(jnp.float32), learning_rate=lr)
@@ -248,12 +255,13 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig,
 
 @functools.lru_cache(maxsize=16)
 def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh):
-    """`(optimizer, step)`: the sharded `(state, batch) -> (state, metrics)`; state donated.
+    """`(optimizer, step)`: the sharded `(state, batch, ref_params) -> (state, metrics)`;
+    the state is donated.
 
-    State in/out: `sharding.param_shardings` of the trainee's TrainState (shapes from
-    `jax.eval_shape`, nothing allocated); batch rows over ("data", "fsdp") (R and
-    micro_batch_size should be multiples of data * fsdp); metrics replicated. Put the state
-    with `shard_train_state` first.
+    State in/out and ref_params: `sharding.param_shardings` of the trainee's TrainState /
+    params (shapes from `jax.eval_shape`, nothing allocated); batch rows over
+    ("data", "fsdp") (R and micro_batch_size should be multiples of data * fsdp); metrics
+    replicated. Put the state with `shard_train_state` first.
 
     Memoised on its (hashable) arguments: a second run in the same process (tests, sweeps)
     reuses the compiled step instead of tracing and compiling it again.
@@ -265,7 +273,7 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
     step = jax.jit(
         functools.partial(train_step, model_cfg=model_cfg, train_cfg=train_cfg,
                           optimizer=optimizer),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
+        in_shardings=(state_sh, sharding.batch_sharding(mesh), state_sh.params),
         out_shardings=(state_sh, sharding.replicated(mesh)),
         donate_argnums=(0,))
     return optimizer, step
@@ -274,25 +282,6 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
 def shard_train_state(state: TrainState, mesh) -> TrainState:
     """`jax.device_put` of a state onto the shardings `make_sharded_train_step` expects."""
     return jax.device_put(state, sharding.param_shardings(state, mesh))
-
-
-@functools.lru_cache(maxsize=16)
-def make_sharded_logprobs_fn(model_cfg: ModelConfig, mesh, temperature: float = 1.0,
-                             chunk: int = 512, start: int = 0):
-    """Sharded `(params, tokens, token_mask) -> logp float32[R, T]` (`sequence_logprobs`).
-
-    For the frozen reference's log-probs (pi_ref of Eq. 23); nothing is donated. Params
-    are sharded as `sharding.param_shardings`; tokens, token_mask and the output rows
-    over ("data", "fsdp"). Memoised like `make_sharded_train_step`.
-    """
-    rows = sharding.batch_sharding(mesh)
-    shapes = jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.PRNGKey(0)))
-    fn = functools.partial(sequence_logprobs, cfg=model_cfg, temperature=temperature,
-                           chunk=chunk, start=start)
-    return jax.jit(lambda params, tokens, token_mask: fn(params, tokens=tokens,
-                                                         token_mask=token_mask),
-                   in_shardings=(sharding.param_shardings(shapes, mesh), rows, rows),
-                   out_shardings=rows)
 
 
 def check_finite(metrics: dict, step: int) -> dict:

@@ -1,11 +1,16 @@
-"""Verdicts from the verifier's answer logits (METHOD 11; Eq. 12-15 take them).
+"""Verdicts from the verifier's answer logits (METHOD 11, 12; Eq. 12-15 take them).
 
-    P(yes) = sum_{t in YES} p(t) / (sum_{t in YES} p(t) + sum_{t in NO} p(t)),
-    v_m(y) = 1  iff  P(yes) > 0.5
+    P(yes) = sum_{t in YES} p(t) / (sum_{t in YES} p(t) + sum_{t in NO} p(t))
 
 YES / NO are all single-token spellings of the words in the tokenizer (" yes", "Yes",
 " Yes", "YES", ...; case-14). This module is the one place that turns P(yes) into a
-verdict.
+verdict v, in one of two modes (`config.verifier.verdict`):
+    hard   v = 1 iff P(yes) > 0.5 (the paper; METHOD 11)
+    soft   v = P(yes) in [0, 1] (METHOD 12: a weak verifier's probabilities still order
+           responses when every thresholded verdict is 0)
+and, optionally first, contextual calibration (`config.verifier.calibration`; Zhao et al.
+2021, "Calibrate Before Use"): P_cal = sigmoid(logit P(yes | x, y) - logit P(yes | x, y_null))
+with the content-free response y_null = NULL_RESPONSE, per item and prompt.
 """
 from __future__ import annotations
 
@@ -15,6 +20,9 @@ import numpy as np
 
 YES_WORD = "yes"
 NO_WORD = "no"
+VERDICT_MODES = ("hard", "soft")
+CALIBRATIONS = ("none", "contextual")
+NULL_RESPONSE = "N/A"  # the content-free response of contextual calibration
 _VARIANT_PREFIXES = ("", " ")  # leading-space and bare forms (chat templates use both)
 
 
@@ -74,13 +82,44 @@ def p_yes_from_logits(logits: jax.Array, yes_ids: jax.Array, no_ids: jax.Array) 
     return jax.nn.sigmoid(lse_yes - lse_no)
 
 
-def verdicts_from_p_yes(p_yes) -> np.ndarray:
-    """v in {0, 1}: 1 iff P(yes) > 0.5 (METHOD 11; exactly 0.5 is No).
+def verdicts_from_p_yes(p_yes, mode: str = "hard") -> np.ndarray:
+    """The verdicts v of Eq. 12-13 from P(yes) (already calibrated, when asked).
 
     Args:
         p_yes: float[...].
+        mode: "hard": v = 1 iff P(yes) > 0.5 (METHOD 11; exactly 0.5 is No); "soft":
+            v = P(yes) (METHOD 12).
 
     Returns:
-        float32[...] of 0.0 / 1.0 (the dtype `rewards.rubric_scores` takes, Eq. 12).
+        float32[...] (the dtype `rewards.rubric_scores` takes, Eq. 12).
+
+    Raises:
+        ValueError: an unknown mode.
     """
-    return (np.asarray(p_yes, np.float32) > 0.5).astype(np.float32)
+    p = np.asarray(p_yes, np.float32)
+    if mode == "hard":
+        return (p > 0.5).astype(np.float32)
+    if mode == "soft":
+        return p
+    raise ValueError(f"verdict mode must be one of {VERDICT_MODES}, got {mode!r}")
+
+
+def contextual_calibration(p_yes, p_null) -> np.ndarray:
+    """sigmoid(logit P(yes | x, y) - logit P(yes | x, y_null)) (METHOD 12; Zhao et al. 2021).
+
+    A verifier that leans to "no" for every response of an item is re-centred on what it
+    says for the content-free response: an item it answers as it does for "N/A" gets 0.5.
+
+    Args:
+        p_yes: float[...] P(yes) of (x, y, item).
+        p_null: float[...] P(yes) of (x, NULL_RESPONSE, item), broadcastable to p_yes.
+
+    Returns:
+        float32[...] in [0, 1], computed in float64 from logits clipped to P in
+        [1e-7, 1 - 1e-7] (a verifier certain of its answer stays finite).
+    """
+    def logit(p):
+        p = np.clip(np.asarray(p, np.float64), 1e-7, 1 - 1e-7)
+        return np.log(p) - np.log1p(-p)
+
+    return (1.0 / (1.0 + np.exp(-(logit(p_yes) - logit(p_null))))).astype(np.float32)

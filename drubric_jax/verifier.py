@@ -14,9 +14,10 @@ Two execution paths give the same numbers (|dP| <= 1e-4, tested):
   at each row's last real suffix token.
 - naive: every (response, item) pair is its own full prompt (reference and benchmark).
 
-Shapes are bucketed (powers of two for prefix and full-prompt lengths, multiples of 16 for
-the short item suffixes; row chunks derived from the buckets and a memory budget) so a new
-text length reuses a compiled program.
+The jitted passes live in `verifier_passes`; shapes are bucketed (powers of two for prefix
+and full-prompt lengths, multiples of 16 for the short item suffixes; row chunks derived
+from the buckets and a memory budget) so a new text length reuses a compiled program.
+Contextual calibration (METHOD 12) appends one content-free row per prompt to the same call.
 
 Counters (cut prefixes and items, prefixes, judgements) go into a dict the caller passes
 as `stats=` (nothing is kept on the object between calls).
@@ -27,101 +28,33 @@ full-prompt tokens.
 """
 from __future__ import annotations
 
-import functools
+import json
 from typing import Optional, Sequence, Union
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import models
+from drubric_jax import verifier_passes as passes
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
 from drubric_jax.text.budget import fit_prompt, fit_to_budget
-from drubric_jax.verdicts import p_yes_from_logits, yes_no_token_ids
+from drubric_jax.verdicts import (CALIBRATIONS, NULL_RESPONSE, contextual_calibration,
+                                  p_yes_from_logits, yes_no_token_ids)
 from drubric_jax.text.prompts import (plain_render, render_verifier_prompts,
                                       verifier_prefix_messages)
 
 _SUFFIX_CACHE_SIZE = 20000  # tokenised item suffixes kept (cleared when exceeded)
 
 
-# ----------------------------------------------------------------------------- jitted cores
+# ----------------------------------------------------------------------------- verifier
 
-
-@functools.partial(jax.jit, static_argnames=("cfg", "num_slots"))
-def _prefill(params, cfg: ModelConfig, tokens, token_mask, num_slots: int):
-    """Prefills left-padded prefixes int32[R, P] into a cache of S = num_slots slots.
-
-    Returns (cache with index P, prefix lengths int32[R]).
-    """
-    cache = models.init_cache(cfg, tokens.shape[0], num_slots)
-    positions = models.positions_from_mask(token_mask)
-    _, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
-    return cache, jnp.sum(token_mask, axis=-1).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _score_suffixes(params, cfg: ModelConfig, cache: models.KVCache, prefix_len,
-                    suffix_tokens, suffix_len, yes_ids, no_ids):
-    """P(yes) of Mc suffixes per cached prefix, in one batched pass.
-
-    Args:
-        cache: KVCache of R prefixes (index = P); rows are repeated Mc times here.
-        prefix_len: int32[R] real prefix tokens (RoPE position of the first suffix token).
-        suffix_tokens: int32[R, Mc, Ts] right-padded.  suffix_len: int32[R, Mc] (>= 1 for
-            real items; 0 rows give an unused value).
-        yes_ids, no_ids: int32 variant ids.
-
-    Returns:
-        float32[R, Mc].
-    """
-    r, mc, ts = suffix_tokens.shape
-    rows = models.repeat_rows(cache, mc)
-    tokens = suffix_tokens.reshape(r * mc, ts)
-    lens = suffix_len.reshape(r * mc)
-    steps = jnp.arange(ts, dtype=jnp.int32)
-    mask = steps[None, :] < lens[:, None]
-    positions = jnp.repeat(prefix_len, mc)[:, None] + steps[None, :]
-    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, mask, rows)
-    last = jnp.take_along_axis(hidden, jnp.maximum(lens - 1, 0)[:, None, None], axis=1)[:, 0]
-    logits = models.logits_from_hidden(params, cfg, last)
-    return p_yes_from_logits(logits, yes_ids, no_ids).reshape(r, mc)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _score_full(params, cfg: ModelConfig, tokens, token_mask, yes_ids, no_ids):
-    """P(yes) after left-padded full prompts int32[N, T] (no cache, causal). float32[N]."""
-    positions = models.positions_from_mask(token_mask)
-    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask)
-    logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
-    return p_yes_from_logits(logits, yes_ids, no_ids)
-
-
-SUFFIX_STEP = 16  # suffix lengths are bucketed to multiples of this
-
-
-def suffix_bucket(n: int) -> int:
-    """Suffix-length bucket: the smallest multiple of 16 >= max(n, 1).
-
-    Item suffixes are short (~30-45 tokens); a power-of-two bucket would pad a 35-token
-    suffix to 64 and nearly double the suffix pass. Multiples of 16 still bound the number
-    of compiled shapes by max_suffix_tokens / 16.
-    """
-    return SUFFIX_STEP * max(1, -(-int(n) // SUFFIX_STEP))
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(int(n), 1).bit_length() - 1)
+Items = Union[Sequence[str], Sequence[Sequence[str]]]
 
 
 def _count(stats: Optional[dict], name: str, n: int) -> None:
     if stats is not None:
         stats[name] = stats.get(name, 0) + n
 
-
-# ----------------------------------------------------------------------------- verifier
-
-Items = Union[Sequence[str], Sequence[Sequence[str]]]
 
 
 class Verifier:
@@ -158,8 +91,8 @@ class Verifier:
         self.max_suffix_tokens = int(max_suffix_tokens)
         self.cache_slots_budget = int(cache_slots_budget)
         self.prefill_tokens_budget = int(prefill_tokens_budget)
-        self.max_rows = _pow2_floor(max_rows)
-        self.item_chunk = _pow2_floor(item_chunk)
+        self.max_rows = passes.pow2_floor(max_rows)
+        self.item_chunk = passes.pow2_floor(item_chunk)
         self.min_bucket = int(min_bucket)
         yes, no = yes_no_token_ids(tokenizer)
         self.yes_ids, self.no_ids = jnp.asarray(yes), jnp.asarray(no)
@@ -255,7 +188,7 @@ class Verifier:
 
     def p_yes(self, params, prompts: Union[str, Sequence[str]], responses: Sequence[str],
               items: Items, history=None, *, shared_prefix: bool = True,
-              stats: Optional[dict] = None) -> np.ndarray:
+              calibration: str = "none", stats: Optional[dict] = None) -> np.ndarray:
         """P(yes) for every response and item (METHOD 11; `verdicts` turns it into v).
 
         Args:
@@ -268,6 +201,10 @@ class Verifier:
                 ([{"role", "content"}, ...]).
             shared_prefix: True = prefix-sharing path, False = naive path (one full prompt
                 per pair); both agree to ~1e-5.
+            calibration: "none", or "contextual": every P(yes) is calibrated against the
+                same item on the content-free response `verdicts.NULL_RESPONSE` for the
+                same prompt (METHOD 12). That costs one extra prefix per distinct
+                (prompt, history) and one suffix row per distinct item of it.
             stats: optional dict that counts prefix_cut, item_cut, prefixes, judgements.
 
         Returns:
@@ -277,6 +214,11 @@ class Verifier:
             ValueError: mismatched lengths, or a budget the template cannot meet.
         """
         prompts, histories, items = self._normalise(prompts, responses, items, history)
+        if calibration == "contextual":
+            return self._calibrated(params, prompts, list(responses), items, histories,
+                                    shared_prefix, stats)
+        if calibration != "none":
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
         r = len(responses)
         m_max = max((len(x) for x in items), default=0)
         out = np.zeros((r, m_max), np.float32)
@@ -296,21 +238,48 @@ class Verifier:
                 out[i, m] = v
         return out
 
+    def _calibrated(self, params, prompts, responses, items, histories, shared_prefix,
+                    stats) -> np.ndarray:
+        """`p_yes` with contextual calibration: the null rows are appended to the same call
+        (one per distinct (prompt, history), holding that prompt's distinct items)."""
+        null_rows: dict = {}  # (prompt, history) -> {item: column}
+        for p, h, lst in zip(prompts, histories, items):
+            cols = null_rows.setdefault((p, json.dumps(h, sort_keys=True)), {})
+            for it in lst:
+                if it.strip():
+                    cols.setdefault(it, len(cols))
+        keys = list(null_rows)
+        key_row = {k: len(prompts) + n for n, k in enumerate(keys)}
+        null_hist = [json.loads(h) for _, h in keys]
+        p_all = self.p_yes(params, prompts + [p for p, _ in keys],
+                           responses + [NULL_RESPONSE] * len(keys),
+                           items + [list(null_rows[k]) for k in keys], histories + null_hist,
+                           shared_prefix=shared_prefix, stats=stats)
+        r = len(responses)
+        out = np.zeros((r, max((len(x) for x in items), default=0)), np.float32)
+        for i, (p, h, lst) in enumerate(zip(prompts, histories, items)):
+            key = (p, json.dumps(h, sort_keys=True))
+            row, cols = key_row[key], null_rows[key]
+            for j, it in enumerate(lst):
+                if it.strip():
+                    out[i, j] = contextual_calibration(p_all[i, j], p_all[row, cols[it]])
+        return out
+
     def _run_shared(self, params, prepared: list, out: np.ndarray) -> None:
         m_max = out.shape[1]
         longest = max((len(s) for _, sufs in prepared for s in sufs), default=0)
         if longest == 0:
             return
-        ts = suffix_bucket(longest)
+        ts = passes.suffix_bucket(longest)
         order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
         start = 0
         while start < len(order):
             p = bucket_length(len(prepared[order[start]][0]), self.min_bucket)
             slots = p + ts
             mc = min(self.item_chunk, bucket_length(m_max, 1),
-                     _pow2_floor(max(self.cache_slots_budget // slots, 1)))
-            rc = min(self.max_rows, _pow2_floor(max(self.prefill_tokens_budget // p, 1)),
-                     _pow2_floor(max(self.cache_slots_budget // (slots * mc), 1)),
+                     passes.pow2_floor(max(self.cache_slots_budget // slots, 1)))
+            rc = min(self.max_rows, passes.pow2_floor(max(self.prefill_tokens_budget // p, 1)),
+                     passes.pow2_floor(max(self.cache_slots_budget // (slots * mc), 1)),
                      bucket_length(len(order) - start, 1))
             chunk = order[start:start + rc]
             start += rc
@@ -321,7 +290,7 @@ class Verifier:
                 tokens[j, p - len(pre):] = pre
                 tmask[j, p - len(pre):] = True
             tmask[len(chunk):, -1] = True  # filler rows: one pad token
-            cache, plen = _prefill(params, self.cfg, jnp.asarray(tokens),
+            cache, plen = passes.prefill(params, self.cfg, jnp.asarray(tokens),
                                    jnp.asarray(tmask), num_slots=slots)
             for m0 in range(0, m_max, mc):
                 suf = np.full((rc, mc, ts), self.pad_id, np.int32)
@@ -332,7 +301,7 @@ class Verifier:
                         slen[j, dm] = len(s)
                 if not slen.any():
                     continue
-                vals = np.asarray(_score_suffixes(
+                vals = np.asarray(passes.score_suffixes(
                     params, self.cfg, cache, plen, jnp.asarray(suf), jnp.asarray(slen),
                     self.yes_ids, self.no_ids))
                 for j, i in enumerate(chunk):
@@ -359,7 +328,7 @@ class Verifier:
         start = 0
         while start < n:
             t = bucket_length(len(prompts_ids[order[start]]), self.min_bucket)
-            rows = min(64, _pow2_floor(max(self.prefill_tokens_budget // t, 1)),
+            rows = min(64, passes.pow2_floor(max(self.prefill_tokens_budget // t, 1)),
                        bucket_length(n - start, 1))
             chunk = order[start:start + rows]
             start += rows
@@ -372,7 +341,7 @@ class Verifier:
                 tokens[j, t - len(ids):] = ids
                 mask[j, t - len(ids):] = True
             mask[len(chunk):, -1] = True
-            vals = np.asarray(_score_full(params, self.cfg, jnp.asarray(tokens),
+            vals = np.asarray(passes.score_full(params, self.cfg, jnp.asarray(tokens),
                                           jnp.asarray(mask), self.yes_ids, self.no_ids))
             out[chunk] = vals[:len(chunk)]
         return out

@@ -7,13 +7,20 @@ r"""Runs DynamicRubric co-evolution (Algorithm 1): generator and policy rounds.
 Running the same command on the same workdir resumes from its last checkpoint.
 Multi-host: pass --distributed to call jax.distributed.initialize() (one process per host).
 """
-from absl import app, flags, logging
-from ml_collections import config_flags
+import os
+
+# transformers prints a "PyTorch was not found" notice at import; tokenizers are all we use.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output and checkpoint directory.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize().")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -21,8 +28,9 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import loop
+    from drubric_jax import loop, run_logging
 
+    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     if _DISTRIBUTED.value:
         jax.distributed.initialize()
     logging.info("JAX devices (process %d of %d): %s", jax.process_index(),

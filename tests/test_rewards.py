@@ -5,12 +5,19 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from drubric_jax import rewards
 
 PROPERTY = settings(max_examples=30, deadline=None)
+# Advantages are O(1) (|A| <= sqrt(G - 1)); two compiled programs of the same formula (other
+# shapes, other fusion) may round a division differently: a few float32 ulps of 1.
+ULPS_O1 = 8 * float(np.finfo(np.float32).eps)
+# Jitted once: the fuzz test's examples then cost microseconds each.
+JIT_GROUP_ADV = jax.jit(rewards.group_advantages)
+JIT_GROUP_ADV_1 = jax.jit(rewards.group_advantages)
 
 
 def log_sigmoid(x):
@@ -197,6 +204,63 @@ def test_group_advantages_by_id_masks_and_bad_ids():
     assert np.asarray(flat).tolist() == [False, True]
 
 
+def test_non_finite_reward_is_unscorable_and_the_rest_is_normalised_without_it():
+    """A NaN / inf reward gets advantage 0 and does not poison its group: the other members
+    get exactly what the group without that member gives."""
+    for bad in (np.nan, np.inf, -np.inf):
+        adv, flat = rewards.group_advantages(np.array([1.0, bad, 2.0, 4.0], np.float32))
+        ref, _ = rewards.group_advantages(np.array([1.0, 2.0, 4.0], np.float32))
+        a = np.asarray(adv)
+        assert a[1] == 0.0 and np.all(np.isfinite(a)) and not bool(flat)
+        close(a[[0, 2, 3]], np.asarray(ref), ULPS_O1)
+        adv_id, _ = rewards.group_advantages_by_id(
+            np.array([1.0, bad, 2.0, 4.0], np.float32), np.zeros(4, np.int32), 1)
+        close(adv_id, a, ULPS_O1)
+    # A group left with one finite member is flat (its advantage 0).
+    adv, flat = rewards.group_advantages(np.array([np.nan, 3.0, np.inf], np.float32))
+    assert np.asarray(adv).tolist() == [0.0, 0.0, 0.0] and bool(flat)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.float32, (3, 5), elements=st.floats(
+    width=32, allow_nan=True, allow_infinity=True)))
+def test_fuzzed_groups_never_give_nan(r):
+    """Any float32 rewards (NaN, inf, values near the float32 limit): finite advantages,
+    0 at non-finite members, and each group's finite members normalised on their own."""
+    adv = np.asarray(JIT_GROUP_ADV(r)[0])
+    assert np.all(np.isfinite(adv))
+    assert np.all(adv[~np.isfinite(r)] == 0)
+    for g in range(3):
+        ok = np.isfinite(r[g])
+        want = np.asarray(JIT_GROUP_ADV_1(np.where(ok, r[g], 0.0), ok)[0])
+        close(adv[g], want, ULPS_O1)
+
+
+def test_rewards_near_float32_max_do_not_overflow():
+    big = np.finfo(np.float32).max
+    r = np.array([big, -big, 0.5 * big, 0.0], np.float32)
+    adv, flat = rewards.group_advantages(r)
+    x = r.astype(np.float64)
+    want = (x - x.mean()) / x.std(ddof=1)  # eps is negligible at this scale
+    np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-5)
+    assert not bool(flat)
+    std = float(rewards.group_std(r))
+    np.testing.assert_allclose(std, x.std(ddof=1), rtol=1e-5)
+    # Ordinary rewards (scaled by 2^k, exactly) give the plain two-pass float32 formula.
+    for small in (np.array([0.1, 0.7, 0.3, 0.9], np.float32),
+                  np.array([-3.5, -1.25, -0.5, -2.0], np.float32)):
+        mean = small.sum(dtype=np.float32) / np.float32(4)
+        dev = small - mean
+        std = np.sqrt((dev * dev).sum(dtype=np.float32) / np.float32(3))
+        close(rewards.group_advantages(small)[0], dev / (std + np.float32(1e-6)), ULPS_O1)
+
+
+def test_group_std_is_the_eq21_divisor():
+    r = np.array([[1.0, 2.0, 3.0, 4.0], [0.3, 0.3, 0.3, 0.3]], np.float32)
+    np.testing.assert_allclose(np.asarray(rewards.group_std(r)),
+                               [math.sqrt(5 / 3), 0.0], rtol=1e-6)
+
+
 def test_group_advantages_jit():
     fn = jax.jit(rewards.group_advantages_by_id, static_argnums=2)
     adv, _ = fn(jnp.array([0.1, 0.2, 0.3]), jnp.array([0, 0, 0]), 1)
@@ -376,3 +440,32 @@ def test_anchor_reward_bounded_by_floor(s, gold, mask):
     floor = float(FLOOR(gold, mask))
     assert np.isfinite(r) and r <= 0.0
     assert floor <= r + 1e-6
+
+
+# --- Eq. 13 generalised to soft verdicts (METHOD 12) ---------------------------------
+
+def test_soft_discriminability_reduces_to_eq13_for_binary_verdicts():
+    rng = np.random.default_rng(3)
+    v = (rng.random((5, 6, 4)) > 0.5).astype(np.float32)         # [B, K, M] 0/1
+    w = rng.integers(1, 6, size=(5, 4))
+    mask = np.ones((5, 4), bool)
+    vbar = v.mean(axis=1)
+    want = (w * vbar * (1 - vbar)).sum(-1) / w.sum(-1)
+    got = np.asarray(rewards.discriminability_reward(v, w, mask))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # The 0/1 branch is the paper's formula itself, whatever else is in the batch.
+    soft = v.copy()
+    soft[0, 0, 0] = 0.3
+    again = np.asarray(rewards.discriminability_reward(soft, w, mask))
+    np.testing.assert_array_equal(again[1:], got[1:])
+
+
+def test_soft_discriminability_is_the_weighted_population_variance():
+    v = np.array([[0.3, 0.3], [0.3, 0.9], [0.3, 0.6]], np.float32)  # [K=3, M=2]
+    w = np.array([2, 1])
+    got = float(rewards.discriminability_reward(v, w, np.ones(2, bool)))
+    want = (2 * np.var([0.3, 0.3, 0.3]) + 1 * np.var([0.3, 0.9, 0.6])) / 3
+    assert got == pytest.approx(want, abs=1e-7)
+    # An item that gives every response the same P(yes) separates nothing: 0, however
+    # uncertain.
+    assert float(rewards.discriminability_reward(v[:, :1], w[:1], np.ones(1, bool))) == 0.0

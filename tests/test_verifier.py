@@ -9,6 +9,7 @@ import pytest
 from drubric_jax import rewards
 from drubric_jax import verdicts
 from drubric_jax import verifier as ver_lib
+from drubric_jax import verifier_passes as passes
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
 
@@ -163,9 +164,9 @@ def test_prefix_shared_matches_naive_tiny(tiny_model, tok):
 
 def test_no_recompile_for_new_lengths_in_a_bucket(tiny_verifier):
     tiny_verifier.p_yes(PROMPTS[0], RESPONSES[:1], ITEMS)
-    before = ver_lib._score_suffixes._cache_size(), ver_lib._prefill._cache_size()
+    before = passes.score_suffixes._cache_size(), passes.prefill._cache_size()
     tiny_verifier.p_yes("What is the capital of Spain?", ["Madrid."], ITEMS)
-    after = ver_lib._score_suffixes._cache_size(), ver_lib._prefill._cache_size()
+    after = passes.score_suffixes._cache_size(), passes.prefill._cache_size()
     assert after == before
 
 
@@ -243,3 +244,39 @@ def test_real_model_prefix_shared_matches_naive(smollm2):
                       shared_prefix=False)
     np.testing.assert_allclose(shared, naive, atol=TOL)
     assert np.all((shared > 0) & (shared < 1))
+
+
+# --------------------------------------------------------------------------- verdict modes
+
+
+def test_verdict_modes_and_contextual_calibration_by_hand():
+    p = np.array([0.3, 0.5, 0.51, 0.9], np.float32)
+    assert verdicts.verdicts_from_p_yes(p, "hard").tolist() == [0, 0, 1, 1]
+    np.testing.assert_array_equal(verdicts.verdicts_from_p_yes(p, "soft"), p)
+    with pytest.raises(ValueError, match="verdict mode"):
+        verdicts.verdicts_from_p_yes(p, "fuzzy")
+    # Hand-made logit table: logit P(x, y) = 0.2, logit P(x, N/A) = -0.6 -> sigmoid(0.8).
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    got = verdicts.contextual_calibration(sig(0.2), sig(-0.6))
+    assert float(got) == pytest.approx(sig(0.8), abs=1e-6)
+    # A response judged as the content-free one gets exactly 0.5.
+    assert float(verdicts.contextual_calibration(0.37, 0.37)) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_contextual_calibration_costs_one_null_row_per_prompt(tiny_verifier):
+    """Calibration appends one N/A prefix per distinct prompt, scored on that prompt's
+    distinct items: one extra suffix row per item and prompt, not a pass per response."""
+    items = [ITEMS, ITEMS, ITEMS[:2]]
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1]]
+    plain, cal = {}, {}
+    raw = tiny_verifier.p_yes(prompts, RESPONSES, items, stats=plain)
+    got = tiny_verifier.p_yes(prompts, RESPONSES, items, calibration="contextual", stats=cal)
+    assert cal["prefixes"] - plain["prefixes"] == 2          # two distinct prompts
+    assert cal["judgements"] - plain["judgements"] == 3 + 2  # their distinct items
+    null = tiny_verifier.p_yes([PROMPTS[0], PROMPTS[1]], [verdicts.NULL_RESPONSE] * 2,
+                               [ITEMS, ITEMS[:2]])
+    want = verdicts.contextual_calibration(raw[0, :3], null[0, :3])
+    np.testing.assert_allclose(got[0, :3], want, atol=1e-5)
+    want = verdicts.contextual_calibration(raw[2, :2], null[1, :2])
+    np.testing.assert_allclose(got[2, :2], want, atol=1e-5)
+    assert got[2, 2] == 0.0  # padding stays 0

@@ -1,0 +1,86 @@
+"""The verifier's jitted passes over a model (METHOD 11): prefill shared prefixes into a KV
+cache, score item suffixes against the cached prefixes, or score full prompts.
+
+`verifier.Verifier` turns texts into token ids and chunks; these functions are its device
+side. Shapes are bucketed (powers of two for prefixes and full prompts, multiples of 16
+for the short item suffixes) so a new text length reuses a compiled program.
+
+Axis legend (docs/CONVENTIONS.md): R (prompt, response) rows, S cache slots, V vocab; here
+also Mc items per pass, Ts suffix tokens, T full-prompt tokens.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from drubric_jax import models
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.verdicts import p_yes_from_logits
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_slots"))
+def prefill(params, cfg: ModelConfig, tokens, token_mask, num_slots: int):
+    """Prefills left-padded prefixes int32[R, P] into a cache of S = num_slots slots.
+
+    Returns (cache with index P, prefix lengths int32[R]).
+    """
+    cache = models.init_cache(cfg, tokens.shape[0], num_slots)
+    positions = models.positions_from_mask(token_mask)
+    _, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    return cache, jnp.sum(token_mask, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def score_suffixes(params, cfg: ModelConfig, cache: models.KVCache, prefix_len,
+                    suffix_tokens, suffix_len, yes_ids, no_ids):
+    """P(yes) of Mc suffixes per cached prefix, in one batched pass.
+
+    Args:
+        cache: KVCache of R prefixes (index = P); rows are repeated Mc times here.
+        prefix_len: int32[R] real prefix tokens (RoPE position of the first suffix token).
+        suffix_tokens: int32[R, Mc, Ts] right-padded.  suffix_len: int32[R, Mc] (>= 1 for
+            real items; 0 rows give an unused value).
+        yes_ids, no_ids: int32 variant ids.
+
+    Returns:
+        float32[R, Mc].
+    """
+    r, mc, ts = suffix_tokens.shape
+    rows = models.repeat_rows(cache, mc)
+    tokens = suffix_tokens.reshape(r * mc, ts)
+    lens = suffix_len.reshape(r * mc)
+    steps = jnp.arange(ts, dtype=jnp.int32)
+    mask = steps[None, :] < lens[:, None]
+    positions = jnp.repeat(prefix_len, mc)[:, None] + steps[None, :]
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, mask, rows)
+    last = jnp.take_along_axis(hidden, jnp.maximum(lens - 1, 0)[:, None, None], axis=1)[:, 0]
+    logits = models.logits_from_hidden(params, cfg, last)
+    return p_yes_from_logits(logits, yes_ids, no_ids).reshape(r, mc)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def score_full(params, cfg: ModelConfig, tokens, token_mask, yes_ids, no_ids):
+    """P(yes) after left-padded full prompts int32[N, T] (no cache, causal). float32[N]."""
+    positions = models.positions_from_mask(token_mask)
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask)
+    logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
+    return p_yes_from_logits(logits, yes_ids, no_ids)
+
+
+SUFFIX_STEP = 16  # suffix lengths are bucketed to multiples of this
+
+
+def suffix_bucket(n: int) -> int:
+    """Suffix-length bucket: the smallest multiple of 16 >= max(n, 1).
+
+    Item suffixes are short (~30-45 tokens); a power-of-two bucket would pad a 35-token
+    suffix to 64 and nearly double the suffix pass. Multiples of 16 still bound the number
+    of compiled shapes by max_suffix_tokens / 16.
+    """
+    return SUFFIX_STEP * max(1, -(-int(n) // SUFFIX_STEP))
+
+
+def pow2_floor(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)

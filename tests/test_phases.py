@@ -1,0 +1,242 @@
+"""The phase plumbing checked by hand: with a stub generator and a stub verifier whose
+verdicts are known, every reward, score and advantage a phase returns must equal the
+paper's formulas recomputed here with plain Python loops (Eq. 12, 13, 15, 2, 21, 24-25;
+METHOD 11 conventions), for every variant.
+
+The policy samples come from the tiny random-weight model; the rubric lists and the verdicts
+are fixed by the stubs, so nothing here depends on what a 135M model happens to write.
+"""
+import dataclasses
+import math
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+from drubric_jax import loop, phases
+from drubric_jax.types import RubricBatch, Rollout
+from tests.test_loop import _tiny_config
+
+ADV_EPS, FLAT_RTOL = 1e-6, 1e-6
+
+
+# ----------------------------------------------------------------------------- stubs
+
+
+def p_yes_of(response: str, item: str) -> float:
+    """The stub verifier's P(yes): a fixed pseudo-random number per (response, item)."""
+    if not item.strip():
+        return 0.0
+    return (zlib.crc32(f"{response}\x00{item}".encode()) % 997) / 996.0
+
+
+class StubVerifier:
+    def p_yes(self, params, prompts, responses, items, history=None, **kw):
+        m = max(len(x) for x in items)
+        out = np.zeros((len(responses), m), np.float32)
+        for i, (y, lst) in enumerate(zip(responses, items)):
+            for j, t in enumerate(lst):
+                out[i, j] = p_yes_of(y, t)
+        return out
+
+
+# Items per (input, list): the second list of input 0 has no valid item (floor of Eq. 15).
+ITEMS = [["clear answer", "cites a source", "polite tone"], ["", "", ""],
+         ["short", "mentions Paris", "no typos"], ["uses lists", "on topic", ""]]
+WEIGHTS = [[5, 2, 3], [0, 0, 0], [1, 4, 2], [3, 3, 0]]
+
+
+class StubGenerator:
+    """Returns fixed rubric lists (ITEMS, cycled) and records the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_batch(self, params, key, inputs, *, num_lists, temperature, static=False):
+        self.calls.append(dict(n=len(inputs), num_lists=num_lists, static=static))
+        b, g, m = len(inputs), num_lists, 3
+        texts = [[ITEMS[(i * g + j) % len(ITEMS)] for j in range(g)] for i in range(b)]
+        weights = np.array([[WEIGHTS[(i * g + j) % len(WEIGHTS)] for j in range(g)]
+                            for i in range(b)], np.int32)
+        mask = weights > 0
+        r = b * g
+        rollout = Rollout(
+            prompt_tokens=np.ones((r, 4), np.int32), prompt_mask=np.ones((r, 4), bool),
+            tokens=np.ones((r, 3), np.int32), logprobs=np.zeros((r, 3), np.float32),
+            mask=np.ones((r, 3), bool), lengths=np.full(r, 3, np.int32),
+            truncated=np.zeros(r, bool), invalid=np.zeros(r, bool),
+            group_ids=np.repeat(np.arange(b, dtype=np.int32), g))
+        return RubricBatch(texts=texts, weights=weights, item_mask=mask,
+                           list_valid=mask.any(-1), finish_reasons=[["stop"] * g] * b,
+                           raw_texts=[[""] * g] * b, orders=np.zeros((b, g, 1), np.int32),
+                           response_cut=np.zeros((b, g, 1), bool),
+                           prompt_cut=np.zeros((b, g), bool), rollout=rollout,
+                           temperature=1.0, counters={})
+
+
+# ----------------------------------------------------------------------------- the paper by hand
+
+
+MODE = {"verdict": "hard"}  # the verdict mode the hand computations use (set per test)
+
+
+def verdict(resp, item):
+    """v of Eq. 12-13: 0/1 (P(yes) > 0.5) for hard verdicts, P(yes) for soft (METHOD 12)."""
+    p = np.float32(p_yes_of(resp, item))
+    return float(p > 0.5) if MODE["verdict"] == "hard" else float(p)
+
+
+def score(resp, items, weights):
+    """Eq. 12."""
+    total = sum(w for t, w in zip(items, weights) if w > 0)
+    if total == 0:
+        return 0.0
+    return sum(w * verdict(resp, t) for t, w in zip(items, weights) if w > 0) / total
+
+
+def r_disc(responses, items, weights):
+    """Eq. 13, generalised: the population variance of each item's verdicts."""
+    total = sum(w for w in weights if w > 0)
+    if total == 0:
+        return 0.0
+    acc = 0.0
+    for t, w in zip(items, weights):
+        if w > 0:
+            acc += w * np.var([verdict(y, t) for y in responses])
+    return acc / total
+
+
+def r_anchor(scores, gold, valid):
+    """Eq. 15 (positions = 1 + number strictly better), floor for an invalid list."""
+    n = len(gold)
+    out = 0.0
+    for a in range(n):
+        for b in range(n):
+            if gold[a] < gold[b]:
+                i = 1 + sum(g < gold[a] for g in gold)
+                j = 1 + sum(g < gold[b] for g in gold)
+                d = (scores[a] - scores[b]) if valid else -1.0
+                out += -math.log1p(math.exp(-d)) / ((j - i) * 2 ** (i - 1))
+    return out
+
+
+def advantages(r):
+    """Eq. 21: ddof=1, flat groups 0."""
+    r = np.asarray(r, np.float64)
+    if len(r) < 2 or r.max() - r.min() <= FLAT_RTOL * max(1.0, abs(r.mean())):
+        return np.zeros(len(r))
+    return (r - r.mean()) / (r.std(ddof=1) + ADV_EPS)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    r = loop.setup(_tiny_config(), str(tmp_path_factory.mktemp("phases")))
+    r.ctx = dataclasses.replace(r.ctx, verifier=StubVerifier(), generator=StubGenerator())
+    yield r
+    loop.close(r)
+
+
+def _ctx(run, variant, mode="hard"):
+    config = _tiny_config(variant)
+    config.verifier.verdict = MODE["verdict"] = mode
+    return dataclasses.replace(run.ctx, config=config, generator=StubGenerator())
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+@pytest.mark.parametrize("variant", ["full", "disc_only", "anchor_only"])
+def test_generator_phase_rewards_and_advantages_by_hand(run, variant, mode):
+    ctx = _ctx(run, variant, mode)
+    anchors = run.data.train_anchors[:1]
+    key = jax.random.PRNGKey(5)
+    step = phases.generator_rollout(ctx, key, anchors)
+    c, k = ctx.config, ctx.config.policy.num_responses
+    # The policy samples the stub lists were asked about: the same key and sampler.
+    _, responses = phases.sample_responses(ctx, jax.random.split(key)[0],
+                                           [a.prompt for a in anchors],
+                                           [list(a.history) for a in anchors], k,
+                                           phases.Timer())
+    g = c.generator.num_lists
+    a = anchors[0]
+    lists = [(ITEMS[j % 4], WEIGHTS[j % 4]) for j in range(g)]
+    rd = [r_disc(responses[:k], it, w) for it, w in lists]
+    ra = [r_anchor([score(y, it, w) for y in a.responses], list(a.gold_ranks), any(w))
+          for it, w in lists]
+    w_disc, lam = {"full": (1.0, c.generator.lam), "disc_only": (1.0, 0.0),
+                   "anchor_only": (0.0, 1.0)}[variant]
+    want_adv = w_disc * advantages(rd) + lam * advantages(ra)
+    np.testing.assert_allclose(step.metrics["r_disc"], np.mean(rd), atol=1e-6)
+    np.testing.assert_allclose(step.metrics["r_anchor"], np.mean(ra), rtol=1e-5)
+    np.testing.assert_allclose(step.advantages, want_adv, atol=1e-5)
+    assert step.metrics["flat_group_fraction"] == float(np.all(want_adv == 0))
+    assert step.rollout.num_rows == g and step.rollout.group_ids.tolist() == [0] * g
+    assert ctx.generator.calls == [dict(n=1, num_lists=g, static=False)]
+    assert step.metrics["parse_valid_rate"] == np.mean([any(w) for _, w in lists])
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+@pytest.mark.parametrize("variant", ["full", "static"])
+def test_policy_phase_scores_and_advantages_by_hand(run, variant, mode):
+    ctx = _ctx(run, variant, mode)
+    items = run.data.prompts[:1]
+    key = jax.random.PRNGKey(9)
+    step = phases.policy_rollout(ctx, key, items)
+    k = ctx.config.policy.num_responses
+    _, responses = phases.sample_responses(ctx, jax.random.split(key)[0],
+                                           [x.prompt for x in items],
+                                           [list(x.history) for x in items], k,
+                                           phases.Timer())
+    it, w = ITEMS[0], WEIGHTS[0]
+    scores = [score(y, it, w) for y in responses]
+    np.testing.assert_allclose(step.advantages, advantages(scores), atol=1e-5)
+    np.testing.assert_allclose(step.metrics["policy_reward"], np.mean(scores), atol=1e-6)
+    assert step.metrics["flat_group_fraction"] == float(np.all(advantages(scores) == 0))
+    v = [[verdict(y, t) for y in responses] for t in it]
+    np.testing.assert_allclose(step.metrics["yes_rate"], np.mean(v), atol=1e-6)
+    assert step.metrics["zero_variance_item_fraction"] == np.mean(
+        [max(x) - min(x) <= 1e-6 for x in v])
+    assert step.metrics["items_per_list"] == 3.0
+    assert ctx.generator.calls == [dict(n=1, num_lists=1, static=variant == "static")]
+    assert step.trace[0]["scores"] == pytest.approx(scores)
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_heldout_delta_gap_and_anchor_reward_by_hand(run, mode):
+    ctx = _ctx(run, "full", mode)
+    anchors = run.data.heldout_anchors
+    got = phases.heldout_metrics(ctx, jax.random.PRNGKey(0), anchors)
+    it, w = ITEMS[0], WEIGHTS[0]
+    gaps, ras = [], []
+    for a in anchors:
+        s = [score(y, it, w) for y in a.responses]
+        pairs = [(i, j) for i in range(len(s)) for j in range(len(s))
+                 if a.gold_ranks[i] < a.gold_ranks[j]]
+        gaps.append(np.mean([s[i] - s[j] for i, j in pairs]) if pairs else 0.0)
+        ras.append(r_anchor(s, list(a.gold_ranks), True))
+    np.testing.assert_allclose(got["delta_gap"], np.mean(gaps), atol=1e-6)
+    np.testing.assert_allclose(got["heldout_r_anchor"], np.mean(ras), rtol=1e-5)
+
+
+class ItemOnlyVerifier(StubVerifier):
+    """Verdicts that ignore the response: every item splits no set, so R_disc is 0."""
+
+    def p_yes(self, params, prompts, responses, items, history=None, **kw):
+        out = super().p_yes(params, prompts, ["same"] * len(responses), items)
+        return out
+
+
+def test_flat_group_fraction_counts_groups_whose_advantage_is_zero(run):
+    """disc_only with R_disc flat (0 for every list) and R_anchor not flat (one invalid
+    list gets the floor): the combined advantage is 0 everywhere, so the group is flat."""
+    ctx = dataclasses.replace(_ctx(run, "disc_only", "soft"), verifier=ItemOnlyVerifier())
+    step = phases.generator_rollout(ctx, jax.random.PRNGKey(1), run.data.train_anchors[:1])
+    assert step.metrics["r_disc"] == 0.0
+    assert np.all(step.advantages == 0)
+    assert step.metrics["flat_group_fraction"] == 1.0
+    full = dataclasses.replace(ctx, config=_ctx(run, "full", "soft").config)
+    step = phases.generator_rollout(full, jax.random.PRNGKey(1), run.data.train_anchors[:1])
+    assert np.any(step.advantages != 0) and step.metrics["flat_group_fraction"] == 0.0
+    assert step.metrics["r_anchor_std"] > 0 and step.metrics["r_disc_std"] == 0.0
