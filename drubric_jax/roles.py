@@ -51,12 +51,30 @@ class LoadedModel:
 
 
 def load_models(config: ml_collections.ConfigDict) -> dict[str, LoadedModel]:
-    """{source: LoadedModel} for the distinct sources of policy, generator and verifier."""
+    """{source: LoadedModel} for the distinct sources of policy, generator and verifier.
+
+    Raises:
+        whatever `models.load_model` raises, of the same type, its message prefixed with the
+        config fields that hold the source ("config.model.policy: ..."); an exception type
+        that cannot be rebuilt from one message is re-raised as is, with the fields as a note.
+    """
+    fields: dict[str, list[str]] = {}  # source -> the config fields naming it
+    for role in ("policy", "generator", "verifier"):
+        fields.setdefault(config.model[role], []).append(f"config.model.{role}")
     models = {}
-    for source in (config.model.policy, config.model.generator, config.model.verifier):
-        if source not in models:
+    for source, names in fields.items():
+        try:
             cfg, params, tok = load_model(source, config.model.dtype, seed=config.seed)
-            models[source] = LoadedModel(source, cfg, params, tok)
+        except Exception as e:
+            try:
+                named = type(e)(f"{', '.join(names)}: {e}")
+            except Exception:  # a constructor that wants other arguments
+                named = None
+            if named is None:
+                e.add_note(f"while loading {', '.join(names)}")
+                raise
+            raise named from e
+        models[source] = LoadedModel(source, cfg, params, tok)
     return models
 
 

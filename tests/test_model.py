@@ -357,9 +357,9 @@ def test_assemble_places_leaves_on_requested_sharding(tiny_model):
 
     def read(key, layer):  # back to the [out, in] file layout
         w = np.asarray(params[key] if layer is None else params["layers"][key][layer])
-        return w.T if w.ndim == 2 and key not in ("embed",) else w
+        return f"{key}[{layer}]", (w.T if w.ndim == 2 and key not in ("embed",) else w)
 
-    loaded = weights._assemble(cfg, read, shardings)
+    loaded = weights._assemble(cfg, read, shardings, "test")
     assert loaded["layers"]["w_up"].sharding == target
     assert len(loaded["layers"]["w_up"].sharding.device_set) == 8
     assert "layers/wq" in requested and "embed" in requested

@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from drubric_jax.models.config import ModelConfig
-from drubric_jax.models.weights import Shardings, load_gguf, load_hf_dir
+from drubric_jax.models.config import PRESETS, ModelConfig
+from drubric_jax.models.weights import Shardings, load_gguf, load_hf_dir, open_gguf
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+TINY_PRESETS = tuple(name for name in PRESETS if name.startswith("tiny"))
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -32,59 +33,78 @@ def default_gguf_path() -> str:
     return path
 
 
+def _looks_local(source: str) -> bool:
+    """A source meant as a local path: it starts with ./ ../ / ~, names a .gguf file, or its
+    first component is a local directory ("models/x" next to a models/ folder)."""
+    return (source.startswith(("./", "../", "/", "~")) or source.endswith(".gguf")
+            or os.path.isdir(source.split("/")[0]))
+
+
 def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
                shardings: Shardings = None, seed: int = 0) -> tuple[ModelConfig, dict, object]:
     """Loads `(ModelConfig, params, tokenizer)` from a model source.
 
+    The source is, in this order: "smollm2-135m-instruct" (the packaged default); a tiny
+    random-weight preset ("tiny", "tiny_qwen3", "tiny_llama31", with the default model's
+    tokenizer, for tests and smoke runs); an existing path (a directory is a Hugging Face
+    directory with config.json and safetensors, a file is read as GGUF); or a hub id
+    "org/name" (downloaded with `huggingface_hub.snapshot_download`; needs network). A
+    source that looks like a local path (`_looks_local`) is never taken as a hub id.
+
     Args:
-        source: "smollm2-135m-instruct" (the packaged default); a tiny random-weight preset
-            ("tiny", "tiny_qwen3", "tiny_llama31", with the default model's tokenizer, for
-            tests and smoke runs); a path to a `.gguf` file; a Hugging Face directory with
-            config.json and safetensors; or a hub id "org/name" (downloaded with
-            `huggingface_hub.snapshot_download`; needs network).
+        source: as above.
         dtype: "float32" or "bfloat16" for params and compute.
         shardings: optional per-leaf target shardings (see `weights.load_gguf`).
         seed: PRNG seed of the random-weight presets.
 
     Raises:
-        FileNotFoundError: the source does not exist.
+        FileNotFoundError: a local-looking path that does not exist ("no such file or
+            directory"), or a source of no known kind.
+        OSError: the hub download of an "org/name" failed (no network, no such repository);
+            the message says the source was taken as a hub id.
+        ValueError: a truncated or corrupt file, a bad config.json field (see `weights`).
     """
     from drubric_jax import tokenizer as tok_lib
 
-    if source.startswith("tiny"):
+    if source in TINY_PRESETS:
         import jax
 
-        from drubric_jax.models.config import preset
         from drubric_jax.models.registry import init_params
 
-        cfg = preset(source).replace(dtype=dtype, param_dtype=dtype)
+        cfg = PRESETS[source].replace(dtype=dtype, param_dtype=dtype)
         params = init_params(cfg, jax.random.PRNGKey(seed))
         if shardings is not None:
             params = jax.device_put(params, shardings)
         return cfg, params, tok_lib.tokenizer_from_gguf(default_gguf_path())
     if source == DEFAULT_MODEL:
         source = default_gguf_path()
-    if source.endswith(".gguf"):
-        import gguf
-
-        if not os.path.exists(source):
-            raise FileNotFoundError(f"GGUF file not found: {source}")
-        reader = gguf.GGUFReader(source)
-        cfg, params = load_gguf(source, dtype, shardings, reader=reader)
+    path = os.path.expanduser(source)
+    if os.path.isdir(path):
+        cfg, params = load_hf_dir(path, dtype, shardings)
+        return cfg, params, tok_lib.tokenizer_from_hf_dir(path)
+    if os.path.isfile(path):
+        reader = open_gguf(path)
+        cfg, params = load_gguf(path, dtype, shardings, reader=reader)
         return cfg, params, tok_lib.tokenizer_from_gguf(reader)
-    if os.path.isdir(source):
-        cfg, params = load_hf_dir(source, dtype, shardings)
-        return cfg, params, tok_lib.tokenizer_from_hf_dir(source)
-    if source.count("/") == 1 and not os.path.exists(source):
+    if _looks_local(source):
+        raise FileNotFoundError(f"model source {source!r}: no such file or directory "
+                                f"({os.path.abspath(path)})")
+    if source.count("/") == 1 and all(source.split("/")):
         from huggingface_hub import snapshot_download
 
-        local = snapshot_download(source, allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                          "tokenizer*"])
+        try:
+            local = snapshot_download(source, allow_patterns=[
+                "*.json", "*.safetensors", "*.txt", "tokenizer*"])
+        except Exception as e:  # offline, no such repository, bad id: all say the same here
+            raise OSError(
+                f"model source {source!r} was taken as a Hugging Face hub id, as no local path "
+                f"of that name exists ({os.path.abspath(path)}), and downloading it failed: "
+                f"{type(e).__name__}: {e}") from e
         cfg, params = load_hf_dir(local, dtype, shardings)
         return cfg, params, tok_lib.tokenizer_from_hf_dir(local)
     raise FileNotFoundError(
-        f"model source {source!r} is neither {DEFAULT_MODEL!r}, a tiny preset, a .gguf file, "
-        "a directory, nor a hub id org/name")
+        f"model source {source!r} is neither {DEFAULT_MODEL!r}, a tiny preset "
+        f"({', '.join(TINY_PRESETS)}), an existing path, nor a hub id org/name")
 
 
 def load_default(dtype: str = "float32") -> tuple[ModelConfig, dict, object]:

@@ -1,4 +1,5 @@
-"""Loading and exporting decoder weights: GGUF files, Hugging Face safetensors directories.
+"""Loading decoder weights: GGUF files, Hugging Face safetensors directories (the exporter is
+`models.export`).
 
 Every loader returns `(ModelConfig, params)` with params in the layout of the config's
 model family (`drubric_jax.models.registry`), whose module also names the checkpoint
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -47,20 +48,40 @@ def _place(arr: np.ndarray, dtype, shardings: Shardings, path: str) -> jax.Array
                           _sharding_for(shardings, path))
 
 
-def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], np.ndarray],
-              shardings: Shardings) -> dict:
-    """Builds the param tree leaf by leaf; `read(key, layer)` returns one [out, in] tensor."""
+def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], tuple[str, np.ndarray]],
+              shardings: Shardings, source: str,
+              fix: Optional[Callable[[str, np.ndarray], np.ndarray]] = None) -> dict:
+    """Builds the param tree leaf by leaf; `read(key, layer)` returns one checkpoint tensor
+    `(name, [out, in] array)`, checked against the shape `cfg` implies, then passed through
+    `fix(key, w)` when given (GGUF's Q/K row order).
+
+    Raises:
+        ValueError: a tensor whose shape disagrees with the config (names `source`, the
+            tensor, both shapes).
+    """
     dt = cfg.weight_dtype
     fam = registry.family(cfg)
+    # The shape template the family's own init gives (traced, nothing allocated).
+    want = jax.eval_shape(lambda key: fam.init_params(cfg, key), jax.random.PRNGKey(0))
+
+    def checked(key, layer):
+        name, w = read(key, layer)
+        shape = want[key].shape if layer is None else want["layers"][key].shape[1:]
+        shape = shape[::-1] if key in fam.TRANSPOSED else shape  # checkpoint: [out, in]
+        if w.shape != shape:
+            raise ValueError(f"{source}: tensor {name!r} has shape {w.shape}, the config "
+                             f"expects {shape}: the file is corrupt or its config is wrong")
+        return _to_ours(fam, key, fix(key, w) if fix else w)
+
     params: dict = {"layers": {}}
     for key in fam.top_keys(cfg):
-        params[key] = _place(_to_ours(fam, key, read(key, None)), dt, shardings, key)
+        params[key] = _place(checked(key, None), dt, shardings, key)
     for key in fam.layer_keys(cfg):
-        first = _to_ours(fam, key, read(key, 0))
+        first = checked(key, 0)
         stacked = np.empty((cfg.num_layers,) + first.shape, np.float32)
         stacked[0] = first
         for i in range(1, cfg.num_layers):
-            stacked[i] = _to_ours(fam, key, read(key, i))
+            stacked[i] = checked(key, i)
         params["layers"][key] = _place(stacked, dt, shardings, f"layers/{key}")
         del stacked
     return params
@@ -77,6 +98,45 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     """
     out, inp = w.shape
     return w.reshape(n_head, out // n_head // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def open_gguf(path: str):
+    """Opens a GGUF file as a `gguf.GGUFReader` whose every read is checked against the
+    file's size: a file cut short or corrupted fails here, before any tensor is read.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a GGUF file, or truncated or corrupt: the message names the file, its
+            size and, when a read ran past the end, the size that read needs.
+    """
+    import gguf  # imported here: only needed for this format
+
+    class Reader(gguf.GGUFReader):
+        # The stock reader slices its memmap unchecked: a short file failed later with an
+        # unrelated numpy error ("cannot reshape array of size ..."). All its reads go
+        # through `_get`; `data_offset` is set once the header (with the tensor table) is read.
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise EOFError(end, "tensor data" if hasattr(self, "data_offset") else "header")
+            return super()._get(offset, dtype, count, override_order)
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if size >= 4 and magic != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, not b'GGUF')")
+    bad = f"{path}: GGUF file is truncated or corrupt ({size} bytes"
+    try:
+        if size < 4:
+            raise EOFError(4, "magic")
+        return Reader(path)
+    except EOFError as e:
+        raise ValueError(f"{bad}; its {e.args[1]} needs at least {e.args[0]} bytes)") from None
+    except Exception as e:  # the reader's own checks: unknown type codes, duplicate names
+        raise ValueError(f"{bad}): {type(e).__name__}: {e}") from e
 
 
 def gguf_metadata(reader) -> dict:
@@ -141,20 +201,23 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
         dtype: compute and storage dtype of the returned params ("float32" | "bfloat16").
         shardings: optional target sharding per leaf: a pytree of shardings matching the
             params, or a callable `path -> Sharding` (paths like "layers/wq").
-        reader: an already-open `gguf.GGUFReader` (saves a re-read).
+        reader: an already-open reader of `path` (from `open_gguf`; saves a re-read).
 
     Returns:
         (ModelConfig, params).
 
     Raises:
-        FileNotFoundError: no such file.  ValueError: unsupported architecture/tensor.
+        FileNotFoundError: no such file.  ValueError: truncated or corrupt file
+            (`open_gguf`), unsupported architecture, a missing tensor or one whose shape
+            disagrees with the metadata (each names the file).
     """
     import gguf  # imported here: only needed for this format
 
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    reader = reader or gguf.GGUFReader(path)
-    cfg = config_from_gguf(reader, dtype)
+    reader = reader or open_gguf(path)
+    try:
+        cfg = config_from_gguf(reader, dtype)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
     permute = gguf_metadata(reader)["general.architecture"] == "llama"
     tensors = {t.name: t for t in reader.tensors}
     fam = registry.family(cfg)
@@ -165,59 +228,123 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
         if name not in tensors:
             raise ValueError(f"{path}: tensor {name!r} missing")
         t = tensors[name]
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        if permute and key == "wq":
-            w = _unpermute_rows(w, cfg.num_heads)
-        elif permute and key == "wk":
-            w = _unpermute_rows(w, cfg.num_kv_heads)
+        return name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+
+    def fix(key, w):
+        if permute and key in ("wq", "wk"):
+            return _unpermute_rows(w, cfg.num_heads if key == "wq" else cfg.num_kv_heads)
         return w
 
-    return cfg, _assemble(cfg, read, shardings)
+    return cfg, _assemble(cfg, read, shardings, path, fix)
 
 
 # --------------------------------------------------------------------------- Hugging Face
+
+
+def _hf_field(hf: dict, name: str, kind: type, default=None, where: str = "config.json"):
+    """`hf[name]` as `kind` (int/float: a positive number; bool: true or false), `default`
+    when absent or null. Raises ValueError naming the field when it is absent and required
+    (no default) or of the wrong kind."""
+    value = hf.get(name)
+    if value is None and default is None:
+        raise ValueError(f"{where} lacks the field {name!r}")
+    if value is None:
+        return default
+    # bool is an int subclass in Python: excluded from the numbers by hand.
+    ok = isinstance(value, bool) if kind is bool else (
+        isinstance(value, (int, float) if kind is float else int)
+        and not isinstance(value, bool) and value > 0)
+    if not ok:
+        what = "true or false" if kind is bool else f"a positive {kind.__name__}"
+        raise ValueError(f"{where} field {name!r} must be {what}, got {value!r}")
+    return kind(value)
 
 
 def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
     """ModelConfig from a Hugging Face `config.json` dict (Llama or Qwen3).
 
     Raises:
-        ValueError: unsupported `model_type` or rope scaling type.
+        ValueError: unsupported `model_type` or rope scaling type; a required field absent or
+            a field of the wrong kind (named).
     """
     model_type = hf.get("model_type")
     if model_type not in registry.HF_MODEL_TYPES:
         raise ValueError(f"config.json model_type {model_type!r} is not supported "
                          f"({', '.join(sorted(registry.HF_MODEL_TYPES))})")
     scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
-    rope_theta = hf.get("rope_theta", scaling.get("rope_theta", 10000.0))
+    if not isinstance(scaling, dict):
+        raise ValueError(f"config.json field 'rope_scaling' must be an object, got {scaling!r}")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in ("default", "llama3"):
         raise ValueError(f"config.json rope_scaling type {rope_type!r} is not supported")
-    heads = hf["num_attention_heads"]
+    field = lambda name, kind, default=None: _hf_field(hf, name, kind, default)  # noqa: E731
+    rope = lambda name, kind: _hf_field(scaling, name, kind,  # noqa: E731
+                                        where="config.json rope_scaling")
+    dim, heads = field("hidden_size", int), field("num_attention_heads", int)
     return ModelConfig(
-        vocab_size=hf["vocab_size"], dim=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        hidden_dim=hf["intermediate_size"], rope_theta=float(rope_theta),
+        vocab_size=field("vocab_size", int), dim=dim,
+        num_layers=field("num_hidden_layers", int), num_heads=heads,
+        num_kv_heads=field("num_key_value_heads", int, heads),
+        head_dim=field("head_dim", int, dim // heads),
+        hidden_dim=field("intermediate_size", int),
+        rope_theta=field("rope_theta", float, _hf_field(scaling, "rope_theta", float, 1e4)),
         rope_scaling=RopeScaling(
-            factor=scaling["factor"], low_freq_factor=scaling["low_freq_factor"],
-            high_freq_factor=scaling["high_freq_factor"],
-            original_max_position_embeddings=scaling["original_max_position_embeddings"],
+            factor=rope("factor", float), low_freq_factor=rope("low_freq_factor", float),
+            high_freq_factor=rope("high_freq_factor", float),
+            original_max_position_embeddings=rope("original_max_position_embeddings", int),
         ) if rope_type == "llama3" else None,
-        norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
-        qk_norm=model_type == "qwen3", max_seq_len=hf.get("max_position_embeddings", 8192),
+        norm_eps=field("rms_norm_eps", float, 1e-6),
+        tie_embeddings=field("tie_word_embeddings", bool, False), qk_norm=model_type == "qwen3",
+        max_seq_len=field("max_position_embeddings", int, 8192),
         dtype=dtype, param_dtype=dtype, family=registry.HF_MODEL_TYPES[model_type])
 
 
-def _safetensors_files(directory: str) -> Iterator[str]:
+def _json(path: str):
+    """The parsed JSON file; ValueError naming the file when it is not valid JSON."""
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from e
+
+
+def _safetensors_files(directory: str) -> list[str]:
+    """Paths of the weight files: the shards of model.safetensors.index.json, or
+    model.safetensors."""
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index) as f:
-            yield from sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(directory, "model.safetensors")):
-        yield "model.safetensors"
-    else:
-        raise FileNotFoundError(f"{directory}: no model.safetensors or index")
+        weight_map = _json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object")
+        missing = sorted({n for n in weight_map.values()
+                          if not os.path.isfile(os.path.join(directory, n))})
+        if missing:
+            raise FileNotFoundError(f"{index} lists missing weight files: {', '.join(missing)}")
+        return [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
+    if os.path.exists(os.path.join(directory, "model.safetensors")):
+        return [os.path.join(directory, "model.safetensors")]
+    raise FileNotFoundError(f"{directory}: no model.safetensors or index")
+
+
+def _open_safetensors(path: str):
+    """`safe_open(path)`. Raises ValueError naming a truncated or corrupt file, its size and,
+    when its header is readable, the size the header gives."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(path, framework="flax")
+    except Exception as e:  # SafetensorError: the header and the file's size disagree
+        sizes = f"{os.path.getsize(path)} bytes"
+        try:  # layout: header length (8 bytes, little-endian), JSON header, tensor data
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                ends = [v["data_offsets"][1] for k, v in json.loads(f.read(n)).items()
+                        if k != "__metadata__"]
+            sizes += f", its header says {8 + n + max(ends, default=0)}"
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            pass  # the header itself is cut or garbled
+        raise ValueError(f"{path}: safetensors file is truncated or corrupt ({sizes}): {e}") \
+            from e
 
 
 def load_hf_dir(directory: str, dtype: str = "float32",
@@ -225,17 +352,21 @@ def load_hf_dir(directory: str, dtype: str = "float32",
     """Loads a Hugging Face directory (config.json + single or sharded safetensors).
 
     Raises:
-        FileNotFoundError: missing config.json or weights.  ValueError: missing tensor.
+        FileNotFoundError: missing config.json or weight file (named).
+        ValueError: a bad config.json field (named), a truncated or corrupt safetensors file,
+            a missing tensor or one whose shape disagrees with config.json (each names the
+            file or directory).
     """
-    from safetensors import safe_open
-
     cfg_path = os.path.join(directory, "config.json")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"{directory}: config.json not found")
-    with open(cfg_path) as f:
-        cfg = config_from_hf(json.load(f), dtype)
-    handles = [safe_open(os.path.join(directory, name), framework="flax")
-               for name in _safetensors_files(directory)]
+    hf = _json(cfg_path)
+    try:
+        cfg = config_from_hf(hf, dtype)
+    except ValueError as e:
+        raise ValueError(f"{cfg_path}: {e}") from e
+    files = _safetensors_files(directory)
+    handles = [_open_safetensors(path) for path in files]
     where = {k: h for h in handles for k in h.keys()}
     fam = registry.family(cfg)
 
@@ -243,60 +374,8 @@ def load_hf_dir(directory: str, dtype: str = "float32",
         name = (fam.TOP_WEIGHT_NAMES[key][0] if layer is None
                 else f"model.layers.{layer}.{fam.LAYER_WEIGHT_NAMES[key][0]}")
         if name not in where:
-            raise ValueError(f"{directory}: tensor {name!r} missing")
-        return np.asarray(where[name].get_tensor(name).astype(jnp.float32))
+            raise ValueError(f"{directory}: tensor {name!r} missing from "
+                             f"{', '.join(os.path.basename(p) for p in files)}")
+        return name, np.asarray(where[name].get_tensor(name).astype(jnp.float32))
 
-    return cfg, _assemble(cfg, read, shardings)
-
-
-def hf_config_dict(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
-    """A `config.json` dict that transformers reads as LlamaForCausalLM / Qwen3ForCausalLM."""
-    qwen = cfg.qk_norm
-    out = {
-        "architectures": ["Qwen3ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen3" if qwen else "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-        "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
-        "mlp_bias": False, "bos_token_id": bos_id, "eos_token_id": eos_id,
-        "torch_dtype": cfg.param_dtype,
-    }
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        out["rope_scaling"] = {
-            "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings}
-    return out
-
-
-def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None,
-                  bos_id: int = 1, eos_id: int = 2) -> None:
-    """Writes params as a Hugging Face directory: config.json, model.safetensors and,
-    when `tokenizer` (a PreTrainedTokenizerFast) is given, its tokenizer files.
-
-    Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly.
-    """
-    from safetensors.flax import save_file
-
-    os.makedirs(directory, exist_ok=True)
-    tensors = {}
-    fam = registry.family(cfg)
-    for key in fam.top_keys(cfg):
-        w = params[key]
-        tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
-    for key in fam.layer_keys(cfg):
-        stacked = params["layers"][key]
-        for i in range(cfg.num_layers):
-            w = stacked[i]
-            name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
-            tensors[name] = w.T if key in fam.TRANSPOSED else w
-    save_file({k: jnp.asarray(v) for k, v in tensors.items()},
-              os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config_dict(cfg, bos_id, eos_id), f, indent=2)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    return cfg, _assemble(cfg, read, shardings, directory)

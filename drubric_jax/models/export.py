@@ -1,0 +1,66 @@
+"""Writing params as a Hugging Face directory (config.json + model.safetensors) that
+transformers loads as `LlamaForCausalLM` / `Qwen3ForCausalLM`, and `models.weights.load_hf_dir`
+loads back bit for bit. Checkpoint tensor names come from the model family's module.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+
+from drubric_jax.models import registry
+from drubric_jax.models.config import ModelConfig
+
+
+def hf_config_dict(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
+    """A `config.json` dict that transformers reads as LlamaForCausalLM / Qwen3ForCausalLM."""
+    qwen = cfg.qk_norm
+    out = {
+        "architectures": ["Qwen3ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": "qwen3" if qwen else "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
+        "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_seq_len,
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
+        "mlp_bias": False, "bos_token_id": bos_id, "eos_token_id": eos_id,
+        "torch_dtype": cfg.param_dtype,
+    }
+    if cfg.rope_scaling is not None:
+        s = cfg.rope_scaling
+        out["rope_scaling"] = {
+            "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings}
+    return out
+
+
+def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None,
+                  bos_id: int = 1, eos_id: int = 2) -> None:
+    """Writes params as a Hugging Face directory: config.json, model.safetensors and,
+    when `tokenizer` (a PreTrainedTokenizerFast) is given, its tokenizer files.
+
+    Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly.
+    """
+    from safetensors.flax import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    tensors = {}
+    fam = registry.family(cfg)
+    for key in fam.top_keys(cfg):
+        w = params[key]
+        tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
+    for key in fam.layer_keys(cfg):
+        stacked = params["layers"][key]
+        for i in range(cfg.num_layers):
+            w = stacked[i]
+            name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
+            tensors[name] = w.T if key in fam.TRANSPOSED else w
+    save_file({k: jnp.asarray(v) for k, v in tensors.items()},
+              os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config_dict(cfg, bos_id, eos_id), f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
