@@ -41,7 +41,7 @@ from drubric_jax.models.config import ModelConfig
 _MASK_VALUE = -1e30  # finite, so a row with no visible key gives a uniform (unused) softmax
 
 
-# Checkpoint names, used by `models.weights` to load and export this family.
+# Checkpoint names, used by `models.weights` (load) and `models.export` for this family.
 # ours -> (Hugging Face suffix under model.layers.{i}., GGUF suffix under blk.{i}.)
 LAYER_WEIGHT_NAMES = {
     "attn_norm": ("input_layernorm.weight", "attn_norm.weight"),

@@ -8,7 +8,7 @@ A family is one module that implements, over a plain parameter pytree:
     logits_from_hidden(params, cfg, hidden) -> float32[..., V]
     unstack_layers(params) -> params in the per-layer form used by decode loops
     LAYER_WEIGHT_NAMES, TOP_WEIGHT_NAMES, TRANSPOSED, layer_keys(cfg), top_keys(cfg)
-        checkpoint names for `models.weights` (loading and Hugging Face export)
+        checkpoint names for `models.weights` (loading) and `models.export` (Hugging Face export)
     PARAM_SPECS  {leaf name: PartitionSpec} over the mesh axes (`sharding.param_specs`)
 
 and uses the shared `models.cache.KVCache`. `FAMILIES` maps `ModelConfig.family` to its
