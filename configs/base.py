@@ -97,6 +97,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.verifier.verdict = "hard"         # v of Eq. 12-13: hard 1[P(yes) > 0.5] | soft P(yes)
     c.verifier.calibration = "none"     # none | contextual (P(yes) vs the "N/A" response)
 
+    # LoRA (Hu et al. 2021): the trainees are low-rank adapters on one frozen base, which
+    # is also their reference (adapter off) and, when it is the same model, the verifier.
+    c.lora = ml_collections.ConfigDict()
+    c.lora.rank = 0          # r of every adapter; 0 = full fine-tuning (no adapters)
+    c.lora.alpha = 16.0      # scale alpha: W = W0 + (alpha / r) A B
+    c.lora.targets = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # adapted matrices
+
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1    # data-parallel axis size (-1 = all remaining devices)
     c.mesh.fsdp = 1     # parameter-sharding axis size
