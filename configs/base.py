@@ -48,7 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.policy = "smollm2-135m-instruct"     # policy P_0: preset name, .gguf path or HF dir
     c.model.generator = "smollm2-135m-instruct"  # rubric generator G_0
     c.model.verifier = "smollm2-135m-instruct"   # frozen verifier
-    c.model.dtype = "float32"                    # params and compute: float32 | bfloat16
+    c.model.dtype = "float32"          # compute and frozen-weight storage: float32 | bfloat16
+    c.model.master_dtype = "float32"   # trained params (masters / adapters): float32 | bfloat16
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "demo"            # "demo" (packaged demo set) | "shared" (../shared/data) | "custom"

@@ -19,6 +19,7 @@ VARIANTS = ("full", "disc_only", "anchor_only", "static")
 AGGREGATIONS = tuple(grpo.AGGREGATIONS)
 KL_ESTIMATORS = tuple(sorted(grpo.KL_ESTIMATORS))
 DATA_NAMES = ("demo", "shared", "custom")
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -104,6 +105,12 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
 
     need(c.variant in VARIANTS, "variant", f"{c.variant!r} not in {VARIANTS}")
     need(c.model.dtype in DTYPES, "model.dtype", f"{c.model.dtype!r} not in {DTYPES}")
+    need(c.model.master_dtype in DTYPES, "model.master_dtype",
+         f"{c.model.master_dtype!r} not in {DTYPES}")
+    need(c.lora.rank >= 0, "lora.rank", "must be >= 0 (0 = full fine-tuning)")
+    need(c.lora.alpha > 0, "lora.alpha", "must be > 0")
+    need(len(c.lora.targets) > 0 and set(c.lora.targets) <= set(LORA_TARGETS), "lora.targets",
+         f"{tuple(c.lora.targets)} must be a non-empty subset of {LORA_TARGETS}")
     need(c.data.name in DATA_NAMES, "data.name", f"{c.data.name!r} not in {DATA_NAMES}")
     if c.data.name == "custom":
         need(len(c.data.anchor_paths) > 0, "data.anchor_paths", "needed when data.name=custom")

@@ -265,7 +265,9 @@ def finish(run: Run) -> None:
     if run.config.export:
         for trainee in (run.ctx.roles.policy, run.ctx.roles.generator):
             tok = trainee.model.tokenizer
-            export_hf_dir(trainee.params, trainee.model.cfg,
+            params = trainee.export_params()  # LoRA: merged into the base, in float32
+            dtype = jax.tree.leaves(params)[0].dtype.name
+            export_hf_dir(params, trainee.cfg.replace(lora_rank=0, param_dtype=dtype),
                           os.path.join(run.workdir, "export", trainee.role.value), tok,
                           bos_id=tok.bos_token_id or 0, eos_id=tok.eos_token_id or 0)
     _write_json(os.path.join(run.workdir, FINISHED), {

@@ -11,9 +11,16 @@ share that one copy of the arrays. A trainee starts from a copy of its source's 
 (its buffers are donated to the train step) and keeps the source as its reference.
 
 `Roles.params(role)` is the one place that resolves a role to the arrays a sampler or the
-verifier should use now (the weight-sync point: nothing else hands params around). A
-trainee is built so it can later hold "a frozen base + an adapter" (the scale-out issue):
-only `Trainee.params` and `Trainee.reference_params` read its weights.
+verifier should use now (the weight-sync point: nothing else hands params around). With
+`config.lora.rank > 0` a trainee is "a frozen base + an adapter" (`models.lora`): it trains
+only the adapters, its reference is the base with no adapter, and the base is the one copy
+every frozen role of that source shares (the verifier too, when it is the same model).
+
+Precision: frozen roles store `config.model.dtype` (bfloat16 at 8B); a trainee keeps its
+trained params in `config.model.master_dtype` (float32: at the paper's learning rates a
+bfloat16 update would round most entries away) and computes in `config.model.dtype`.
+Every array is created on the mesh: the base loads straight onto its shardings and the
+AdamW moments are made by a jitted init with out_shardings, never on one device first.
 
 Parking (`config.memory.park_idle_optimizer`, CPU runs): the AdamW moments of the trainee
 that is idle in a phase wait on disk as read-only memmaps (`hostmem.park`) and come back
@@ -31,12 +38,15 @@ import ml_collections
 import numpy as np
 import optax
 
-from drubric_jax import hostmem
+from drubric_jax import hostmem, sharding
 from drubric_jax import train_step as ts
-from drubric_jax.models import load_model
+from drubric_jax.models import load_model, lora
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.train_config import TrainConfig
 from drubric_jax.types import Role
+
+
+ROLE_KEYS = {Role.POLICY: 1, Role.GENERATOR: 2}  # fold_in of the seed for adapter inits
 
 
 @dataclasses.dataclass
@@ -50,8 +60,10 @@ class LoadedModel:
     tokenizer: Any
 
 
-def load_models(config: ml_collections.ConfigDict) -> dict[str, LoadedModel]:
-    """{source: LoadedModel} for the distinct sources of policy, generator and verifier.
+def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, LoadedModel]:
+    """{source: LoadedModel} for the distinct sources of policy, generator and verifier,
+    each loaded once, tensor by tensor straight onto `mesh` (`sharding.leaf_sharder`) when
+    given.
 
     Raises:
         whatever `models.load_model` raises, of the same type, its message prefixed with the
@@ -62,9 +74,11 @@ def load_models(config: ml_collections.ConfigDict) -> dict[str, LoadedModel]:
     for role in ("policy", "generator", "verifier"):
         fields.setdefault(config.model[role], []).append(f"config.model.{role}")
     models = {}
+    sharder = None if mesh is None else sharding.leaf_sharder(mesh)
     for source, names in fields.items():
         try:
-            cfg, params, tok = load_model(source, config.model.dtype, seed=config.seed)
+            cfg, params, tok = load_model(source, config.model.dtype, shardings=sharder,
+                                          seed=config.seed)
         except Exception as e:
             try:
                 named = type(e)(f"{', '.join(names)}: {e}")
@@ -84,16 +98,19 @@ class Trainee:
 
     Attributes:
         role: Role.POLICY or Role.GENERATOR.
-        model: the source it started from; `model.params` is its reference pi_ref (Eq. 23).
+        model: the source it started from; `model.params` is its reference pi_ref (Eq. 23)
+            and, with LoRA, the frozen base its adapters sit on.
+        cfg: its ModelConfig: the source's, with the master dtype and the LoRA settings.
         train_config: its GRPO hyperparameters.
         optimizer, step_fn: from `train_step.make_sharded_train_step` (step donates state).
-        state: TrainState, sharded on the mesh. Its opt_state leaves are `np.memmap`s while
-            parked.
+        state: TrainState (full params, or the adapters), sharded on the mesh. Its
+            opt_state leaves are `np.memmap`s while parked.
         parked: shardings of the parked opt_state (None when resident).
     """
 
     role: Role
     model: LoadedModel
+    cfg: ModelConfig
     train_config: TrainConfig
     optimizer: optax.GradientTransformation
     step_fn: Any
@@ -102,6 +119,15 @@ class Trainee:
 
     @property
     def params(self) -> dict:
+        """The params a forward pass of this trainee takes (base + adapters for LoRA)."""
+        if self.cfg.lora_rank:
+            return lora.attach(self.model.params, self.state.params)
+        return self.state.params
+
+    def export_params(self) -> dict:
+        """Full params to export: the adapters merged into the base for LoRA."""
+        if self.cfg.lora_rank:
+            return lora.merge(self.model.params, self.state.params, self.cfg)
         return self.state.params
 
     @property
@@ -115,12 +141,31 @@ class Trainee:
         return self.state.replace(opt_state=hostmem.unpark(self.state.opt_state, self.parked))
 
 
-def make_trainee(role: Role, model: LoadedModel, train_config: TrainConfig, mesh) -> Trainee:
-    """A fresh trainee: a sharded copy of `model.params` with new AdamW moments."""
-    optimizer, step_fn = ts.make_sharded_train_step(model.cfg, train_config, mesh)
-    params = jax.tree.map(jnp.copy, model.params)  # ours: the step donates its buffers
-    state = ts.shard_train_state(ts.init_train_state(params, optimizer), mesh)
-    return Trainee(role, model, train_config, optimizer, step_fn, state)
+def trainee_config(model: LoadedModel, config: ml_collections.ConfigDict) -> ModelConfig:
+    """The trainee's ModelConfig: the source's, trained in the master dtype, with LoRA."""
+    lo = config.lora
+    return model.cfg.replace(param_dtype=config.model.master_dtype, lora_rank=int(lo.rank),
+                             lora_alpha=float(lo.alpha), lora_targets=tuple(lo.targets))
+
+
+def make_trainee(role: Role, model: LoadedModel, cfg: ModelConfig, train_config: TrainConfig,
+                 mesh, seed: int = 0) -> Trainee:
+    """A fresh trainee on `mesh`: a copy of the base in the master dtype (full fine-tuning)
+    or new adapters (LoRA), and AdamW moments made sharded by a jitted init."""
+    optimizer, step_fn = ts.make_sharded_train_step(cfg, train_config, mesh)
+    if cfg.lora_rank:
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), ROLE_KEYS[role])
+        shapes = jax.eval_shape(lambda: ts.trainable_init(cfg, key, model.params))
+        params = jax.jit(lambda k: ts.trainable_init(cfg, k, model.params),
+                         out_shardings=sharding.param_shardings(shapes, mesh))(key)
+    else:  # ours, not the base's buffers: the step donates them (eager copy keeps shardings)
+        params = jax.tree.map(lambda x: jnp.copy(x).astype(cfg.weight_dtype), model.params)
+        params = jax.device_put(params, sharding.param_shardings(params, mesh))
+    opt_shapes = jax.eval_shape(optimizer.init, params)
+    opt_state = jax.jit(optimizer.init, out_shardings=sharding.param_shardings(
+        opt_shapes, mesh))(params)
+    state = ts.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+    return Trainee(role, model, cfg, train_config, optimizer, step_fn, state)
 
 
 @dataclasses.dataclass
@@ -165,7 +210,7 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
     Raises:
         config_check.ConfigError: a bad trainer field (named).
     """
-    models = load_models(config)
+    models = load_models(config, mesh)
     p, g = config.policy, config.generator
     policy_tc = TrainConfig.from_config(p.train, "policy.train",
                                         rows=p.prompts_per_step * p.num_responses,
@@ -173,10 +218,12 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
     generator_tc = TrainConfig.from_config(g.train, "generator.train",
                                            rows=g.anchors_per_step * g.num_lists,
                                            temperature=g.temperature)
+    pol, gen = models[config.model.policy], models[config.model.generator]
     return Roles(
-        policy=make_trainee(Role.POLICY, models[config.model.policy], policy_tc, mesh),
-        generator=make_trainee(Role.GENERATOR, models[config.model.generator], generator_tc,
-                               mesh),
+        policy=make_trainee(Role.POLICY, pol, trainee_config(pol, config), policy_tc, mesh,
+                            config.seed),
+        generator=make_trainee(Role.GENERATOR, gen, trainee_config(gen, config), generator_tc,
+                               mesh, config.seed),
         verifier=models[config.model.verifier])
 
 

@@ -131,6 +131,19 @@ def param_shardings(tree: Any, mesh: Mesh, rules: Optional[dict] = None) -> Any:
     return jax.tree_util.tree_map_with_path(one, tree)
 
 
+def leaf_sharder(mesh: Mesh, rules: Optional[dict] = None):
+    """`(path, shape) -> NamedSharding` for loaders that place one tensor at a time
+    (`models.load_model(..., shardings=leaf_sharder(mesh))`): the rule of the path's last
+    name, as `param_shardings` would give it."""
+    rules = param_specs() if rules is None else rules
+
+    def sharder(path: str, shape: tuple) -> NamedSharding:
+        return NamedSharding(mesh, spec_for(rules.get(path.split("/")[-1]), tuple(shape),
+                                            mesh))
+
+    return sharder
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of batch arrays [B, ...]: rows over ("data", "fsdp"), the rest replicated.
 

@@ -33,6 +33,7 @@ import numpy as np
 import optax
 
 from drubric_jax import grpo, models, sharding
+from drubric_jax.models import lora
 from drubric_jax.train_config import (TrainConfig, learning_rate_schedule, make_optimizer,
                                       schedule_count)
 from drubric_jax.logprobs import sequence_logprobs
@@ -144,9 +145,10 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     turn float noise of two differently-shaped evaluations into lr-sized steps.
 
     Args:
-        params: the trainee's params.
+        params: the trainee's params (its LoRA adapters when model_cfg.lora_rank > 0).
         batch: Batch with R rows (layout in the module docstring).
-        ref_params: the frozen reference's params (needed when train_cfg.beta > 0).
+        ref_params: the frozen reference's params: the base the adapters sit on, for LoRA
+            (always needed then); needed for the KL term when train_cfg.beta > 0.
         model_cfg, train_cfg: static configs.
 
     Returns:
@@ -156,8 +158,9 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     Raises:
         ValueError: R not a multiple of micro_batch_size; beta > 0 without ref_params.
     """
-    if train_cfg.beta > 0 and ref_params is None:
-        raise ValueError(f"beta={train_cfg.beta} needs the reference params (ref_params)")
+    if (train_cfg.beta > 0 or model_cfg.lora_rank) and ref_params is None:
+        raise ValueError(f"beta={train_cfg.beta} / lora_rank={model_cfg.lora_rank} needs "
+                         "the reference params (ref_params)")
     b = batch.tokens.shape[0]
     mb = train_cfg.micro_batch_size
     if b % mb:
@@ -174,7 +177,9 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
                                  return_entropy=return_entropy, start=mbatch.prompt_len)
 
     def loss_fn(p, mbatch: Batch):
-        logp, ent = logprobs_of(p, mbatch, return_entropy=True)
+        # A LoRA trainee's params are its adapters, on the frozen base (= the reference).
+        model = lora.attach(ref_params, p) if model_cfg.lora_rank else p
+        logp, ent = logprobs_of(model, mbatch, return_entropy=True)
         ref = (None if train_cfg.beta == 0
                else jax.lax.stop_gradient(logprobs_of(ref_params, mbatch)))
         loss, m = grpo.grpo_loss(logp, mbatch.old_logprobs, ref, mbatch.advantages,
@@ -267,16 +272,32 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
     reuses the compiled step instead of tracing and compiling it again.
     """
     optimizer = make_optimizer(train_cfg)
-    shapes = jax.eval_shape(lambda: init_train_state(
-        models.init_params(model_cfg, jax.random.PRNGKey(0)), optimizer))
+    shapes = jax.eval_shape(lambda: init_train_state(trainable_init(model_cfg), optimizer))
     state_sh = sharding.param_shardings(shapes, mesh)
+    base_sh = sharding.param_shardings(jax.eval_shape(lambda: models.init_params(
+        model_cfg, jax.random.PRNGKey(0))), mesh)
     step = jax.jit(
         functools.partial(train_step, model_cfg=model_cfg, train_cfg=train_cfg,
                           optimizer=optimizer),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh), state_sh.params),
+        in_shardings=(state_sh, sharding.batch_sharding(mesh), base_sh),
         out_shardings=(state_sh, sharding.replicated(mesh)),
         donate_argnums=(0,))
     return optimizer, step
+
+
+def trainable_init(model_cfg: ModelConfig, key: Optional[jax.Array] = None,
+                   base: Optional[dict] = None) -> dict:
+    """The params a trainee of `model_cfg` trains: LoRA adapters on `base` (lora_rank > 0),
+    else the full params (a copy of `base` in the master dtype, or random without one).
+    Pure: run it under `jax.eval_shape` for shapes, or `jax.jit(out_shardings=...)`."""
+    key = jax.random.PRNGKey(0) if key is None else key
+    if model_cfg.lora_rank:
+        shapes = base if base is not None else jax.eval_shape(
+            lambda: models.init_params(model_cfg, key))
+        return lora.init_adapters(model_cfg, shapes, key)
+    if base is None:
+        return models.init_params(model_cfg, key)
+    return jax.tree.map(lambda x: x.astype(model_cfg.weight_dtype), base)
 
 
 def shard_train_state(state: TrainState, mesh) -> TrainState:

@@ -344,8 +344,8 @@ def _w_up_sharding():
     target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, "model"))
     requested = []
 
-    def shardings(path):
-        requested.append(path)
+    def shardings(path, shape):
+        requested.append((path, tuple(shape)))
         return target if path == "layers/w_up" else None
 
     return target, shardings, requested
@@ -362,7 +362,9 @@ def test_assemble_places_leaves_on_requested_sharding(tiny_model):
     loaded = weights._assemble(cfg, read, shardings, "test")
     assert loaded["layers"]["w_up"].sharding == target
     assert len(loaded["layers"]["w_up"].sharding.device_set) == 8
-    assert "layers/wq" in requested and "embed" in requested
+    names = {p for p, _ in requested}
+    assert "layers/wq" in names and "embed" in names
+    assert ("layers/w_up", tuple(params["layers"]["w_up"].shape)) in requested
     _tree_equal_bitwise(params, loaded)
 
 

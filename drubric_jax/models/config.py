@@ -43,6 +43,10 @@ class ModelConfig:
         param_dtype: storage dtype of the weights.
         family: the model family that implements this architecture
             (`drubric_jax.models.registry.FAMILIES`).
+        lora_rank: r of the LoRA adapters a trainee trains on this model (0 = none; the
+            params are then the full weights). `models.lora`.
+        lora_alpha: LoRA scale alpha (W + (alpha / r) A B).
+        lora_targets: names of the adapted matrices.
     """
 
     vocab_size: int
@@ -61,6 +65,9 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     family: str = "llama"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
@@ -85,6 +92,11 @@ class ModelConfig:
     @property
     def weight_dtype(self):
         return jnp.dtype(self.param_dtype)
+
+    @property
+    def lora_scale(self) -> float:
+        """alpha / r of the LoRA adapters (0 without adapters)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)

@@ -73,6 +73,10 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
 
         cfg = PRESETS[source].replace(dtype=dtype, param_dtype=dtype)
         params = init_params(cfg, jax.random.PRNGKey(seed))
+        if callable(shardings):
+            shardings = jax.tree_util.tree_map_with_path(
+                lambda path, x: shardings("/".join(str(getattr(k, "key", k)) for k in path),
+                                          x.shape), params)
         if shardings is not None:
             params = jax.device_put(params, shardings)
         return cfg, params, tok_lib.tokenizer_from_gguf(default_gguf_path())

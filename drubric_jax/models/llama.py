@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from drubric_jax.models import lora
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
@@ -75,6 +76,7 @@ PARAM_SPECS = {
     "w_up": P(None, "fsdp", "tensor"),     # [L, D, F]
     "w_down": P(None, "tensor", "fsdp"),   # [L, F, D]
 }
+PARAM_SPECS.update(lora.adapter_specs(PARAM_SPECS))  # LoRA A / B beside their matrix
 # Linear weights: checkpoints store [out, in], ours are [in, out].
 TRANSPOSED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"})
 
@@ -198,22 +200,21 @@ def _layer(cfg, p, x, positions, inv_freq, kv_fn):
     `kv_fn(k, v)` gets this call's keys and values [B, T, Hkv, Dh] and returns
     `(k_all, v_all, mask, extra)`, k_all and v_all [B, Hkv, S, Dh].
     """
-    dt = cfg.compute_dtype
     b, t, _ = x.shape
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q = (h @ p["wq"].astype(dt)).reshape(b, t, cfg.num_heads, cfg.head_dim)
-    k = (h @ p["wk"].astype(dt)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-    v = (h @ p["wv"].astype(dt)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    q = (lora.linear(p, "wq", h, cfg)).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = (lora.linear(p, "wk", h, cfg)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = (lora.linear(p, "wv", h, cfg)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
     k_all, v_all, mask, extra = kv_fn(k, v)
-    x = x + _attention(q, k_all, v_all, mask) @ p["wo"].astype(dt)
+    x = x + lora.linear(p, "wo", _attention(q, k_all, v_all, mask), cfg)
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    gate = jax.nn.silu(h @ p["w_gate"].astype(dt))
-    x = x + (gate * (h @ p["w_up"].astype(dt))) @ p["w_down"].astype(dt)
+    gate = jax.nn.silu(lora.linear(p, "w_gate", h, cfg))
+    x = x + lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
     return x, extra
 
 

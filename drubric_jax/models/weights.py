@@ -24,7 +24,9 @@ import numpy as np
 from drubric_jax.models import registry
 from drubric_jax.models.config import ModelConfig, RopeScaling
 
-Shardings = Union[None, dict, Callable[[str], Optional[jax.sharding.Sharding]]]
+# A pytree of shardings matching the params, or a callable (path, shape) -> sharding with
+# paths like "layers/wq" (e.g. `sharding.leaf_sharder(mesh)`).
+Shardings = Union[None, dict, Callable[[str, tuple], Optional[jax.sharding.Sharding]]]
 
 
 def _to_ours(fam, key: str, w: np.ndarray) -> np.ndarray:
@@ -32,11 +34,11 @@ def _to_ours(fam, key: str, w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.T) if key in fam.TRANSPOSED else w
 
 
-def _sharding_for(shardings: Shardings, path: str):
+def _sharding_for(shardings: Shardings, path: str, shape: tuple):
     if shardings is None:
         return None
     if callable(shardings):
-        return shardings(path)
+        return shardings(path, shape)
     node = shardings
     for part in path.split("/"):
         node = node[part]
@@ -45,7 +47,7 @@ def _sharding_for(shardings: Shardings, path: str):
 
 def _place(arr: np.ndarray, dtype, shardings: Shardings, path: str) -> jax.Array:
     return jax.device_put(arr.astype(jnp.dtype(dtype), copy=False),
-                          _sharding_for(shardings, path))
+                          _sharding_for(shardings, path, arr.shape))
 
 
 def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], tuple[str, np.ndarray]],
@@ -200,7 +202,7 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
         path: the .gguf file.
         dtype: compute and storage dtype of the returned params ("float32" | "bfloat16").
         shardings: optional target sharding per leaf: a pytree of shardings matching the
-            params, or a callable `path -> Sharding` (paths like "layers/wq").
+            params, or a callable `(path, shape) -> Sharding` (paths like "layers/wq").
         reader: an already-open reader of `path` (from `open_gguf`; saves a re-read).
 
     Returns:
