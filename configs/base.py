@@ -116,6 +116,11 @@ def base_config() -> ml_collections.ConfigDict:
     # map them back at its next phase (single process only; saves 2-3 params' worth of RAM).
     c.memory.park_idle_optimizer = False
 
+    c.compile = ml_collections.ConfigDict()
+    # JAX's persistent compilation cache ("" = off): a resumed run or the next process
+    # loads compiled programs instead of compiling them again.
+    c.compile.cache_dir = "~/.cache/drubric_jax/xla"
+
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 1   # save after every N optimizer steps (either role)
     c.checkpoint.max_to_keep = 2

@@ -156,6 +156,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(not (c.memory.park_idle_optimizer and process_count > 1),
          "memory.park_idle_optimizer", "single-process runs only (it writes whole arrays "
          f"to local disk); this run has {process_count} processes")
+    need(isinstance(c.compile.cache_dir, str), "compile.cache_dir", "must be a path or \"\"")
     need(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
     need(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")
     need(isinstance(c.checkpoint.allow_data_change, bool), "checkpoint.allow_data_change",

@@ -32,7 +32,7 @@ import ml_collections
 from absl import logging
 
 from drubric_jax import checkpoint as ckpt_lib
-from drubric_jax import config_check, data, hostmem, phases, run_logging, sharding
+from drubric_jax import compilation, config_check, data, hostmem, phases, run_logging, sharding
 from drubric_jax.models import export_hf_dir
 from drubric_jax.roles import build_roles, role_memory
 from drubric_jax.types import Role
@@ -89,6 +89,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     """
     config_check.validate(config, jax.device_count(), jax.process_count())
     hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
+    compilation.enable_persistent_cache(config.compile.cache_dir)
+    compilation.CompileClock.install()
     os.makedirs(workdir, exist_ok=True)
     c = config
     host, hosts = jax.process_index(), jax.process_count()
@@ -208,6 +210,7 @@ def _phase(run: Run, role: Role, steps: int) -> None:
     bar = tqdm(total=steps, initial=run.loop.step, disable=not run.config.log.progress,
                desc=f"round {run.loop.round} {role.value}", unit="step")
     while run.loop.step < steps:
+        compiled_before = compilation.CompileClock.seconds()
         key = phase_key(run.config.seed, run.loop.round, role.value, run.loop.step)
         if role is Role.GENERATOR:
             step = phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
@@ -216,6 +219,8 @@ def _phase(run: Run, role: Role, steps: int) -> None:
             run.last_trace = step.trace
         metrics = phases.update(run.ctx, role, step, run.loop.global_step + 1)
         metrics.update(step.metrics, **step.timer.metrics())
+        # Of the step's seconds, how many went to tracing and compiling (0 once warm).
+        metrics["seconds_compile"] = compilation.CompileClock.seconds() - compiled_before
         hostmem.release_free_memory()
         metrics["peak_rss_gb"] = hostmem.peak_rss_bytes() / 1e9
         run.loop.step += 1

@@ -320,6 +320,10 @@ def test_bucket_length_and_left_pad():
     assert [sampling.bucket_length(n) for n in (1, 5, 16, 17, 33, 128, 129)] == [
         16, 16, 16, 32, 64, 128, 256]
     assert sampling.bucket_length(3, minimum=4) == 4
+    # Above 512 tokens: multiples of 128 (690 -> 768, not 1024), configurable.
+    assert [sampling.bucket_length(n) for n in (511, 512, 513, 690, 1024, 1025)] == [
+        512, 512, 640, 768, 1024, 1152]
+    assert sampling.bucket_length(690, step=256, pow2_until=256) == 768
     tokens, mask = sampling.left_pad([[7, 8], [9]], 4, 2)
     assert tokens.tolist() == [[2, 2, 7, 8], [2, 2, 2, 9]]
     assert mask.tolist() == [[False, False, True, True], [False, False, False, True]]
