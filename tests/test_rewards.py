@@ -9,16 +9,13 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from drubric_jax import rewards
+from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)
 
 
 def log_sigmoid(x):
     return -math.log1p(math.exp(-x))
-
-
-def close(actual, expected, atol=1e-5):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=atol)
 
 
 # --- Eq. 12 rubric scores -----------------------------------------------------
