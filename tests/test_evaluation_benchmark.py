@@ -28,6 +28,7 @@ def _config(data, **overrides):
     return c
 
 
+# ~40 s on 2 cores: every test that uses it is marked slow.
 @pytest.fixture(scope="module")
 def e2e(shared_file, smollm2_gguf, tmp_path_factory, loader):
     paths = [str(shared_file("data", *f.split("/"))) for f in FILES]
@@ -41,6 +42,7 @@ def _in01(x):
     return 0.0 <= x <= 1.0
 
 
+@pytest.mark.slow
 def test_report_fields_and_ranges(e2e):
     paths, workdir, report = e2e
     with open(os.path.join(workdir, "report.json")) as f:
@@ -77,6 +79,7 @@ def test_report_fields_and_ranges(e2e):
         assert _in01(on_disk["files"][paths[0]]["methods"][m]["strict_acc"]["mean"])
 
 
+@pytest.mark.slow
 def test_trace_files_written(e2e):
     paths, workdir, _ = e2e
     with open(os.path.join(workdir, "trace.jsonl")) as f:

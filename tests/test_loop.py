@@ -63,6 +63,7 @@ def _final_params(workdir):
         loop.close(run)
 
 
+@pytest.mark.slow
 def test_resume_after_round_1_equals_uninterrupted(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     loop.run(_tiny_config(), full)

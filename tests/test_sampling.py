@@ -345,6 +345,7 @@ def test_same_key_same_tokens_other_key_other_tokens(tiny_model):
     assert (a.tokens != c.tokens).any(axis=-1).all()
 
 
+@pytest.mark.slow
 def test_greedy_output_independent_of_batchmates_and_bucket(tiny_model):
     cfg, params = tiny_model
     rng = np.random.default_rng(3)
@@ -421,6 +422,7 @@ def _check_rubric_doc(doc, max_items, max_chars):
         assert isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 5, item
 
 
+@pytest.mark.slow
 def test_json_constrained_samples_always_parse(tiny_model, smollm2_tokenizer):
     """100 samples at temperature 1 from a random-weight model: every one is a complete
     document of the schema, and its log-probs are the unconstrained model's."""
@@ -465,6 +467,7 @@ def _take_rows(out, rows):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_real_model_greedy_capital_of_france(smollm2):
     cfg, params, tok = smollm2
     ids = tok_lib.chat_ids(tok, [{"role": "user", "content": "What is the capital of France?"}])
@@ -476,6 +479,7 @@ def test_real_model_greedy_capital_of_france(smollm2):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_sample_entrypoint_prints_paris(smollm2):
     env = dict(os.environ, XLA_FLAGS="", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     proc = subprocess.run(
@@ -487,6 +491,7 @@ def test_sample_entrypoint_prints_paris(smollm2):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_bench_sampler_prints_one_json_row_per_batch(smollm2):
     env = dict(os.environ, XLA_FLAGS="", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     proc = subprocess.run(

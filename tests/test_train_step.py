@@ -114,6 +114,7 @@ def one_step(setup):
 # --------------------------------------------------------------------------- log-probs
 
 
+@pytest.mark.slow
 def test_sequence_logprobs_match_sampler(setup):
     cfg, params, batch, _, _, sample = setup
     assert sample.lengths.min() < N_NEW and sample.truncated.any()  # varied lengths
@@ -196,6 +197,7 @@ def test_repeated_steps_raise_positive_advantage_logprobs(setup, one_step):
     assert steps[CFG]._cache_size() == 1  # no retrace across steps (STYLE 15)
 
 
+@pytest.mark.slow
 def test_micro_batches_equal_single_batch(setup, one_step):
     """4 micro-batches of 2 rows give the gradient of the whole batch (before the
     optimizer, tightly), the same metrics, and params that agree within what one AdamW step
@@ -215,6 +217,7 @@ def test_micro_batches_equal_single_batch(setup, one_step):
                                   m_full["grad_norm"])
 
 
+@pytest.mark.slow
 def test_bfloat16_first_moment_matches_float32_step(setup, one_step):
     """mu_dtype="bfloat16" (the CPU default config's memory saving): mu is stored in
     bfloat16, nu in float32, and the first update equals the float32 one to bf16 rounding
@@ -295,6 +298,7 @@ def test_donation_consumes_state(setup):
 # --------------------------------------------------------------------------- sharding
 
 
+@pytest.mark.slow
 def test_sharded_step_matches_unsharded(setup, one_step):
     cfg, params, batch, optimizer, _, _ = setup
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
