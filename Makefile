@@ -1,12 +1,13 @@
 # Two commands for a fresh machine with Python 3.11:
 #   make run    set up .venv and run the main job on the embedded default
 #   make test   set up .venv and run the test suite
+#   (make test-fast: the same without the tests marked slow, for development)
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-all sample clean
+.PHONY: setup run test test-fast sample clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +26,19 @@ sample: $(STAMP)
 	$(PY) -m experiments.sample --prompt "What is the capital of France?"
 
 # pytest exit code 5 (no test collected) is reported and turned into a failure.
-test: $(STAMP)
-	$(PY) -m pytest -q tests; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+define pytest_run
+	$(PY) -m pytest -q $(1) tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+endef
+
+# Every test (CI runs this).
+test: $(STAMP)
+	$(call pytest_run,)
+
+# Development: leaves out the tests marked `slow` (over ~10 s each on 2 CPU cores).
+test-fast: $(STAMP)
+	$(call pytest_run,-m "not slow")
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -35,6 +35,7 @@ def get_config(arg: str = ""):
     c.generator.train.mu_dtype = c.policy.train.mu_dtype = "bfloat16"
     # The idle role's AdamW moments wait on disk during the other role's phase (0.81 GB).
     c.memory.park_idle_optimizer = True
+    c.mesh.num_devices = 1  # sized for one CPU device (4 generator rows split over no more)
     c.variant = opts.get("variant", "full")
     c.verifier.verdict = "soft"  # why: the module docstring
     if c.data.name == "shared":

@@ -80,9 +80,16 @@ def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int
     """data x fsdp of the mesh `config.mesh` builds on `device_count` devices."""
     m = config.mesh
     sizes = {axis: m[axis] for axis in ("data", "fsdp", "tensor")}
-    known = math.prod(v for v in sizes.values() if v != -1)  # at most one axis is -1
+    known = math.prod(v for v in sizes.values() if v != -1)
     n = m.num_devices or device_count
-    sizes = {a: (n // max(known, 1) if v == -1 else v) for a, v in sizes.items()}
+    _require(list(sizes.values()).count(-1) <= 1, "config.mesh",
+             f"at most one of data, fsdp, tensor may be -1 (got {sizes})")
+    _require(n <= device_count, "config.mesh.num_devices",
+             f"{n} devices asked for, {device_count} available")
+    _require(n % known == 0 and (-1 in sizes.values() or known == n), "config.mesh",
+             f"data x fsdp x tensor = {sizes} does not fit {n} devices "
+             "(set config.mesh.* or config.mesh.num_devices)")
+    sizes = {a: (n // known if v == -1 else v) for a, v in sizes.items()}
     return sizes["data"] * sizes["fsdp"]
 
 

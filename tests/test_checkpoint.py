@@ -15,10 +15,7 @@ from drubric_jax import train_config
 from drubric_jax import train_step as ts
 from drubric_jax.checkpoint import Checkpointer, key_from_json, key_to_json, step_key
 from drubric_jax.models import config, init_params
-
-
-def close(a, b, atol=1e-6):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=atol)
+from tolerances import close
 
 
 def _apply(optimizer, state, grad):
@@ -48,7 +45,7 @@ def test_case_21_resume_optimizer_and_rng(load_case, tmp_path):
     for g in grads:
         state = _apply(optimizer, state, g)
         straight.append(float(state.params))
-    close(straight, want_each)
+    close(straight, want_each, atol=1e-6)
 
     state = ts.init_train_state(jnp.float32(0.0), optimizer)
     for g in grads[:2]:
@@ -67,7 +64,7 @@ def test_case_21_resume_optimizer_and_rng(load_case, tmp_path):
     assert meta2 == meta
     assert int(restored.opt_state[0].count) == 2 and int(restored.step) == 2
     resumed = _apply(optimizer, restored, grads[2])
-    close(float(resumed.params), want_each[2])
+    close(float(resumed.params), want_each[2], atol=1e-6)
     assert abs(float(resumed.params) - (-0.099999)) > 0.05  # not a fresh Adam state
 
     # Key scheme: step s (1-indexed) uses fold_in(seed, s); resume continues at step + 1.
@@ -88,7 +85,8 @@ def test_resume_keeps_warmup_position(tmp_path):
         ckpt.save(int(state.step), state, {"step": int(state.step)})
         restored, _ = ckpt.restore(None, ts.init_train_state(params, optimizer))
     assert int(train_config.schedule_count(restored.opt_state)) == 2
-    close(train_config.learning_rate_schedule(cfg)(train_config.schedule_count(restored.opt_state)), 0.15)
+    close(train_config.learning_rate_schedule(cfg)(train_config.schedule_count(restored.opt_state)),
+          0.15, atol=1e-6)
     a, b = _apply(optimizer, state, -1.0), _apply(optimizer, restored, -1.0)
     jax.tree.map(lambda x, y: close(x, y, atol=0), a.params, b.params)
     fresh = _apply(optimizer, ts.TrainState(step=restored.step, params=restored.params,
@@ -129,7 +127,7 @@ def test_latest_interval_and_max_to_keep(tmp_path):
             x.delete()  # as a donating train step would: save already copied it to host
         assert ckpt.all_steps() == [4, 6] and ckpt.latest() == 6
         x, meta = ckpt.restore(4, {"x": jnp.zeros(2)})
-        close(x["x"], [4.0, 4.0])
+        close(x["x"], [4.0, 4.0], atol=1e-6)
         assert meta == {"step": 4}
         with pytest.raises(TypeError, match="meta"):
             ckpt.save(8, {"x": jnp.ones(2)}, [1, 2])

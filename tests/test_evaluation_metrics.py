@@ -11,16 +11,13 @@ from hypothesis.extra import numpy as hnp
 
 from drubric_jax import data, rewards
 from drubric_jax.evaluation import metrics
+from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)
 # Jitted once for the fixed property-test shapes (one compile, fast examples).
 NDCG, TOP1, PAIRWISE = (jax.jit(f) for f in (metrics.ndcg, metrics.strict_top1,
                                              metrics.pairwise_accuracy))
 D2, D3 = 1 / math.log2(3), 1 / math.log2(4)  # discounts at ranks 2 and 3
-
-
-def close(actual, expected, atol=1e-5):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=atol)
 
 
 def test_metrics_take_data_gold_ranks():
@@ -155,10 +152,8 @@ def test_rm_bench_pairs_and_accuracy():
         metrics.rm_bench_pairs(["chosen"], ["fancy"])
 
 
-def test_rm_bench_shared_rows_have_three_pairs_per_difficulty(shared_dir):
-    path = shared_dir / "data" / "rm_bench" / "chat.jsonl"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
+def test_rm_bench_shared_rows_have_three_pairs_per_difficulty(shared_file):
+    path = shared_file("data", "rm_bench", "chat.jsonl")
     for rec in data.load_jsonl(path)[:20]:
         pairs = metrics.rm_bench_pairs(rec.meta["label"], rec.meta["style"])
         assert [p.difficulty for p in pairs].count("hard") == 3

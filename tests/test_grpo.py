@@ -10,12 +10,9 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from drubric_jax import grpo, logprobs, sampling
+from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)
-
-
-def close(actual, expected, atol=1e-5):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=atol)
 
 
 def loss_and_grad(logp_new, logp_old, logp_ref, adv, mask, **kw):

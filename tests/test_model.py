@@ -17,8 +17,13 @@ from drubric_jax import models
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import llama, weights
+from tolerances import greedy_agreement
 
 TINY_PRESETS = ["tiny", "tiny_qwen3", "tiny_llama31"]
+# Logits vs the torch reference. They reach ~40 (one float32 ulp there: 3.8e-6); two float32
+# implementations (each its own GGUF dequantisation; 30 layers of D = 576 sums in another
+# order) were measured <= 1e-4 apart. 2e-3 (5e-5 of the logit scale) leaves 20x headroom for
+# other CPUs and is far below a real bug (a wrong RoPE or Q/K permutation moves logits by units).
 PARITY_TOL = 2e-3
 
 
@@ -99,11 +104,9 @@ def _tree_equal_bitwise(a, b):
 
 
 @pytest.fixture(scope="module")
-def reference(shared_dir):
-    path = shared_dir / "fixtures" / "smollm2_reference.npz"
-    if not path.exists():
-        pytest.skip(f"{path} missing")
-    with open(path.with_suffix(".json")) as f:
+def reference(shared_file):
+    path = shared_file("fixtures", "smollm2_reference.npz")
+    with open(shared_file("fixtures", "smollm2_reference.json")) as f:
         meta = json.load(f)
     return dict(np.load(path)), meta
 
@@ -150,19 +153,28 @@ def test_logits_match_reference_every_position(smollm2, reference):
 
 @pytest.mark.real_model
 def test_greedy_with_cache_matches_reference(smollm2, reference):
-    """Batched (left-padded) prefill + 40 cached decode steps reproduce the reference."""
+    """Batched (left-padded) prefill + 40 cached decode steps reproduce the reference, up to
+    a near tie: both implementations' logits are within PARITY_TOL of each other (test
+    above), so where the reference's token is not our argmax, our margin between the two is
+    at most 2 * PARITY_TOL if the step was a tie that rounding may break either way. Such a
+    step ends the comparison (the continuations then condition on different tokens)."""
     cfg, params, tok = smollm2
     ref, meta = reference
     prompts = [ref[f"p{i}_input_ids"].tolist() for i in range(len(meta["prompts"]))]
     got = _greedy(params, cfg, prompts, 40, stop_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     for i, row in enumerate(got):
         want = ref[f"p{i}_greedy_ids"].tolist()
-        n_match = next((j for j, (a, b) in enumerate(zip(row, want)) if a != b),
-                       min(len(row), len(want)))
+
+        def margin_at(j, prompt=prompts[i], want=want):
+            tokens = jnp.asarray([prompt + want[:j]], jnp.int32)
+            logits = np.asarray(_forward(params, cfg, tokens, jnp.ones_like(tokens, bool)))
+            return logits[0, -1].max() - logits[0, -1, want[j]]
+
+        n_match = greedy_agreement(row, want, margin_at, max_margin=2 * PARITY_TOL)
         print(f"\n[greedy] prompt {i}: {n_match}/{len(want)} tokens match; "
               f"text={tok.decode(row, skip_special_tokens=True)!r}")
-        assert row == want
-        assert tok.decode(row, skip_special_tokens=True) == meta["prompts"][i]["greedy_text"]
+        if n_match == len(want):
+            assert tok.decode(row, skip_special_tokens=True) == meta["prompts"][i]["greedy_text"]
 
 
 @pytest.mark.real_model

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from drubric_jax import rewards
+from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)
 # Advantages are O(1) (|A| <= sqrt(G - 1)); two compiled programs of the same formula (other
@@ -22,10 +23,6 @@ JIT_GROUP_ADV_1 = jax.jit(rewards.group_advantages)
 
 def log_sigmoid(x):
     return -math.log1p(math.exp(-x))
-
-
-def close(actual, expected, atol=1e-5):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=atol)
 
 
 # --- Eq. 12 rubric scores -----------------------------------------------------

@@ -172,6 +172,7 @@ def test_bad_arguments(tiny_gen):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_real_model_writes_parseable_rubrics(smollm2):
     cfg, params, tok = smollm2
     gen = RubricGenerator(cfg, tok, max_items=4, max_item_chars=100,

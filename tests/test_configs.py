@@ -1,0 +1,62 @@
+"""Every config file under configs/, with each of its ':' switches and each sweep entry, passes
+its validation (before any compute, so no data file or model is read).
+
+Run configs (configs/base.py layout) go through `config_check.validate` on the device count
+they are written for; configs/eval_evaluator.py has its own `validate`.
+"""
+import pytest
+
+from configs import eval_evaluator, qwen3_8b, smollm2_cpu
+from drubric_jax import config_check
+
+SMOLLM2_SWITCHES = ["", "data=shared", "variant=full", "variant=disc_only",
+                    "variant=anchor_only", "variant=static", "tiny"]
+QWEN3_SWITCHES = ["", "local"]
+
+
+def _with_overrides(config, overrides):
+    """`config` with get_sweep()-style overrides {"config.a.b": value} applied."""
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")[1:]
+        node = config
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return config
+
+
+# smollm2_cpu is the 2-core CPU default: one JAX device there. qwen3_8b is written for
+# pods (its mesh puts 8 devices on fsdp); its `local` switch must run anywhere.
+@pytest.mark.parametrize("module,switches,device_count", [
+    (smollm2_cpu, SMOLLM2_SWITCHES, 1),
+    (qwen3_8b, QWEN3_SWITCHES, 8),
+    (qwen3_8b, ["local"], 1),
+], ids=["smollm2_cpu-1dev", "qwen3_8b-8dev", "qwen3_8b_local-1dev"])
+def test_run_configs_validate(module, switches, device_count):
+    for arg in switches:
+        config = module.get_config(arg)
+        config_check.validate(config, device_count=device_count, process_count=1)
+        for overrides in module.get_sweep():
+            config_check.validate(_with_overrides(module.get_config(arg), overrides),
+                                  device_count=device_count, process_count=1)
+
+
+def test_smollm2_cpu_validates_on_8_devices():
+    for arg in SMOLLM2_SWITCHES:
+        config_check.validate(smollm2_cpu.get_config(arg), device_count=8, process_count=1)
+
+
+def test_mesh_larger_than_device_count_is_a_config_error():
+    with pytest.raises(config_check.ConfigError, match=r"config\.mesh"):
+        config_check.validate(qwen3_8b.get_config(""), device_count=1, process_count=1)
+
+
+@pytest.mark.parametrize("arg", ["", "tiny"])
+def test_eval_evaluator_config_validates(arg, write_jsonl):
+    config = eval_evaluator.get_config(arg)
+    with pytest.raises(ValueError, match=r"config\.data"):
+        eval_evaluator.validate(config)  # the data files are required
+    path = write_jsonl([{"id": "a", "source": "t:t", "prompt": "p", "responses": ["x", "y"],
+                         "ranking": [0, 1]}])
+    config.data = f"{path},{path}"
+    eval_evaluator.validate(config)

@@ -1,0 +1,64 @@
+"""Smoke runs of the entry points under experiments/ in fresh processes, as a user starts them
+(one CPU device: the 8 fake devices of conftest.py are replaced by 1).
+
+`experiments.run` runs one round of one generator and one policy step on the tiny configs
+(`smollm2_cpu.py:tiny`, `qwen3_8b.py:local`); `experiments.sweep --print` prints one command
+line per `get_sweep()` entry.
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs import qwen3_8b, smollm2_cpu
+from conftest import xla_flags_with_device_count
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_ROUND = ["--config.rounds.num_rounds=1", "--config.rounds.generator_steps=1",
+             "--config.rounds.policy_steps=1", "--config.log.progress=False"]
+
+
+def _run(*args, timeout):
+    env = dict(os.environ, XLA_FLAGS=xla_flags_with_device_count(os.environ["XLA_FLAGS"], 1))
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["configs/smollm2_cpu.py:tiny", "configs/qwen3_8b.py:local"])
+def test_run_one_round(config, tmp_path, smollm2_gguf):
+    # smollm2_gguf: the tiny smollm2 config uses the real SmolLM2 tokenizer.
+    _run("experiments.run", f"--config={config}", f"--workdir={tmp_path}", *ONE_ROUND,
+         timeout=600)
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert sorted((r["phase"], r["round"], r["step"]) for r in train) == [
+        ("generator", 0, 1), ("policy", 0, 1)], train
+    for r in train:
+        assert all(v == v for v in (r["loss"], r["kl"], r["grad_norm"])), r  # no NaN
+
+
+@pytest.mark.parametrize("module,arg", [(smollm2_cpu, "tiny"), (qwen3_8b, "")])
+def test_sweep_print_one_command_per_entry(module, arg, tmp_path):
+    config = f"configs/{module.__name__.split('.')[-1]}.py:{arg}"
+    out = _run("experiments.sweep", f"--config={config}", f"--workdir={tmp_path}", "--print",
+               timeout=120)
+    lines = out.splitlines()
+    sweep = module.get_sweep()
+    assert len(lines) == len(sweep), out
+    workdirs = set()
+    for line, overrides in zip(lines, sweep):
+        argv = shlex.split(line)
+        assert argv[:3] == ["python", "-m", "experiments.run"], line
+        assert f"--config={config}" in argv, line
+        for key, value in overrides.items():
+            assert f"--{key}={value}" in argv, line
+        workdirs |= {a for a in argv if a.startswith(f"--workdir={tmp_path}{os.sep}")}
+    assert len(workdirs) == len(sweep), out  # one workdir per run
