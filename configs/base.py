@@ -97,6 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.verifier.max_suffix_tokens = 64   # rubric item question budget, tokens
     c.verifier.verdict = "hard"         # v of Eq. 12-13: hard 1[P(yes) > 0.5] | soft P(yes)
     c.verifier.calibration = "none"     # none | contextual (P(yes) vs the "N/A" response)
+    # Share of an accelerator's memory the verifier's KV cache and prefill chunks may use
+    # (its chunk budgets follow from it and the model); 0 or a CPU: fixed CPU budgets.
+    c.verifier.memory_fraction = 0.25
 
     # LoRA (Hu et al. 2021): the trainees are low-rank adapters on one frozen base, which
     # is also their reference (adapter off) and, when it is the same model, the verifier.

@@ -152,6 +152,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(c.verifier.max_suffix_tokens >= 8, "verifier.max_suffix_tokens", "must be >= 8")
     need(c.verifier.verdict in VERDICT_MODES, "verifier.verdict",
          f"{c.verifier.verdict!r} not in {VERDICT_MODES}")
+    need(0 <= c.verifier.memory_fraction < 1, "verifier.memory_fraction", "must be in [0, 1)")
     need(c.verifier.calibration in CALIBRATIONS, "verifier.calibration",
          f"{c.verifier.calibration!r} not in {CALIBRATIONS}")
     for axis in ("data", "fsdp", "tensor"):

@@ -89,8 +89,19 @@ class Context:
                                    input_budget=g.input_budget),
                    Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
                             max_prefix_tokens=v.max_prefix_tokens,
-                            max_suffix_tokens=v.max_suffix_tokens),
+                            max_suffix_tokens=v.max_suffix_tokens, mesh=mesh,
+                            **verifier_budgets(roles.verifier.cfg, v.memory_fraction)),
                    mesh, stop, int(stop[0]))
+
+
+def verifier_budgets(cfg, fraction: float) -> dict:
+    """The verifier's chunk budgets: `Verifier.budgets` for `fraction` of the first device's
+    memory on an accelerator (bytes_limit in its memory_stats), the CPU defaults otherwise
+    or with fraction 0."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if fraction <= 0 or "bytes_limit" not in stats:
+        return {}
+    return Verifier.budgets(cfg, int(stats["bytes_limit"]), fraction)
 
 
 @dataclasses.dataclass

@@ -31,9 +31,11 @@ from __future__ import annotations
 import json
 from typing import Optional, Sequence, Union
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from drubric_jax import sharding
 from drubric_jax import verifier_passes as passes
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
@@ -74,6 +76,9 @@ class Verifier:
         max_rows: most (response) rows per prefill chunk.
         item_chunk: most items scored per prefix per pass (a power of two).
         min_bucket: smallest token bucket.
+        mesh: optional device mesh: the rows of every pass are split over its
+            ("data", "fsdp") axes (each chunk padded to a multiple of data x fsdp); the
+            params should be on the same mesh (`sharding.param_shardings`).
 
     Raises:
         ValueError: a budget < 16 tokens, or the tokenizer has no yes/no tokens.
@@ -82,7 +87,7 @@ class Verifier:
     def __init__(self, cfg: ModelConfig, tokenizer, max_prefix_tokens: int = 2048,
                  max_suffix_tokens: int = 128, *, cache_slots_budget: int = 1 << 15,
                  prefill_tokens_budget: int = 8192, max_rows: int = 8, item_chunk: int = 16,
-                 min_bucket: int = 16):
+                 min_bucket: int = 16, mesh=None):
         if max_prefix_tokens < 16 or max_suffix_tokens < 16:
             raise ValueError(f"max_prefix_tokens ({max_prefix_tokens}) and max_suffix_tokens "
                              f"({max_suffix_tokens}) must be >= 16")
@@ -98,6 +103,27 @@ class Verifier:
         self.yes_ids, self.no_ids = jnp.asarray(yes), jnp.asarray(no)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self._suffix_cache: dict = {}
+        self.mesh = mesh
+        self._row_shards = 1 if mesh is None else int(np.prod(
+            [mesh.shape[a] for a in sharding.BATCH_AXES]))
+
+    @staticmethod
+    def budgets(cfg: ModelConfig, device_bytes: int, fraction: float) -> dict:
+        """cache_slots_budget and prefill_tokens_budget that use `fraction` of a device's
+        memory: a KV row-slot holds L x 2 x Hkv x Dh values of the compute dtype, and a
+        prefill token about D x (4 + 2 x Hkv Dh / D) activation values per layer kept live."""
+        itemsize = np.dtype(cfg.compute_dtype).itemsize
+        slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
+        token = (4 * cfg.dim + 2 * cfg.num_kv_heads * cfg.head_dim) * itemsize * 4
+        budget = fraction * device_bytes
+        return {"cache_slots_budget": max(1024, int(budget // slot)),
+                "prefill_tokens_budget": max(1024, int(budget // (slot + token)))}
+
+    def _rows(self, x: np.ndarray) -> jax.Array:
+        """A pass input on the device(s): rows over ("data", "fsdp") with a mesh."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, sharding.batch_sharding(self.mesh))
 
     # ------------------------------------------------------------------ text -> tokens
 
@@ -281,6 +307,7 @@ class Verifier:
             rc = min(self.max_rows, passes.pow2_floor(max(self.prefill_tokens_budget // p, 1)),
                      passes.pow2_floor(max(self.cache_slots_budget // (slots * mc), 1)),
                      bucket_length(len(order) - start, 1))
+            rc = self._row_shards * -(-rc // self._row_shards)  # filler rows split evenly
             chunk = order[start:start + rc]
             start += rc
             tokens = np.full((rc, p), self.pad_id, np.int32)
@@ -290,8 +317,8 @@ class Verifier:
                 tokens[j, p - len(pre):] = pre
                 tmask[j, p - len(pre):] = True
             tmask[len(chunk):, -1] = True  # filler rows: one pad token
-            cache, plen = passes.prefill(params, self.cfg, jnp.asarray(tokens),
-                                   jnp.asarray(tmask), num_slots=slots)
+            cache, plen = passes.prefill(params, self.cfg, self._rows(tokens),
+                                         self._rows(tmask), num_slots=slots)
             for m0 in range(0, m_max, mc):
                 suf = np.full((rc, mc, ts), self.pad_id, np.int32)
                 slen = np.zeros((rc, mc), np.int32)
@@ -302,7 +329,7 @@ class Verifier:
                 if not slen.any():
                     continue
                 vals = np.asarray(passes.score_suffixes(
-                    params, self.cfg, cache, plen, jnp.asarray(suf), jnp.asarray(slen),
+                    params, self.cfg, cache, plen, self._rows(suf), self._rows(slen),
                     self.yes_ids, self.no_ids))
                 for j, i in enumerate(chunk):
                     n = min(mc, len(prepared[i][1]) - m0)
@@ -330,6 +357,7 @@ class Verifier:
             t = bucket_length(len(prompts_ids[order[start]]), self.min_bucket)
             rows = min(64, passes.pow2_floor(max(self.prefill_tokens_budget // t, 1)),
                        bucket_length(n - start, 1))
+            rows = self._row_shards * -(-rows // self._row_shards)
             chunk = order[start:start + rows]
             start += rows
             tokens = np.full((rows, t), self.pad_id, np.int32)
@@ -341,7 +369,7 @@ class Verifier:
                 tokens[j, t - len(ids):] = ids
                 mask[j, t - len(ids):] = True
             mask[len(chunk):, -1] = True
-            vals = np.asarray(passes.score_full(params, self.cfg, jnp.asarray(tokens),
-                                          jnp.asarray(mask), self.yes_ids, self.no_ids))
+            vals = np.asarray(passes.score_full(params, self.cfg, self._rows(tokens),
+                                                self._rows(mask), self.yes_ids, self.no_ids))
             out[chunk] = vals[:len(chunk)]
         return out

@@ -280,3 +280,23 @@ def test_contextual_calibration_costs_one_null_row_per_prompt(tiny_verifier):
     want = verdicts.contextual_calibration(raw[2, :2], null[1, :2])
     np.testing.assert_allclose(got[2, :2], want, atol=1e-5)
     assert got[2, 2] == 0.0  # padding stays 0
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 8, 1)])
+def test_verifier_on_a_mesh_equals_one_device(tiny_model, tok, shape):
+    """Rows split over (data, fsdp), params over fsdp / tensor: P(yes) equals the 1-device
+    values (the sharded matmuls sum in another order: float32 ulps of P <= 1)."""
+    from drubric_jax import sharding
+
+    cfg, params = tiny_model
+    mesh = sharding.make_mesh(*shape)
+    sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
+    one = ver_lib.Verifier(cfg, tok, 192, 48)
+    many = ver_lib.Verifier(cfg, tok, 192, 48, mesh=mesh)
+    items = [ITEMS, ITEMS[:2], ITEMS[1:]]
+    want = one.p_yes(params, PROMPTS, RESPONSES, items)
+    got = many.p_yes(sharded, PROMPTS, RESPONSES, items)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    ids = [tok.encode("Is the sky blue? Answer Yes or No.", add_special_tokens=False)] * 3
+    np.testing.assert_allclose(many.p_yes_ids(sharded, ids), one.p_yes_ids(params, ids),
+                               atol=1e-5)
