@@ -213,22 +213,35 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
 # ----------------------------------------------------------------------------- phases
 
 
+def _responses_and_rubrics(ctx: Context, key, items, num_lists: int, temperature: float,
+                           static: bool, timer: Timer):
+    """K policy responses per item (prompt or anchor example), then num_lists rubric lists
+    per (x, C) from the current generator: (Rollout, K texts per item, RubricBatch). The
+    key splits into the sampling key and the rubric key (the same split in every phase)."""
+    k = ctx.config.policy.num_responses
+    k_resp, k_rub = jax.random.split(key)
+    prompts = [x.prompt for x in items]
+    hists = [list(x.history) for x in items]
+    rollout, responses = sample_responses(ctx, k_resp, prompts, hists, k, timer)
+    sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]
+    with timer("rubric_generation"):
+        rb = ctx.generator.generate_batch(
+            ctx.roles.params(Role.GENERATOR), k_rub,
+            [RubricInput(x, tuple(cs), tuple(h)) for x, cs, h in zip(prompts, sets, hists)],
+            num_lists=num_lists, temperature=temperature, static=static)
+    return rollout, sets, rb
+
+
 def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     """Algorithm 1, evaluator update: G rubric lists per (x, C), R_disc on C, R_anchor on
     the anchor list, advantage A_disc + lambda A_anchor (Eq. 13, 15, 24-25)."""
     c, g = ctx.config, ctx.config.generator
     timer = Timer()
     k = c.policy.num_responses
-    k_resp, k_rub = jax.random.split(key)
+    _, sets, rb = _responses_and_rubrics(ctx, key, anchors, g.num_lists, g.temperature,
+                                         False, timer)
     prompts = [a.prompt for a in anchors]
     hists = [list(a.history) for a in anchors]
-    _, responses = sample_responses(ctx, k_resp, prompts, hists, k, timer)
-    sets = [responses[i * k:(i + 1) * k] for i in range(len(anchors))]
-    with timer("rubric_generation"):
-        rb = ctx.generator.generate_batch(
-            ctx.roles.params(Role.GENERATOR), k_rub,
-            [RubricInput(x, tuple(cs), tuple(h)) for x, cs, h in zip(prompts, sets, hists)],
-            num_lists=g.num_lists, temperature=g.temperature)
     b, gl, m = rb.weights.shape
     n_anchor = np.array([len(a.responses) for a in anchors])
     a_max = int(n_anchor.max())
@@ -278,17 +291,12 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     (Eq. 21) by prompt id."""
     c, p = ctx.config, ctx.config.policy
     timer = Timer()
-    k_resp, k_rub = jax.random.split(key)
+    k = p.num_responses
+    rollout, sets, rb = _responses_and_rubrics(ctx, key, items, 1, p.rubric_temperature,
+                                               c.variant == "static", timer)
     prompts = [x.prompt for x in items]
     hists = [list(x.history) for x in items]
-    k = p.num_responses
-    rollout, responses = sample_responses(ctx, k_resp, prompts, hists, k, timer)
-    sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]
-    with timer("rubric_generation"):
-        rb = ctx.generator.generate_batch(
-            ctx.roles.params(Role.GENERATOR), k_rub,
-            [RubricInput(x, tuple(cs), tuple(h)) for x, cs, h in zip(prompts, sets, hists)],
-            num_lists=1, temperature=p.rubric_temperature, static=c.variant == "static")
+    responses = [y for cs in sets for y in cs]
     b, m = len(items), rb.weights.shape[-1]
     v = verify(ctx, [x for x in prompts for _ in range(k)], [h for h in hists for _ in range(k)],
                responses, [rb.texts[i][0] for i in range(b) for _ in range(k)], timer)
