@@ -10,6 +10,8 @@ from typing import Optional
 
 import jax.numpy as jnp
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "materialized", "blockwise", "cudnn")
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
@@ -47,6 +49,11 @@ class ModelConfig:
             params are then the full weights). `models.lora`.
         lora_alpha: LoRA scale alpha (W + (alpha / r) A B).
         lora_targets: names of the adapted matrices.
+        attention: "auto" | "materialized" | "blockwise" | "cudnn", the attention
+            implementation (`drubric_jax.models.attention.choose`); "auto" goes
+            blockwise when a row's T * S scores pass 2^20. Same numbers, other memory.
+        attention_block_q, attention_block_kv: blockwise query / key block lengths
+            (tokens, slots).
     """
 
     vocab_size: int
@@ -68,10 +75,14 @@ class ModelConfig:
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_targets: tuple = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    attention: str = "auto"
+    attention_block_q: int = 512
+    attention_block_kv: int = 512
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
-                                  "head_dim", "hidden_dim"):
+                                  "head_dim", "hidden_dim", "attention_block_q",
+                                  "attention_block_kv"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
@@ -80,6 +91,9 @@ class ModelConfig:
                     f"num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"ModelConfig.attention must be one of "
+                             f"{ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"ModelConfig.{name} must be 'float32' or 'bfloat16', "

@@ -17,6 +17,10 @@ Parameter tree (shapes; `x @ w` orientation, i.e. [in, out]):
     final_norm   [D]
     lm_head      [D, V]                          (only when not cfg.tie_embeddings)
 
+Attention: `drubric_jax.models.attention.attend`, materialised, blockwise or cuDNN as
+`cfg.attention` selects (same numbers; blockwise keeps long prompts and training rows from
+materialising [B, Hkv, G, T, S] scores).
+
 KV cache: `drubric_jax.models.cache.KVCache`. Decode loops use a per-layer form
 (`unstack_layers`, `cache.unstack_cache`): the layers run as a Python loop over separate
 arrays instead of a `lax.scan` over stacked ones, because on CPU XLA copies each scanned
@@ -36,11 +40,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from drubric_jax.models import lora
+from drubric_jax.models.attention import attend
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
-
-_MASK_VALUE = -1e30  # finite, so a row with no visible key gives a uniform (unused) softmax
-
 
 # Checkpoint names, used by `models.weights` (load) and `models.export` for this family.
 # ours -> (Hugging Face suffix under model.layers.{i}., GGUF suffix under blk.{i}.)
@@ -170,35 +172,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return out.astype(x.dtype)
 
 
-def _attention(q, k, v, mask):
-    """Grouped-query attention.
-
-    q: [B, T, H, Dh]; k, v: [B, Hkv, S, Dh]; mask: bool[B, T, S]. Returns [B, T, H*Dh].
-    Scores and softmax are in float32.
-    """
-    b, t, h, dh = q.shape
-    hkv = k.shape[1]
-    q = q.reshape(b, t, hkv, h // hkv, dh)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    if t == 1:
-        # One query per row (decode): probs @ v as multiply-and-reduce over the slots. As a
-        # dot this is B*Hkv tiny matmuls with a transposed result, which XLA CPU runs
-        # several times slower than one fused loop.
-        out = jnp.sum(probs[:, :, :, 0, :, None].astype(jnp.float32)
-                      * v[:, :, None].astype(jnp.float32), axis=-2)[:, None].astype(v.dtype)
-    else:
-        out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
-    return out.reshape(b, t, h * dh)
-
-
-def _layer(cfg, p, x, positions, inv_freq, kv_fn):
+def _layer(cfg, p, x, positions, inv_freq, start, kv_fn):
     """One pre-norm transformer block.
 
     `kv_fn(k, v)` gets this call's keys and values [B, T, Hkv, Dh] and returns
-    `(k_all, v_all, mask, extra)`, k_all and v_all [B, Hkv, S, Dh].
+    `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S];
+    `start` is the slot of the first query (None without a cache), see `attention.attend`.
     """
     b, t, _ = x.shape
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
@@ -210,8 +189,8 @@ def _layer(cfg, p, x, positions, inv_freq, kv_fn):
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
-    k_all, v_all, mask, extra = kv_fn(k, v)
-    x = x + lora.linear(p, "wo", _attention(q, k_all, v_all, mask), cfg)
+    k_all, v_all, valid, extra = kv_fn(k, v)
+    x = x + lora.linear(p, "wo", attend(cfg, q, k_all, v_all, valid, start), cfg)
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
     gate = jax.nn.silu(lora.linear(p, "w_gate", h, cfg))
     x = x + lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
@@ -253,14 +232,11 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         token_mask = jnp.ones((b, t), bool)
     inv_freq = rope_inv_freq(cfg)
     x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
-    causal = jnp.tril(jnp.ones((t, t), bool))
 
     if cache is None:
-        mask = causal[None] & token_mask[:, None, :]
-
         def body(x, p):
-            x, _ = _layer(cfg, p, x, positions, inv_freq,
-                          lambda k, v: (_heads_first(k), _heads_first(v), mask, None))
+            x, _ = _layer(cfg, p, x, positions, inv_freq, None,
+                          lambda k, v: (_heads_first(k), _heads_first(v), token_mask, None))
             return x, None
 
         x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
@@ -268,9 +244,6 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
     start = cache.index
     valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, start))
-    slots = jnp.arange(cache.num_slots)
-    query_slot = start + jnp.arange(t)
-    mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
 
     if isinstance(cache.k, tuple):  # per-layer form: no slicing inside the layer loop
         layers = params["layers"]
@@ -283,9 +256,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                                   (0, 0, start, 0))
                 vc = jax.lax.dynamic_update_slice(vc, _heads_first(v).astype(vc.dtype),
                                                   (0, 0, start, 0))
-                return kc, vc, mask, (kc, vc)
+                return kc, vc, valid, (kc, vc)
 
-            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, kv_fn)
+            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn)
             k_new.append(kc)
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=start + t)
@@ -300,9 +273,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                 k_cache, _heads_first(k)[None].astype(k_cache.dtype), (i, 0, 0, start, 0))
             vc = jax.lax.dynamic_update_slice(
                 v_cache, _heads_first(v)[None].astype(v_cache.dtype), (i, 0, 0, start, 0))
-            return kc[i], vc[i], mask, (kc, vc)
+            return kc[i], vc[i], valid, (kc, vc)
 
-        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, kv_fn)
+        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn)
         return (x, k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(

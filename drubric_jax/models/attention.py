@@ -1,0 +1,313 @@
+"""Grouped-query attention: materialised, blockwise (flash-attention style) or cuDNN.
+
+All three compute the same function and differ in memory. `materialized` builds float32
+scores [B, Hkv, G, T, S]; `blockwise` walks key blocks with an online softmax and keeps
+O(T) statistics, in the forward and in its hand-written backward; `cudnn` calls cuDNN's
+fused kernel through `jax.nn.dot_product_attention`. `attend` picks one from
+`ModelConfig.attention`.
+
+Axis legend: B batch, T queries of this call, S key slots, H query heads, Hkv key/value
+heads, G = H // Hkv, Dh head dim; here also Q and C the query- and key-block lengths, nQ
+and nC the block counts (T and S padded up to nQ * Q and nC * C).
+
+Visibility (the mask, built as bool[B, T, S] only by `materialized`): query t, at slot
+start + t, sees key slot s iff valid[b, s] and s <= start + t. A call without a cache has
+start = 0 and S = T (causal over the T tokens, padding keys hidden); a cached call has
+start = cache.index. A query that sees no key (a left-padding row) outputs 0 and passes no
+gradient.
+
+Sources: online softmax, Milakov & Gimelshein 2018 (arXiv:1805.02867); the blockwise
+forward and backward are Algorithms 1 and 2 of FlashAttention-2 (Dao 2023,
+arXiv:2307.08691), with the backward's dq accumulated over key blocks in a scan carry.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+# "auto" goes blockwise above this many scores per (row, head): 2^20 float32 scores are
+# 4 MiB per head, 128 MiB per row of a 32-head layer.
+AUTO_BLOCKWISE_MIN_SCORES = 2 ** 20
+_MASK_VALUE = -1e30  # finite, so a row with no visible key has a finite softmax (zeroed)
+_CUDNN_KEY_PAD_LOGIT = -2.0 ** 20  # see `cudnn`; exact in bfloat16
+
+
+def choose(attention: str, t: int, s: int, cached: bool) -> str:
+    """The implementation `attend` runs for a call with T queries over S slots.
+
+    "auto" (and "cudnn" on a cached call, whose causal mask starts at a traced cache
+    index that cuDNN's mask cannot express) is "blockwise" when T * S exceeds
+    AUTO_BLOCKWISE_MIN_SCORES, else "materialized", on every backend.
+    """
+    if attention == "cudnn" and not cached:
+        return "cudnn"
+    if attention in ("materialized", "blockwise"):
+        return attention
+    return "blockwise" if t * s > AUTO_BLOCKWISE_MIN_SCORES else "materialized"
+
+
+def attend(cfg, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
+           start: Optional[jax.Array] = None) -> jax.Array:
+    """Grouped-query attention with the implementation `cfg.attention` selects (`choose`).
+
+    Args:
+        cfg: ModelConfig (attention, attention_block_q, attention_block_kv).
+        q: [B, T, H, Dh]; k, v: [B, Hkv, S, Dh] (the KV-cache layout).
+        valid: bool[B, S], False for slots that hold padding or nothing yet.
+        start: int32[] cache slot of the first query, or None for a call without a cache
+            (S == T, query t at slot t).
+
+    Returns:
+        [B, T, H * Dh] in v's dtype.
+
+    Raises:
+        ValueError: (cudnn) not a 16-bit compute dtype, or not on a GPU backend.
+    """
+    t, s = q.shape[1], k.shape[2]
+    impl = choose(cfg.attention, t, s, cached=start is not None)
+    if impl == "cudnn":
+        return cudnn(q, k, v, valid)
+    start = 0 if start is None else start
+    if impl == "blockwise":
+        return blockwise(q, k, v, valid, start, cfg.attention_block_q, cfg.attention_block_kv)
+    return materialized(q, k, v, valid, start)
+
+
+def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
+                 start=0) -> jax.Array:
+    """Attention through float32 scores [B, Hkv, G, T, S]; arguments as `attend`."""
+    b, t, h, dh = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    q = q.reshape(b, t, hkv, h // hkv, dh)
+    causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
+    vis = (causal[None] & valid[:, None, :])[:, None, None]                     # [B,1,1,T,S]
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
+                        preferred_element_type=jnp.float32) * (dh ** -0.5)
+    probs = jax.nn.softmax(jnp.where(vis, scores, _MASK_VALUE), axis=-1)
+    # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
+    probs = jnp.where(vis, probs, 0.0).astype(v.dtype)
+    if t == 1:
+        # One query per row (decode): probs @ v as multiply-and-reduce over the slots. As a
+        # dot this is B*Hkv tiny matmuls with a transposed result, which XLA CPU runs
+        # several times slower than one fused loop.
+        out = jnp.sum(probs[:, :, :, 0, :, None].astype(jnp.float32)
+                      * v[:, :, None].astype(jnp.float32), axis=-2)[:, None].astype(v.dtype)
+    else:
+        out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
+    return out.reshape(b, t, h * dh)
+
+
+def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=0,
+              block_q: int = 512, block_kv: int = 512) -> jax.Array:
+    """Attention over key blocks of `block_kv` slots and query blocks of `block_q` tokens.
+
+    Arguments and result as `attend`. Temporaries are one block of float32 scores
+    [B, Hkv, G, Q, C] plus O(T) statistics; the gradient (a custom VJP) recomputes the
+    blocks instead of storing them. Block pairs wholly in a query block's causal future
+    are skipped (`lax.cond`), in both directions.
+    """
+    b, t, h, dh = q.shape
+    hkv = k.shape[1]
+    bq, bc = min(block_q, t), min(block_kv, k.shape[2])
+    out = _flash(bq, bc, q.reshape(b, t, hkv, h // hkv, dh), k, v, valid,
+                 jnp.asarray(start, jnp.int32))
+    return out.reshape(b, t, h * dh)
+
+
+def _q_blocks(x, bq):
+    """[B, T, Hkv, G, ...] -> [nQ, B, Hkv, G, Q, ...], T padded with zeros (queries that
+    are computed and dropped; zero output gradients)."""
+    b, t = x.shape[:2]
+    nq = -(-t // bq)
+    x = jnp.pad(x, ((0, 0), (0, nq * bq - t)) + ((0, 0),) * (x.ndim - 2))
+    x = x.reshape(b, nq, bq, *x.shape[2:])
+    return jnp.moveaxis(x.swapaxes(0, 1), 2, 4)
+
+
+def _kv_blocks(bc, k, v, valid):
+    """k, v [B, Hkv, S, Dh] -> [nC, B, Hkv, C, Dh]; valid bool[B, S] -> [nC, B, C].
+
+    Padded slots are invalid, so no query sees them.
+    """
+    b, hkv, s, dh = k.shape
+    nc = -(-s // bc)
+
+    def split(x):
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, nc * bc - s), (0, 0)))
+        return x.reshape(b, hkv, nc, bc, dh).transpose(2, 0, 1, 3, 4)
+
+    valid = jnp.pad(valid, ((0, 0), (0, nc * bc - s))).reshape(b, nc, bc).swapaxes(0, 1)
+    return split(k), split(v), valid
+
+
+def _unblock_q(x, t):
+    """[nQ, B, Hkv, G, Q, ...] -> [B, T, Hkv, G, ...] (padding dropped)."""
+    x = jnp.moveaxis(x, 4, 2).swapaxes(0, 1)                    # [B, nQ, Q, Hkv, G, ...]
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :t]
+
+
+def _in_view(i, j, bq, bc, start):
+    """Whether key block j holds a slot at or before the last query of query block i."""
+    return j * bc <= start + i * bq + bq - 1
+
+
+def _scores(qi, kj, valid_j, i, j, start):
+    """float32[B, Hkv, G, Q, C] scaled scores of query block i and key block j, -inf where
+    the key is invisible to the query."""
+    bq, bc = qi.shape[-2], kj.shape[-2]
+    s = jnp.einsum("bkgqd,bkcd->bkgqc", qi, kj,
+                   preferred_element_type=jnp.float32) * (qi.shape[-1] ** -0.5)
+    causal = (j * bc + jnp.arange(bc))[None, :] <= (start + i * bq + jnp.arange(bq))[:, None]
+    vis = causal[None] & valid_j[:, None, :]                                   # [B, Q, C]
+    return jnp.where(vis[:, None, None], s, -jnp.inf)
+
+
+def _forward(bq, bc, q, k, v, valid, start):
+    """Online-softmax forward: (out [B, T, Hkv, G, Dh] in v's dtype, lse float32[nQ, B, Hkv,
+    G, Q]).
+
+    lse is the log-sum-exp of each query's visible scores, +inf for a query that sees no
+    key, so exp(score - lse) is its softmax row (all 0 for such a query).
+    """
+    qb, (kb, vb, validb) = _q_blocks(q, bq), _kv_blocks(bc, k, v, valid)
+    nq, nc = qb.shape[0], kb.shape[0]
+
+    def q_block(_, xs):
+        qi, i = xs
+        stats = qi.shape[:-1]                                         # [B, Hkv, G, Q]
+
+        def kv_block(carry, ys):
+            kj, vj, valid_j, j = ys
+
+            def update(carry):
+                m, l, acc = carry
+                s = _scores(qi, kj, valid_j, i, j, start)
+                m_new = jnp.maximum(m, s.max(-1))
+                m_ref = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # no key seen yet
+                p = jnp.exp(s - m_ref[..., None])
+                alpha = jnp.exp(m - m_ref)
+                acc = alpha[..., None] * acc + jnp.einsum(
+                    "bkgqc,bkcd->bkgqd", p.astype(vj.dtype), vj,
+                    preferred_element_type=jnp.float32)
+                return m_new, alpha * l + p.sum(-1), acc
+
+            return jax.lax.cond(_in_view(i, j, bq, bc, start), update, lambda c: c,
+                                carry), None
+
+        init = (jnp.full(stats, -jnp.inf), jnp.zeros(stats), jnp.zeros(qi.shape, jnp.float32))
+        (m, l, acc), _ = jax.lax.scan(kv_block, init, (kb, vb, validb, jnp.arange(nc)))
+        seen = l > 0
+        out = (acc / jnp.where(seen, l, 1.0)[..., None]).astype(v.dtype)
+        return None, (out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf))
+
+    _, (out, lse) = jax.lax.scan(q_block, None, (qb, jnp.arange(nq)))
+    return _unblock_q(out, q.shape[1]), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _flash(bq, bc, q, k, v, valid, start):
+    """q [B, T, Hkv, G, Dh] -> [B, T, Hkv, G, Dh] in v's dtype; see `blockwise`."""
+    return _forward(bq, bc, q, k, v, valid, start)[0]
+
+
+def _flash_fwd(bq, bc, q, k, v, valid, start):
+    out, lse = _forward(bq, bc, q, k, v, valid, start)
+    return out, (q, k, v, valid, start, out, lse)
+
+
+def _flash_bwd(bq, bc, res, dout):
+    """FlashAttention-2 backward: per block pair p = exp(s - lse), dv += p^T do,
+    ds = p * (do v^T - rowsum(do * out)), dq += ds k, dk += ds^T q (times the scale)."""
+    q, k, v, valid, start, out, lse = res
+    t, scale = q.shape[1], q.shape[-1] ** -0.5
+    qb, (kb, vb, validb) = _q_blocks(q, bq), _kv_blocks(bc, k, v, valid)
+    dob = _q_blocks(dout, bq)
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B,T,Hkv,G]
+    deltab = _q_blocks(delta, bq)
+    nq, nc = qb.shape[0], kb.shape[0]
+
+    def kv_block(dq, xs):
+        kj, vj, valid_j, j = xs
+
+        def q_block(carry, ys):
+            qi, doi, lse_i, delta_i, i = ys
+
+            def grads(carry):
+                dk, dv = carry
+                p = jnp.exp(_scores(qi, kj, valid_j, i, j, start) - lse_i[..., None])
+                dv = dv + jnp.einsum("bkgqc,bkgqd->bkcd", p.astype(doi.dtype), doi,
+                                     preferred_element_type=jnp.float32)
+                dp = jnp.einsum("bkgqd,bkcd->bkgqc", doi, vj,
+                                preferred_element_type=jnp.float32)
+                ds = (p * (dp - delta_i[..., None]) * scale).astype(qi.dtype)
+                dk = dk + jnp.einsum("bkgqc,bkgqd->bkcd", ds, qi,
+                                     preferred_element_type=jnp.float32)
+                dq_i = jnp.einsum("bkgqc,bkcd->bkgqd", ds, kj,
+                                  preferred_element_type=jnp.float32)
+                return (dk, dv), dq_i
+
+            return jax.lax.cond(_in_view(i, j, bq, bc, start), grads,
+                                lambda c: (c, jnp.zeros(qi.shape, jnp.float32)), carry)
+
+        zeros = jnp.zeros(kj.shape, jnp.float32)
+        (dk, dv), dq_j = jax.lax.scan(q_block, (zeros, zeros),
+                                      (qb, dob, lse, deltab, jnp.arange(nq)))
+        return dq + dq_j, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(kv_block, jnp.zeros(qb.shape, jnp.float32),
+                                (kb, vb, validb, jnp.arange(nc)))
+    s = k.shape[2]
+
+    def unblock_kv(x):  # [nC, B, Hkv, C, Dh] -> [B, Hkv, S, Dh]
+        return x.transpose(1, 2, 0, 3, 4).reshape(*k.shape[:2], -1, k.shape[-1])[:, :, :s]
+
+    return (_unblock_q(dq, t).astype(q.dtype), unblock_kv(dk).astype(k.dtype),
+            unblock_kv(dv).astype(v.dtype), None, None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
+          implementation: str = "cudnn") -> jax.Array:
+    """Causal attention of a call without a cache (S == T) through cuDNN's fused kernel.
+
+    `jax.nn.dot_product_attention` masks padding only as right-padding lengths or as a
+    [B, H, T, S] bias; rows here are left-padded, so the key padding travels as one more
+    head dimension instead: q gets a 1 there, k gets 0 (valid) or -2^20 (padding), which
+    adds -2^20 * scale to every score of a padding key (its softmax weight underflows to
+    0). Head dims are padded to a multiple of 8 (cuDNN). A query that sees no valid key
+    is zeroed afterwards, as in `materialized`.
+
+    Args: as `attend` with start None; `implementation` "xla" runs the same encoding on
+    any backend (the tests use it).
+    Raises:
+        ValueError: S != T; with "cudnn", q not bfloat16/float16 or no GPU backend.
+    """
+    b, t, h, dh = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    if s != t:
+        raise ValueError(f"cudnn attention runs calls without a cache (S == T), got T={t}, "
+                         f"S={s}")
+    if implementation == "cudnn":
+        if q.dtype not in (jnp.bfloat16, jnp.float16):
+            raise ValueError(f"ModelConfig.attention='cudnn' needs dtype bfloat16 or "
+                             f"float16, got {q.dtype}; use 'auto' or 'blockwise'")
+        if jax.default_backend() != "gpu":
+            raise ValueError(f"ModelConfig.attention='cudnn' needs a GPU backend, got "
+                             f"{jax.default_backend()!r}; use 'auto' or 'blockwise'")
+    extra = 8 - dh % 8  # >= 1 free dimension, total a multiple of 8
+    key_pad = jnp.where(valid, 0.0, _CUDNN_KEY_PAD_LOGIT).astype(k.dtype)      # [B, S]
+    q = jnp.concatenate([q, jnp.ones((b, t, h, 1), q.dtype),
+                         jnp.zeros((b, t, h, extra - 1), q.dtype)], axis=-1)
+    k = jnp.concatenate([k.transpose(0, 2, 1, 3),                              # [B, S, Hkv, Dh]
+                         jnp.broadcast_to(key_pad[:, :, None, None], (b, s, hkv, 1)),
+                         jnp.zeros((b, s, hkv, extra - 1), k.dtype)], axis=-1)
+    v = jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, 0), (0, extra)))
+    out = jax.nn.dot_product_attention(q, k, v, scale=dh ** -0.5, is_causal=True,
+                                       implementation=implementation)[..., :dh]
+    sees_a_key = jnp.cumsum(valid, axis=1) > 0                                 # [B, T]
+    return jnp.where(sees_a_key[:, :, None, None], out, 0).reshape(b, t, h * dh)

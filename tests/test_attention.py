@@ -1,0 +1,217 @@
+"""Tests of `drubric_jax.models.attention`: blockwise and cuDNN-encoded attention equal the
+materialised one (values and gradients), padding rows, selection, memory, model wiring.
+
+Tolerances: every compared number is a sum of products rounded at a few stages (the
+probabilities, the output, in the compute dtype); the implementations sum in other orders
+and round at other stages. Rounding errors of a sum of n terms grow like sqrt(n) * eps
+times the size of the terms (Higham, "Accuracy and Stability of Numerical Algorithms",
+probabilistic bound), so `_assert_close` allows 4 * sqrt(n) * eps * max|want| with n the
+number of terms summed into one entry.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from drubric_jax import models
+from drubric_jax.models import attention
+from drubric_jax.models import config as cfg_lib
+
+# (B, T, S, H, Hkv, Dh, start, block_q, block_kv): T and S not multiples of the blocks.
+CASES = {
+    "causal_no_cache": (3, 11, 11, 4, 2, 8, 0, 4, 3),
+    "prefill_into_cache": (2, 7, 13, 4, 2, 8, 0, 3, 4),   # start 0, unwritten slots after T
+    "decode": (3, 1, 37, 4, 1, 8, 29, 1, 8),               # T = 1, long cache
+    "suffix": (2, 5, 17, 6, 2, 8, 12, 2, 5),               # verifier: T > 1 after a cache
+}
+
+
+def _assert_close(got, want, dtype, n_terms):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.isfinite(got).all()
+    tol = 4 * math.sqrt(n_terms) * float(jnp.finfo(dtype).eps) * np.abs(want).max()
+    np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+
+
+def _inputs(case, dtype, seed=0):
+    b, t, s, h, hkv, dh, start, _, _ = CASES[case]
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.normal(size=shape), dtype)
+               for shape in ((b, t, h, dh), (b, hkv, s, dh), (b, hkv, s, dh)))
+    valid = rng.random((b, s)) > 0.3
+    valid[0, :start + t] = np.arange(start + t) >= start + t // 2  # left padding of row 0
+    valid[-1] = False                                              # a row that sees no key
+    valid[:, start + t:] = False                                   # slots not written yet
+    return q, k, v, jnp.asarray(valid), start, rng.normal(size=(b, t, h * dh))
+
+
+def _value_and_grads(fn, q, k, v, w):
+    """fn(q, k, v) and the gradient of sum(fn * w) with respect to q, k, v (one jit)."""
+    def both(q, k, v, w):
+        def loss(q, k, v):
+            return jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+        return (fn(q, k, v),) + jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    return jax.jit(both)(q, k, v, w)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_blockwise_equals_materialized_values_and_grads(case, dtype):
+    q, k, v, valid, start, w = _inputs(case, dtype)
+    _, t, s, h, hkv, _, _, block_q, block_kv = CASES[case]
+    want = _value_and_grads(lambda q, k, v: attention.materialized(q, k, v, valid, start),
+                            q, k, v, w)
+    got = _value_and_grads(lambda q, k, v: attention.blockwise(
+        q, k, v, valid, start, block_q, block_kv), q, k, v, w)
+    # Terms per entry: output and dq sum over S keys; dk and dv over T queries x G heads.
+    for name, g, wnt, n in zip(("out", "dq", "dk", "dv"), got, want,
+                               (s, s, t * h // hkv, t * h // hkv)):
+        assert g.dtype == wnt.dtype == dtype, name
+        _assert_close(g, wnt, dtype, n)
+
+
+@pytest.mark.parametrize("impl", ["materialized", "blockwise"])
+def test_query_that_sees_no_key_outputs_zero_and_passes_no_gradient(impl):
+    """Row -1 of the inputs has no valid slot: finite zeros, no NaN, no gradient to q
+    (the old -1e30 fill gave it a uniform softmax over all slots instead)."""
+    q, k, v, valid, start, w = _inputs("causal_no_cache", jnp.float32)
+    fn = {"materialized": lambda q, k, v: attention.materialized(q, k, v, valid, start),
+          "blockwise": lambda q, k, v: attention.blockwise(q, k, v, valid, start, 4, 3)}[impl]
+    out, dq, dk, dv = _value_and_grads(fn, q, k, v, w)
+    assert np.array_equal(np.asarray(out[-1]), np.zeros_like(out[-1]))
+    assert np.array_equal(np.asarray(dq[-1]), np.zeros_like(dq[-1]))
+    for g in (dk, dv):
+        assert np.isfinite(np.asarray(g)).all()
+    # Left padding of row 0: its padding queries see no key either.
+    assert np.array_equal(np.asarray(out[0, :5]), np.zeros_like(out[0, :5]))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cudnn_key_padding_encoding_equals_materialized(dtype):
+    """The cuDNN path's padding-as-a-head-dimension encoding, run by the XLA implementation
+    of `jax.nn.dot_product_attention` (cuDNN itself needs a GPU)."""
+    q, k, v, valid, start, w = _inputs("causal_no_cache", dtype)
+    _, t, _, h, hkv, _, _, _, _ = CASES["causal_no_cache"]
+    want = _value_and_grads(lambda q, k, v: attention.materialized(q, k, v, valid, 0),
+                            q, k, v, w)
+    got = _value_and_grads(lambda q, k, v: attention.cudnn(q, k, v, valid, "xla"), q, k, v, w)
+    for g, wnt, n in zip(got, want, (t, t, t * h // hkv, t * h // hkv)):
+        _assert_close(g, wnt, dtype, n)
+
+
+def test_cudnn_errors_are_clear():
+    q, k, v, valid, _, _ = _inputs("causal_no_cache", jnp.bfloat16)
+    with pytest.raises(ValueError, match="needs dtype bfloat16 or float16, got float32"):
+        attention.cudnn(*(x.astype(jnp.float32) for x in (q, k, v)), valid)
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="needs a GPU backend, got 'cpu'"):
+            attention.cudnn(q, k, v, valid)
+    with pytest.raises(ValueError, match="without a cache"):
+        attention.cudnn(q, k[:, :, :5], v[:, :, :5], valid[:, :5], "xla")
+
+
+def test_choose():
+    limit = attention.AUTO_BLOCKWISE_MIN_SCORES  # 2^20 scores per row
+    assert attention.choose("auto", 1024, 1024, cached=False) == "materialized"
+    assert attention.choose("auto", 1024, 1025, cached=True) == "blockwise"
+    assert attention.choose("auto", 1, limit, cached=True) == "materialized"
+    assert attention.choose("auto", 8192, 8192, cached=False) == "blockwise"
+    assert attention.choose("materialized", 8192, 8192, cached=False) == "materialized"
+    assert attention.choose("blockwise", 1, 8, cached=True) == "blockwise"
+    assert attention.choose("cudnn", 8, 8, cached=False) == "cudnn"
+    # A cached call: cuDNN's causal mask cannot start at a traced cache index.
+    assert attention.choose("cudnn", 8, 8, cached=True) == "materialized"
+    assert attention.choose("cudnn", 8192, 8192, cached=True) == "blockwise"
+
+
+def test_config_validates_attention():
+    with pytest.raises(ValueError, match="ModelConfig.attention must be one of"):
+        cfg_lib.TINY.replace(attention="flash")
+    with pytest.raises(ValueError, match="ModelConfig.attention_block_kv must be positive"):
+        cfg_lib.TINY.replace(attention_block_kv=0)
+
+
+def test_blockwise_temporaries_are_linear_not_quadratic():
+    """Compiled (never run) temp memory at T = S = 2048, 4 heads: the materialised
+    float32 scores alone are 64 MiB; blockwise (64-slot blocks) keeps O(T) state."""
+    t, block = 2048, 64
+    q = jax.ShapeDtypeStruct((1, t, 4, 16), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, 2, t, 16), jnp.float32)
+    valid = jax.ShapeDtypeStruct((1, t), jnp.bool_)
+
+    def temp_bytes(attn, grad):
+        fn = attn
+        if grad:
+            fn = jax.grad(lambda q, k, v, m: jnp.sum(attn(q, k, v, m)), argnums=(0, 1, 2))
+        compiled = jax.jit(fn).lower(q, kv, kv, valid).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    blockwise = functools.partial(attention.blockwise, block_q=block, block_kv=block)
+    scores_bytes = 4 * t * t * 4
+    for grad in (False, True):
+        assert temp_bytes(attention.materialized, grad) >= scores_bytes
+        assert temp_bytes(blockwise, grad) < scores_bytes / 16, grad
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def _model_logits(cfg, params, tokens, mask):
+    positions = models.positions_from_mask(mask)
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, mask)
+    return models.logits_from_hidden(params, cfg, hidden)
+
+
+def test_model_blockwise_equals_materialized_forward_decode_and_grads():
+    base = cfg_lib.TINY_QWEN3.replace(vocab_size=256)
+    cfgs = {a: base.replace(attention=a, attention_block_q=4, attention_block_kv=3)
+            for a in ("materialized", "blockwise")}
+    params = models.init_params(base, jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    b, t = 3, 10
+    tokens = jnp.asarray(rng.integers(3, base.vocab_size, (b, t)), jnp.int32)
+    mask = jnp.asarray(np.arange(t)[None, :] >= np.array([0, 3, t])[:, None])  # row 2: padding
+    w = jnp.asarray(rng.normal(size=(b, t, base.dim)), jnp.float32)
+
+    positions = models.positions_from_mask(mask)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def full_and_grads(cfg):
+        def loss(p):
+            hidden, _ = models.forward_hidden(p, cfg, tokens, positions, mask, remat=True)
+            return jnp.sum(hidden.astype(jnp.float32) * w)
+        return _model_logits(cfg, params, tokens, mask), jax.grad(loss)(params)
+
+    @jax.jit
+    def cached_blockwise():
+        """Prefill 6 tokens, decode 1, then a 3-token suffix, into a 12-slot cache."""
+        cfg, cache, pieces = cfgs["blockwise"], models.init_cache(base, b, 12), []
+        for lo, hi in ((0, 6), (6, 7), (7, 10)):
+            hidden, cache = models.forward_hidden(params, cfg, tokens[:, lo:hi],
+                                                  positions[:, lo:hi], mask[:, lo:hi], cache)
+            pieces.append(models.logits_from_hidden(params, cfg, hidden))
+        return jnp.concatenate(pieces, axis=1)
+
+    (full_m, grads_m), (full_b, grads_b) = map(full_and_grads, cfgs.values())
+    m = np.asarray(mask)
+    # Whole-model numbers: many layers of sums; the same eps-scaled bound with n = D * T.
+    n = base.dim * t
+    _assert_close(np.asarray(full_b)[m], np.asarray(full_m)[m], jnp.float32, n)
+    _assert_close(np.asarray(cached_blockwise())[m], np.asarray(full_m)[m], jnp.float32, n)
+    for gb, gm in zip(jax.tree.leaves(grads_b), jax.tree.leaves(grads_m)):
+        _assert_close(gb, gm, jnp.float32, n)
+
+
+def test_model_config_selects_the_implementation():
+    """`cfg.attention` reaches the layers: blockwise traces its custom VJP, materialised not."""
+    cfg = cfg_lib.TINY
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.ones((1, 8), jnp.int32)
+    mask = jnp.ones((1, 8), bool)
+    for impl, want in (("blockwise", True), ("materialized", False), ("auto", False)):
+        jaxpr = jax.make_jaxpr(functools.partial(
+            _model_logits, cfg.replace(attention=impl)))(params, tokens, mask)
+        assert ("custom_vjp_call" in str(jaxpr)) == want, impl
