@@ -79,6 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.temperature = 1.0      # sampling temperature (log-probs use the same)
     c.policy.top_p = 1.0            # nucleus mass; 1.0 = off
     c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
+    c.policy.heldout_temperature = 0.0  # generator decoding of the held-out evaluation lists
     c.policy.train = trainer_config(1e-6)
 
     c.generator = ml_collections.ConfigDict()

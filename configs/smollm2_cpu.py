@@ -18,6 +18,12 @@ zero-variance items 0.92-1.0 in the hard-verdict data=shared round; flat-group f
 (the mean over four generic quality items ranks the preferred LLMBar-natural response
 higher in 77% of 30 pairs, where the 0.5 threshold gets 20% right with 77% ties), which
 soft verdicts pass on to Eq. 12-15. `--config.verifier.verdict=hard` gives the paper's.
+
+The rubric lists that score the policy and the held-out lists are sampled at temperature 1
+(`policy.rubric_temperature`, `policy.heldout_temperature`), not greedy: greedy SmolLM2
+copies the JSON format line of its prompt ("<criterion>", "1.1.1.1...", "1", "2", ...), so
+4 of 6 greedy lists on three demo prompts had no valid item (every score 0, every policy
+group flat), against 0 of 6 sampled at temperature 1.
 """
 from configs.base import base_config, parse_switches
 
@@ -38,6 +44,7 @@ def get_config(arg: str = ""):
     c.mesh.num_devices = 1  # sized for one CPU device (4 generator rows split over no more)
     c.variant = opts.get("variant", "full")
     c.verifier.verdict = "soft"  # why: the module docstring
+    c.policy.rubric_temperature = c.policy.heldout_temperature = 1.0  # why: the docstring
     if c.data.name == "shared":
         # Prompts from AlpacaEval; anchor lists from RM-Bench chat (6 responses, chosen
         # tied above rejected) and AlpacaEval listwise (7 responses ranked by judge score).

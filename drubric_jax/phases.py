@@ -361,14 +361,16 @@ def fit_items(v: np.ndarray, m: int) -> np.ndarray:
 
 def heldout_metrics(ctx: Context, key, anchors) -> dict:
     """Delta_gap (Eq. 2) and R_anchor (Eq. 15) of the current generator + verifier on the
-    held-out anchor lists: one greedy rubric list from (x, C_anchor) per list."""
+    held-out anchor lists: one rubric list from (x, C_anchor) per list, decoded at
+    config.policy.heldout_temperature (0 = greedy) with a fixed key per round."""
     if not anchors:
         return {}
     timer = Timer()
     rb = ctx.generator.generate_batch(
         ctx.roles.params(Role.GENERATOR), key,
         [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
-        num_lists=1, temperature=0.0, static=ctx.config.variant == "static")
+        num_lists=1, temperature=ctx.config.policy.heldout_temperature,
+        static=ctx.config.variant == "static")
     m = rb.weights.shape[-1]
     gaps, r_anch = [], []
     for i, a in enumerate(anchors):

@@ -2,9 +2,10 @@
 
 Prompts are left-padded to a length bucket (powers of two), prefilled in one jitted call,
 then decoded by a `lax.while_loop` that stops when every row has emitted a stop id or
-`max_new_tokens` is reached. With a per-row token constraint (JSON schema via llguidance)
-the same jitted step runs from a host loop, because the allowed-token mask is computed on
-the host after each token.
+`max_new_tokens` is reached. A step is `sample_token` then `forward_token`; with a per-row
+token constraint (JSON schema via llguidance) the two run as separate jitted calls from a
+host loop (`constrained.decode`), because the allowed-token mask is computed on the host
+after each token.
 
 Axis legend: B batch, P padded prompt length, N max new tokens, S = P + N cache slots,
 V vocab.
@@ -254,19 +255,24 @@ def _token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) ->
     return jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
 
 
-def _decode_step(params, cfg, state: SamplerState, method, stop_ids, pad_id,
-                 allowed=None, force_stop=None) -> SamplerState:
-    """Samples one token per row from `state.logits`, then runs the model on it.
+def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, allowed=None,
+                 force_stop=None):
+    """Samples one token per row from `state.logits` and records it (no model call).
 
-    The token is drawn from the constrained logits (`allowed`), but its log-prob is taken
-    from the unconstrained ones, so it equals what a full forward pass of the model gives
-    (module docstring). A row with no allowed token is stopped without a token: filler,
-    mask False, flagged `invalid`.
+    The token is drawn from the constrained logits (`allowed: bool[B, V]`), but its log-prob
+    is taken from the unconstrained ones, so it equals what a full forward pass of the model
+    gives (module docstring). A row with no allowed token is stopped without a token:
+    filler, mask False, flagged `invalid`. `force_stop: bool[B]` ends rows with
+    `stop_ids[0]` (their constraint is complete).
+
+    Returns:
+        (state with the step recorded, tok int32[B] the recorded ids, emitted bool[B] rows
+        that produced a real token this step).
     """
     logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
     tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method)
     live = ~state.done
-    if force_stop is not None:  # the constraint is complete: end the row with a stop id
+    if force_stop is not None:
         tok = jnp.where(force_stop, stop_ids[0], tok)
         bad = bad & ~force_stop
     emitted = live & ~bad
@@ -274,15 +280,22 @@ def _decode_step(params, cfg, state: SamplerState, method, stop_ids, pad_id,
     tok = jnp.where(emitted, tok, pad_id)
     logp = jnp.where(emitted, logp, 0.0)
     stopped = live & (jnp.isin(tok, stop_ids) | bad)
-    new_state = state.replace(
+    state = state.replace(
         tokens=state.tokens.at[:, state.step].set(tok),
         logprobs=state.logprobs.at[:, state.step].set(logp),
         mask=state.mask.at[:, state.step].set(emitted),
         done=state.done | stopped, invalid=state.invalid | (live & bad),
         step=state.step + 1)
+    return state, tok, emitted
+
+
+def forward_token(params, cfg: ModelConfig, state: SamplerState, tok: jax.Array,
+                  emitted: jax.Array) -> SamplerState:
+    """Runs the model on the step's tokens `tok: int32[B]` (cache slots of rows that did not
+    emit, `emitted: bool[B]` False, are masked out) and stores the next logits."""
     hidden, cache = models.forward_hidden(
         params, cfg, tok[:, None], state.positions[:, None], emitted[:, None], state.cache)
-    return new_state.replace(
+    return state.replace(
         cache=cache, logits=models.logits_from_hidden(params, cfg, hidden[:, 0]),
         positions=state.positions + 1)
 
@@ -303,27 +316,11 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
     layer_params = models.decode_params(params, cfg)  # one copy per call, not one per step
 
     def body(s):
-        return _decode_step(layer_params, cfg, s, method, stop_ids, pad_id)
+        return forward_token(layer_params, cfg, *sample_token(s, method, stop_ids, pad_id))
 
     state = state.replace(cache=models.unstack_cache(state.cache))
     state = jax.lax.while_loop(cond, body, state)
     return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
-def constrained_step(params, cfg: ModelConfig, state: SamplerState, method: Method,
-                     stop_ids: jax.Array, pad_id: int, allowed: jax.Array,
-                     force_stop: jax.Array) -> SamplerState:
-    """One decode step with a host-computed mask `allowed: bool[B, V]`.
-
-    `params` and `state.cache` may be in per-layer form (`generate` passes them so, to
-    avoid per-step slice copies); `force_stop: bool[B]` ends rows with `stop_ids[0]`.
-    """
-    return _decode_step(params, cfg, state, method, stop_ids, pad_id, allowed, force_stop)
-
-
-_decode_params = jax.jit(models.decode_params, static_argnames="cfg")
-_unstack_cache = jax.jit(models.unstack_cache)
 
 
 def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
@@ -353,9 +350,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             constraint completed.
         pad_id: filler after the stop token (default: stop_ids[0]); the mask, not the id,
             tells real tokens from filler.
-        constraint: optional object with `reset(batch)`, `allowed() -> bool[B, V]`,
-            `finished() -> bool[B]` and `advance(tokens int32[B], live bool[B])` (see
-            `drubric_jax.constrained.JsonSchemaConstraint`).
+        constraint: optional host-side constraint with `reset(batch)`,
+            `fill(bitmask int32[B, ceil(V / 32)], rows bool[B])`, `finished() -> bool[B]`
+            and `advance(tokens int32[B], live bool[B])`; see `constrained.decode` for the
+            contract and `constrained.JsonSchemaConstraint` for the JSON-schema one.
         min_bucket: smallest prompt bucket.
         allow_invalid: return rows that met a step with no allowed token (flagged in
             `invalid`) instead of raising.
@@ -381,18 +379,9 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     if constraint is None:
         state = decode_loop(params, cfg, state, method, stop_arr, pad)
     else:
-        constraint.reset(len(prompts))
-        layer_params = _decode_params(params, cfg)
-        state = state.replace(cache=_unstack_cache(state.cache))
-        for step in range(max_new_tokens):
-            state = constrained_step(layer_params, cfg, state, method, stop_arr, pad,
-                                     jnp.asarray(constraint.allowed()),
-                                     jnp.asarray(constraint.finished()))
-            tok, emitted, done = jax.device_get(
-                (state.tokens[:, step], state.mask[:, step], state.done))
-            constraint.advance(tok, emitted)
-            if done.all():
-                break
+        from drubric_jax import constrained  # imports this module: imported here, not on top
+
+        state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad)
     out = _finish(state, pad, tokens, mask)
     if out.invalid.any() and not allow_invalid:
         rows = np.flatnonzero(out.invalid).tolist()

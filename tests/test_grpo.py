@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from drubric_jax import grpo, logprobs, sampling
+from drubric_jax.constrained import pack_bitmask
 from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -36,13 +37,13 @@ class ForcedTokens:
     def reset(self, batch):
         self.step = 0
 
-    def allowed(self):
+    def fill(self, bitmask, rows):
         out = np.ones((len(self.forced), self.vocab_size), bool)
         for i, f in enumerate(self.forced):
             if self.step < len(f):
                 out[i] = False
                 out[i, f[self.step]] = True
-        return out
+        bitmask[:] = pack_bitmask(out)
 
     def finished(self):
         return np.zeros(len(self.forced), bool)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from drubric_jax import models, sampling
+from drubric_jax.constrained import pack_bitmask
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import llama
@@ -94,10 +95,10 @@ class _FakeConstraint:
     def reset(self, batch):
         self.batch = batch
 
-    def allowed(self):
+    def fill(self, bitmask, rows):
         a = np.ones((self.batch, self.vocab), bool)
         a[list(self.block)] = False
-        return a
+        bitmask[rows] = pack_bitmask(a)[rows]
 
     def finished(self):
         return np.zeros(self.batch, bool)
