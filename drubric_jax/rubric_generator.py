@@ -71,6 +71,7 @@ class RubricGenerator:
         max_new_tokens: N, output budget; a list cut by it is invalid (finish "length").
         input_budget: most prompt tokens.
         min_bucket: smallest prompt-length bucket of the sampler.
+        mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
 
     Raises:
         ValueError: bad sizes, or llguidance rejects the schema.
@@ -78,11 +79,11 @@ class RubricGenerator:
 
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
-                 input_budget: int = 2048, min_bucket: int = 64):
+                 input_budget: int = 2048, min_bucket: int = 64, mesh=None):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
-        self.cfg, self.tokenizer = cfg, tokenizer
+        self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
         self.max_items = int(max_items)
         self.max_item_chars = int(max_item_chars)
         self.max_new_tokens = int(max_new_tokens)
@@ -196,7 +197,8 @@ class RubricGenerator:
         out = sampling.generate(params, self.cfg, prompts, key=sample_key,
                                 max_new_tokens=self.max_new_tokens, method=method,
                                 stop_ids=self.stop_ids, constraint=self.constraint,
-                                min_bucket=self.min_bucket, allow_invalid=True)
+                                min_bucket=self.min_bucket, allow_invalid=True,
+                                mesh=self.mesh)
         grammar_done = self.constraint.finished()
         stops = set(self.stop_ids.tolist())
         parsed, reasons, raws = [], [], []

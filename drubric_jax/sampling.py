@@ -25,8 +25,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from drubric_jax import models
+from drubric_jax import models, sharding
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.types import Rollout
 
@@ -226,8 +227,21 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
     return tokens, mask
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens"))
-def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: int):
+def _shard_cache(cache, cfg: ModelConfig, mesh):
+    """Cache rows over ("data", "fsdp") and KV heads over "tensor" (when they divide)."""
+    if mesh is None:
+        return cache
+    heads = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
+    kv = NamedSharding(mesh, P(None, sharding.BATCH_AXES, heads, None, None))
+    return cache.replace(k=jax.lax.with_sharding_constraint(cache.k, kv),
+                         v=jax.lax.with_sharding_constraint(cache.v, kv),
+                         valid=jax.lax.with_sharding_constraint(
+                             cache.valid, sharding.batch_sharding(mesh)))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "mesh"))
+def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: int,
+            mesh=None):
     """Prefills left-padded prompts and returns the initial SamplerState.
 
     Args:
@@ -235,11 +249,14 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         tokens: int32[B, P] left-padded prompts.  token_mask: bool[B, P].
         key: PRNG key for the whole generation.
         max_new_tokens: N.
+        mesh: optional mesh: the KV cache [L, B, Hkv, S, Dh] is laid out rows over
+            ("data", "fsdp") and heads over "tensor" (the decode loop keeps that layout).
     """
     b, p = tokens.shape
-    cache = models.init_cache(cfg, b, p + max_new_tokens)
+    cache = _shard_cache(models.init_cache(cfg, b, p + max_new_tokens), cfg, mesh)
     positions = models.positions_from_mask(token_mask)
     hidden, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    cache = _shard_cache(cache, cfg, mesh)
     logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return SamplerState(
         cache=cache, logits=logits, positions=positions[:, -1] + 1,
@@ -337,7 +354,7 @@ def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
 def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key: jax.Array,
              max_new_tokens: int, method: Method = Greedy(), stop_ids: Sequence[int],
              pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
-             allow_invalid: bool = False) -> Rollout:
+             allow_invalid: bool = False, mesh=None) -> Rollout:
     """Samples continuations of token-id prompts.
 
     Args:
@@ -357,6 +374,9 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         min_bucket: smallest prompt bucket.
         allow_invalid: return rows that met a step with no allowed token (flagged in
             `invalid`) instead of raising.
+        mesh: optional mesh (params on it, `sharding.param_shardings`): rows are split over
+            ("data", "fsdp"), padded with copies of the last prompt to a multiple of
+            data x fsdp (dropped from the result), and the KV cache heads over "tensor".
 
     Returns:
         Rollout of the B rows (host numpy), with the left-padded prompts it prefilled;
@@ -373,8 +393,13 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         raise ValueError("no prompts")
     pad = int(stop[0] if pad_id is None else pad_id)
     length = bucket_length(max(len(p) for p in prompts), min_bucket)
+    n, put = len(prompts), jnp.asarray
+    if mesh is not None:
+        shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
+        prompts = list(prompts) + [prompts[-1]] * (-n % shards)  # filler rows, dropped
+        put = functools.partial(jax.device_put, device=sharding.batch_sharding(mesh))
     tokens, mask = left_pad(prompts, length, pad)
-    state = prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(mask), key, max_new_tokens)
+    state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh)
     stop_arr = jnp.asarray(stop)
     if constraint is None:
         state = decode_loop(params, cfg, state, method, stop_arr, pad)
@@ -383,6 +408,8 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
 
         state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad)
     out = _finish(state, pad, tokens, mask)
+    if out.num_rows != n:
+        out = out.take(slice(0, n))
     if out.invalid.any() and not allow_invalid:
         rows = np.flatnonzero(out.invalid).tolist()
         raise ValueError(f"rows {rows} reached a step with no allowed token (all logits -inf)")

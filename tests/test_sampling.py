@@ -513,3 +513,25 @@ def test_bench_sampler_prints_one_json_row_per_batch(smollm2):
         assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
     assert any(r["impl"] == "matmul" and r["float32_gflop_s"] > 0 for r in rows)
     assert any(r["impl"] == "transformers" for r in rows)  # measured, or why it was skipped
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 8, 1)])
+@pytest.mark.parametrize("method", [sampling.Greedy(), sampling.Temperature(0.8)])
+def test_sampler_on_a_mesh_gives_the_one_device_tokens(tiny_model, shape, method):
+    """Rows over (data, fsdp) (5 rows: padded to the mesh, filler dropped), KV heads over
+    tensor, params sharded: the same key gives the 1-device tokens and masks, and
+    log-probs within the float32 rounding of a log-softmax (`logprob_atol`)."""
+    from drubric_jax import sharding
+
+    cfg, params = tiny_model
+    mesh = sharding.make_mesh(*shape)
+    sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
+    prompts = [[5, 9, 12], [40], [7, 7, 7, 7, 7, 8], [100, 200], [3000, 11]]
+    kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=6, method=method, stop_ids=[2])
+    one = sampling.generate(params, cfg, prompts, **kw)
+    many = sampling.generate(sharded, cfg, prompts, mesh=mesh, **kw)
+    assert many.num_rows == 5
+    np.testing.assert_array_equal(many.tokens, one.tokens)
+    np.testing.assert_array_equal(many.mask, one.mask)
+    np.testing.assert_allclose(many.logprobs, one.logprobs, rtol=0,
+                               atol=logprob_atol(one.logprobs, cfg.vocab_size))
