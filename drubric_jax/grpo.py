@@ -145,7 +145,7 @@ def grpo_loss(logp_new, logp_old, logp_ref, advantages, mask, clip_eps=0.2,
         logp_old: float32[R, T], log-probs stored at sampling time.
         logp_ref: float32[R, T] or None; may be None only when beta == 0, which
             skips the KL term (no reference model needed).
-        advantages: float32[R], e.g. from `rewards.group_advantages_by_id`.
+        advantages: float32[R], e.g. from `advantages.group_advantages_by_id` (Eq. 21).
         mask: bool[R, T] real completion tokens (EOS included).
         clip_eps: float, PPO epsilon.
         beta: float, KL coefficient (paper: 0.01).

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from drubric_jax import advantages as adv_lib
 from drubric_jax import hostmem, rewards, sampling
 from drubric_jax import train_step as ts
 from drubric_jax import tokenizer as tok_lib
@@ -270,7 +271,7 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
     disc_weight, lam = VARIANT_WEIGHTS[c.variant]
     ids = rb.rollout.group_ids  # row b * G + g: list g of input b (METHOD 11: by id)
-    adv, _, _ = rewards.generator_advantages_by_id(
+    adv, _, _ = adv_lib.generator_advantages_by_id(
         r_disc.reshape(-1), r_anchor.reshape(-1), g.lam if lam is None else lam, ids, b,
         disc_weight=disc_weight)
     adv = np.asarray(adv)
@@ -303,7 +304,7 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     v = fit_items(v, m).reshape(b, k, m)
     scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
     scores = np.asarray(scores)
-    adv, flat = rewards.group_advantages_by_id(scores.reshape(-1), rollout.group_ids, b)
+    adv, flat = adv_lib.group_advantages_by_id(scores.reshape(-1), rollout.group_ids, b)
     metrics = dict(
         policy_reward=_finite_mean(scores), flat_group_fraction=float(np.mean(flat)),
         reward_std=_mean_spread(scores.reshape(-1), rollout.group_ids, b),
@@ -333,7 +334,7 @@ def rule_policy_rollout(ctx: Context, key, items,
         scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
                           np.float32)
     b = len(items)
-    adv, flat = rewards.group_advantages_by_id(scores, rollout.group_ids, b)
+    adv, flat = adv_lib.group_advantages_by_id(scores, rollout.group_ids, b)
     metrics = dict(policy_reward=_finite_mean(scores),
                    flat_group_fraction=float(np.mean(flat)),
                    reward_std=_mean_spread(scores, rollout.group_ids, b),
@@ -350,7 +351,7 @@ def _finite_mean(x) -> float:
 
 def _mean_spread(r, group_ids, num_groups) -> float:
     """Mean over non-flat groups of the std Eq. 21 divided their rewards by (0 if none)."""
-    std = np.asarray(rewards.group_std_by_id(r, group_ids, num_groups))
+    std = np.asarray(adv_lib.group_std_by_id(r, group_ids, num_groups))
     return float(std[std > 0].mean()) if np.any(std > 0) else 0.0
 
 

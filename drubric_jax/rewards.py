@@ -1,4 +1,6 @@
-"""Rubric scores, generator rewards and group advantages (METHOD sections 3, 4, 11).
+"""Rubric scores and generator rewards (METHOD sections 3, 11, 12): Eq. 12, 13, 15, 2.
+
+Group advantages (Eq. 21, 24-25) are in `drubric_jax.advantages`.
 
 Axis legend: K responses per prompt, G rubric lists (or responses) in one GRPO
 group, M rubric items, N anchor-list length, R flat rows of a batch. A leading
@@ -19,11 +21,8 @@ groups).
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from drubric_jax.text.rubric_format import MAX_WEIGHT, MIN_WEIGHT
-ADV_EPS = 1e-6  # added to the group std in Eq. 21 (METHOD 11)
-FLAT_RTOL = 1e-6  # group is flat when max - min <= FLAT_RTOL * max(1, |mean|)
 
 
 def _all_true(x, drop_last=0):
@@ -232,170 +231,3 @@ def delta_gap(scores, gold_ranks, mask=None):
     count = jnp.sum(better, axis=(-2, -1)).astype(jnp.int32)
     total = jnp.sum(jnp.where(better, diff, 0.0), axis=(-2, -1))
     return total / jnp.maximum(count, 1).astype(jnp.float32), count
-
-
-def _normalise_groups(r, m, ids, num_groups):
-    """Eq. 21 over segments: (advantages float32[R], flat bool[S], std float32[S]).
-
-    The one implementation behind `group_advantages` and `group_advantages_by_id`. A
-    non-finite reward is treated as masked (the caller counts it as unscorable). Each group
-    is first divided by a power of two of about its largest |R| (1 for groups within
-    [-1, 1]): scaling by 2^k is exact in float arithmetic, so the result is the unscaled
-    formula's, yet sums and squared deviations stay finite for rewards near the float32
-    limit. std is the ddof = 1 spread the group was divided by (0 for flat groups).
-    """
-    m = m & jnp.isfinite(r)
-    r = jnp.where(m, r, 0.0)
-
-    def seg_sum(x):
-        return jax.ops.segment_sum(x, ids, num_segments=num_groups)
-
-    peak = jax.ops.segment_max(jnp.abs(r), ids, num_segments=num_groups)
-    _, exp = jnp.frexp(jnp.where(jnp.isfinite(peak), peak, 0.0))
-    # 2^k, k in [0, 126], built from its exponent bits (exact; ldexp is not under jit).
-    # k <= 126 because XLA CPU divides by multiplying with the reciprocal, and 2^-127 is
-    # subnormal (flushed to 0); |R| / 2^126 < 4 stays harmless.
-    k = jnp.clip(exp - 1, 0, 126).astype(jnp.int32)
-    scale = jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)   # [S]
-    rs = r / scale[ids]
-    n = seg_sum(m.astype(jnp.float32))
-    mean = seg_sum(rs) / jnp.maximum(n, 1.0)                             # two passes:
-    dev = jnp.where(m, rs - mean[ids], 0.0)                              # mean first,
-    var = seg_sum(dev * dev) / jnp.maximum(n - 1.0, 1.0)                 # then deviations
-    hi = jax.ops.segment_max(jnp.where(m, rs, -jnp.inf), ids, num_segments=num_groups)
-    lo = jax.ops.segment_min(jnp.where(m, rs, jnp.inf), ids, num_segments=num_groups)
-    spread = jnp.where(n > 1, hi - lo, 0.0)
-    # Flat: max - min <= FLAT_RTOL * max(1, |mean|), in the scaled units.
-    flat = (n <= 1) | (spread <= FLAT_RTOL * jnp.maximum(1.0 / scale, jnp.abs(mean)))
-    std = jnp.sqrt(jnp.where(flat, 1.0, var))  # 1 for flat groups: no 0/0, no NaN gradient
-    adv = dev / (std + ADV_EPS / scale)[ids]
-    return (jnp.where(m & ~flat[ids], adv, 0.0), flat,
-            jnp.where(flat, 0.0, std * scale))
-
-
-def _reshape_groups(rewards, group_mask):
-    """float[..., G] -> flat rows, masks and segment ids (one segment per group)."""
-    r = jnp.asarray(rewards, jnp.float32)
-    m = _all_true(r) if group_mask is None else jnp.asarray(group_mask, bool)
-    groups = int(np.prod(r.shape[:-1], dtype=np.int64))
-    ids = jnp.repeat(jnp.arange(groups, dtype=jnp.int32), r.shape[-1])
-    return r.reshape(-1), m.reshape(-1), ids, groups
-
-
-def group_advantages(rewards, group_mask=None):
-    """Group-normalised advantages over the last axis, Eq. 21 (METHOD 11).
-
-        A_g = (R_g - mean) / (std + 1e-6),  std with ddof = 1,
-
-    in float32 with two passes (mean first, then squared deviations). A group
-    is flat when max R - min R <= 1e-6 max(1, |mean R|); every advantage in a
-    flat group, in a group of one and at masked members is exactly 0. A
-    non-finite reward counts as masked: its advantage is 0 and the rest of the
-    group is normalised without it. Rewards near the float32 limit give finite
-    advantages (see `_normalise_groups`).
-
-    Args:
-        rewards: float[..., G]; masked members may hold anything (NaN, inf).
-        group_mask: bool[..., G] or None (all real).
-
-    Returns:
-        advantages: float32[..., G].
-        flat: bool[...], True for flat groups (and groups of zero or one member);
-            its mean over real groups is the logged flat fraction.
-    """
-    shape = np.shape(rewards)
-    r, m, ids, groups = _reshape_groups(rewards, group_mask)
-    adv, flat, _ = _normalise_groups(r, m, ids, groups)
-    return adv.reshape(shape), flat.reshape(shape[:-1])
-
-
-def group_std(rewards, group_mask=None):
-    """float32[...]: the ddof = 1 std each group of `group_advantages` was divided by
-    (Eq. 21), 0 for flat groups; the number to log beside the advantages."""
-    shape = np.shape(rewards)
-    r, m, ids, groups = _reshape_groups(rewards, group_mask)
-    return _normalise_groups(r, m, ids, groups)[2].reshape(shape[:-1])
-
-
-def _id_groups(rewards, group_ids, num_groups, mask):
-    """Rows, mask (ids out of range masked) and safe segment ids of a by-id grouping."""
-    r = jnp.asarray(rewards, jnp.float32)
-    ids = jnp.asarray(group_ids, jnp.int32)
-    m = _all_true(r) if mask is None else jnp.asarray(mask, bool)
-    m = m & (ids >= 0) & (ids < num_groups)
-    return r, m, jnp.where(m, ids, 0)
-
-
-def group_std_by_id(rewards, group_ids, num_groups, mask=None):
-    """float32[num_groups]: `group_std` with groups formed by id."""
-    return _normalise_groups(*_id_groups(rewards, group_ids, num_groups, mask), num_groups)[2]
-
-
-def group_advantages_by_id(rewards, group_ids, num_groups, mask=None):
-    """Eq. 21 with groups formed by prompt id, not by reshape (METHOD 11).
-
-    Same rule as `group_advantages` (ddof = 1, two passes, flat groups and
-    groups of one get exactly 0, non-finite rewards masked), using segment sums
-    over `group_ids`, so the rows of a batch may come in any order
-    (interleaved, sharded, shuffled).
-
-    Args:
-        rewards: float[R]; masked rows may hold anything.
-        group_ids: int[R], the group (prompt) of each row, in [0, num_groups).
-            Rows with an id outside that range are treated as masked.
-        num_groups: static int, the number of segments.
-        mask: bool[R] or None (all real).
-
-    Returns:
-        advantages: float32[R], 0 at masked rows.
-        flat: bool[num_groups], True for flat groups and groups of <= 1 row.
-    """
-    adv, flat, _ = _normalise_groups(*_id_groups(rewards, group_ids, num_groups, mask),
-                                     num_groups)
-    return adv, flat
-
-
-def generator_advantages(r_disc, r_anchor, lam=1.0, mask=None, disc_weight=1.0):
-    """Generator advantage A = z(R_disc) + lambda z(R_anchor), Eq. 24-25.
-
-    Each reward is group-normalised on its own with `group_advantages` (never
-    sum-then-normalise); a flat component contributes 0 and leaves the other
-    intact (case-17). The objective ablations of METHOD 6 set the weight of one
-    term to 0: disc_only is (disc_weight 1, lam 0), anchor_only (0, 1).
-
-    Args:
-        r_disc: float[..., G], Eq. 13 rewards of the G rubric lists of a group.
-        r_anchor: float[..., G], Eq. 15 rewards (floor for invalid lists).
-        lam: float, lambda in Eq. 17 (paper: 1).
-        mask: bool[..., G] or None (all real).
-        disc_weight: float, weight of z(R_disc) (1 in the paper's objective).
-
-    Returns:
-        advantages: float32[..., G].
-        flat_disc: bool[...], flat indicator of the R_disc groups.
-        flat_anchor: bool[...], flat indicator of the R_anchor groups.
-    """
-    a_disc, flat_disc = group_advantages(r_disc, mask)
-    a_anchor, flat_anchor = group_advantages(r_anchor, mask)
-    return disc_weight * a_disc + lam * a_anchor, flat_disc, flat_anchor
-
-
-def generator_advantages_by_id(r_disc, r_anchor, lam, group_ids, num_groups,
-                               mask=None, disc_weight=1.0):
-    """`generator_advantages` with groups formed by id, Eq. 24-25.
-
-    Args:
-        r_disc, r_anchor: float[R].
-        lam: float, lambda; disc_weight: float, weight of z(R_disc).
-        group_ids: int[R], the (x, C) group of each rubric list.
-        num_groups: static int.
-        mask: bool[R] or None.
-
-    Returns:
-        advantages float32[R], flat_disc bool[num_groups], flat_anchor
-        bool[num_groups].
-    """
-    a_disc, flat_disc = group_advantages_by_id(r_disc, group_ids, num_groups, mask)
-    a_anchor, flat_anchor = group_advantages_by_id(r_anchor, group_ids,
-                                                   num_groups, mask)
-    return disc_weight * a_disc + lam * a_anchor, flat_disc, flat_anchor

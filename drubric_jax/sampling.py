@@ -1,14 +1,14 @@
 """Batched autoregressive sampling with a static-shape KV cache.
 
-Prompts are left-padded to a length bucket (powers of two), prefilled in one jitted call,
+Prompts are left-padded to a length bucket (`bucket_length`), prefilled in one jitted call,
 then decoded by a `lax.while_loop` that stops when every row has emitted a stop id or
 `max_new_tokens` is reached. A step is `sample_token` then `forward_token`; with a per-row
 token constraint (JSON schema via llguidance) the two run as separate jitted calls from a
 host loop (`constrained.decode`), because the allowed-token mask is computed on the host
 after each token.
 
-Axis legend: B batch, P padded prompt length, N max new tokens, S = P + N cache slots,
-V vocab.
+Axis legend (docs/CONVENTIONS.md): B rows, P padded prompt length, N max new tokens,
+S = P + N cache slots, V vocab. The sampling methods are in `sampling_methods`.
 
 Log-probs: `logprobs[b, t]` is log softmax(logits / temperature) of the sampled token over
 the full vocabulary (before top-k/top-p truncation and before any constraint mask), the
@@ -17,9 +17,8 @@ log-probs; logits are never divided by 0.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import flax.struct
 import jax
@@ -29,136 +28,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from drubric_jax import models, sharding
 from drubric_jax.models.config import ModelConfig
+# The methods are part of this module's API (sampling.Greedy(), ...); they live apart.
+from drubric_jax.sampling_methods import (  # noqa: F401
+    Greedy, Method, Temperature, TopK, TopP, method_from_flags, sample_logits,
+    scoring_temperature, truncated_logits)
 from drubric_jax.types import Rollout
-
-
-# ----------------------------------------------------------------------------- methods
-
-
-@dataclasses.dataclass(frozen=True)
-class Greedy:
-    """Argmax decoding."""
-
-    @property
-    def temperature(self) -> float:
-        return 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Temperature:
-    """Ancestral sampling from softmax(logits / temperature); temperature 0 means greedy."""
-
-    temperature: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class TopK:
-    """Sampling restricted to the k largest logits."""
-
-    k: int
-    temperature: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class TopP:
-    """Nucleus sampling: the smallest set of tokens whose mass reaches p (ties: by id)."""
-
-    p: float
-    temperature: float = 1.0
-
-
-Method = Union[Greedy, Temperature, TopK, TopP]
-
-
-def method_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0) -> Method:
-    """Maps the usual (temperature, top_k, top_p) flags to a sampling method.
-
-    Raises:
-        ValueError: negative temperature, top_p outside (0, 1], negative top_k.
-    """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    if temperature == 0:
-        return Greedy()
-    if top_p < 1:
-        return TopP(top_p, temperature)
-    if top_k > 0:
-        return TopK(top_k, temperature)
-    return Temperature(temperature)
-
-
-def scoring_temperature(method: Method) -> float:
-    """Temperature at which log-probs are reported: the sampling one, 1.0 for greedy."""
-    return method.temperature if method.temperature > 0 else 1.0
-
-
-def truncated_logits(logits: jax.Array, method: Method) -> jax.Array:
-    """Applies temperature and top-k/top-p truncation; removed tokens get -inf.
-
-    Args:
-        logits: float32[B, V]; -inf marks disallowed tokens.
-        method: Temperature, TopK or TopP (not Greedy).
-
-    Returns:
-        float32[B, V] logits whose softmax is the sampling distribution.
-    """
-    scaled = logits / method.temperature
-    if isinstance(method, TopK):
-        kth = jax.lax.top_k(scaled, method.k)[0][:, -1:]
-        return jnp.where(scaled >= kth, scaled, -jnp.inf)
-    if isinstance(method, TopP):
-        order = jnp.argsort(-scaled, axis=-1, stable=True)
-        sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        keep_sorted = mass_before < method.p
-        keep = jnp.zeros_like(keep_sorted).at[
-            jnp.arange(scaled.shape[0])[:, None], order].set(keep_sorted)
-        return jnp.where(keep, scaled, -jnp.inf)
-    return scaled
-
-
-def _argmax(x: jax.Array) -> jax.Array:
-    """int32[B] first index of the row maximum of x: float[B, V] without NaN (= jnp.argmax).
-
-    A max and a min-of-index reduction; XLA CPU runs them faster than argmax's
-    (value, index) reduction.
-    """
-    top = jnp.max(x, axis=-1, keepdims=True)
-    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    return jnp.min(jnp.where(x == top, ids, x.shape[-1]), axis=-1)
-
-
-def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
-    """Draws one token per row.
-
-    Args:
-        key: PRNG key.
-        logits: float32[B, V]; -inf for disallowed tokens.
-        method: sampling method.
-
-    Returns:
-        (tokens int32[B], logprobs float32[B] of the token under softmax(logits / T) over
-        all tokens, invalid bool[B]: the row had no finite logit, or a NaN or +inf one; its
-        token is then 0 and must not be used — callers raise or stop the row).
-    """
-    invalid = (~jnp.any(jnp.isfinite(logits), axis=-1)
-               | jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1))
-    safe = jnp.where(invalid[:, None], 0.0, logits)
-    if isinstance(method, Greedy) or method.temperature == 0:
-        tokens = _argmax(safe)
-        temp = 1.0
-    else:
-        tokens = jax.random.categorical(key, truncated_logits(safe, method), axis=-1)
-        temp = method.temperature
-    logp_all = jax.nn.log_softmax(safe / temp, axis=-1)
-    logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-    tokens = jnp.where(invalid, 0, tokens).astype(jnp.int32)
-    return tokens, jnp.where(invalid, 0.0, logp), invalid
 
 
 # ----------------------------------------------------------------------------- state

@@ -50,7 +50,6 @@ def _tokenizer_from_reader(reader):
     Raises:
         ValueError: unsupported tokenizer model in the file.
     """
-    import gguf
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

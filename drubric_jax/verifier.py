@@ -41,7 +41,7 @@ from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
 from drubric_jax.text.budget import fit_prompt, fit_to_budget
 from drubric_jax.verdicts import (CALIBRATIONS, NULL_RESPONSE, contextual_calibration,
-                                  p_yes_from_logits, yes_no_token_ids)
+                                  yes_no_token_ids)
 from drubric_jax.text.prompts import (plain_render, render_verifier_prompts,
                                       verifier_prefix_messages)
 

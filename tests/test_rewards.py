@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from drubric_jax import rewards
+from drubric_jax import advantages, rewards
 from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -17,8 +17,8 @@ PROPERTY = settings(max_examples=30, deadline=None)
 # shapes, other fusion) may round a division differently: a few float32 ulps of 1.
 ULPS_O1 = 8 * float(np.finfo(np.float32).eps)
 # Jitted once: the fuzz test's examples then cost microseconds each.
-JIT_GROUP_ADV = jax.jit(rewards.group_advantages)
-JIT_GROUP_ADV_1 = jax.jit(rewards.group_advantages)
+JIT_GROUP_ADV = jax.jit(advantages.group_advantages)
+JIT_GROUP_ADV_1 = jax.jit(advantages.group_advantages)
 
 
 def log_sigmoid(x):
@@ -167,13 +167,13 @@ def test_delta_gap_hand_computed():
 # --- Eq. 21 group advantages ----------------------------------------------------------
 
 def test_group_advantages_hand_computed():
-    adv, flat = rewards.group_advantages(np.array([1.0, 2.0, 3.0, 4.0]))
+    adv, flat = advantages.group_advantages(np.array([1.0, 2.0, 3.0, 4.0]))
     close(adv, np.array([-1.5, -0.5, 0.5, 1.5]) / (math.sqrt(5 / 3) + 1e-6))
     assert not bool(flat)
 
 
 def test_group_advantages_mask_and_group_of_one():
-    adv, flat = rewards.group_advantages(
+    adv, flat = advantages.group_advantages(
         np.array([[1.0, 2.0, 3.0, np.nan], [5.0, np.inf, 0.0, 0.0]]),
         np.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool))
     close(adv[0], [-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6), 0.0])
@@ -185,16 +185,16 @@ def test_group_advantages_by_id_matches_reshape_under_shuffle():
     rng = np.random.default_rng(0)
     r = rng.normal(size=(3, 4)).astype(np.float32)
     r[1] = 0.35  # a flat group
-    ref, ref_flat = rewards.group_advantages(r)
+    ref, ref_flat = advantages.group_advantages(r)
     order = rng.permutation(12)
     ids = np.repeat(np.arange(3), 4)[order]
-    adv, flat = rewards.group_advantages_by_id(r.reshape(-1)[order], ids, 3)
+    adv, flat = advantages.group_advantages_by_id(r.reshape(-1)[order], ids, 3)
     close(adv, np.asarray(ref).reshape(-1)[order], 1e-6)
     assert np.asarray(flat).tolist() == np.asarray(ref_flat).tolist() == [False, True, False]
 
 
 def test_group_advantages_by_id_masks_and_bad_ids():
-    adv, flat = rewards.group_advantages_by_id(
+    adv, flat = advantages.group_advantages_by_id(
         np.array([1.0, 3.0, np.nan, 2.0, 9.0]), np.array([0, 0, 0, 1, 7]), 2,
         np.array([1, 1, 0, 1, 1], bool))
     close(adv, [-1 / (math.sqrt(2) + 1e-6), 1 / (math.sqrt(2) + 1e-6), 0, 0, 0], 1e-6)
@@ -205,16 +205,16 @@ def test_non_finite_reward_is_unscorable_and_the_rest_is_normalised_without_it()
     """A NaN / inf reward gets advantage 0 and does not poison its group: the other members
     get exactly what the group without that member gives."""
     for bad in (np.nan, np.inf, -np.inf):
-        adv, flat = rewards.group_advantages(np.array([1.0, bad, 2.0, 4.0], np.float32))
-        ref, _ = rewards.group_advantages(np.array([1.0, 2.0, 4.0], np.float32))
+        adv, flat = advantages.group_advantages(np.array([1.0, bad, 2.0, 4.0], np.float32))
+        ref, _ = advantages.group_advantages(np.array([1.0, 2.0, 4.0], np.float32))
         a = np.asarray(adv)
         assert a[1] == 0.0 and np.all(np.isfinite(a)) and not bool(flat)
         close(a[[0, 2, 3]], np.asarray(ref), ULPS_O1)
-        adv_id, _ = rewards.group_advantages_by_id(
+        adv_id, _ = advantages.group_advantages_by_id(
             np.array([1.0, bad, 2.0, 4.0], np.float32), np.zeros(4, np.int32), 1)
         close(adv_id, a, ULPS_O1)
     # A group left with one finite member is flat (its advantage 0).
-    adv, flat = rewards.group_advantages(np.array([np.nan, 3.0, np.inf], np.float32))
+    adv, flat = advantages.group_advantages(np.array([np.nan, 3.0, np.inf], np.float32))
     assert np.asarray(adv).tolist() == [0.0, 0.0, 0.0] and bool(flat)
 
 
@@ -236,12 +236,12 @@ def test_fuzzed_groups_never_give_nan(r):
 def test_rewards_near_float32_max_do_not_overflow():
     big = np.finfo(np.float32).max
     r = np.array([big, -big, 0.5 * big, 0.0], np.float32)
-    adv, flat = rewards.group_advantages(r)
+    adv, flat = advantages.group_advantages(r)
     x = r.astype(np.float64)
     want = (x - x.mean()) / x.std(ddof=1)  # eps is negligible at this scale
     np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-5)
     assert not bool(flat)
-    std = float(rewards.group_std(r))
+    std = float(advantages.group_std(r))
     np.testing.assert_allclose(std, x.std(ddof=1), rtol=1e-5)
     # Ordinary rewards (scaled by 2^k, exactly) give the plain two-pass float32 formula.
     for small in (np.array([0.1, 0.7, 0.3, 0.9], np.float32),
@@ -249,17 +249,17 @@ def test_rewards_near_float32_max_do_not_overflow():
         mean = small.sum(dtype=np.float32) / np.float32(4)
         dev = small - mean
         std = np.sqrt((dev * dev).sum(dtype=np.float32) / np.float32(3))
-        close(rewards.group_advantages(small)[0], dev / (std + np.float32(1e-6)), ULPS_O1)
+        close(advantages.group_advantages(small)[0], dev / (std + np.float32(1e-6)), ULPS_O1)
 
 
 def test_group_std_is_the_eq21_divisor():
     r = np.array([[1.0, 2.0, 3.0, 4.0], [0.3, 0.3, 0.3, 0.3]], np.float32)
-    np.testing.assert_allclose(np.asarray(rewards.group_std(r)),
+    np.testing.assert_allclose(np.asarray(advantages.group_std(r)),
                                [math.sqrt(5 / 3), 0.0], rtol=1e-6)
 
 
 def test_group_advantages_jit():
-    fn = jax.jit(rewards.group_advantages_by_id, static_argnums=2)
+    fn = jax.jit(advantages.group_advantages_by_id, static_argnums=2)
     adv, _ = fn(jnp.array([0.1, 0.2, 0.3]), jnp.array([0, 0, 0]), 1)
     assert np.all(np.isfinite(np.asarray(adv)))
 
@@ -272,14 +272,14 @@ def test_case_01_flat_groups_zero_advantage(load_case):
         assert case["expected"]["group_sum_abs_max"] == 0.001
     for g in groups:
         r = np.asarray(g, np.float32)
-        adv, flat = rewards.group_advantages(r)
+        adv, flat = advantages.group_advantages(r)
         assert bool(flat)
         assert np.asarray(adv).tolist() == [0.0] * len(g)  # exactly zero
         ids = np.zeros(len(g), np.int32)
-        adv_id, flat_id = rewards.group_advantages_by_id(r, ids, 1)
+        adv_id, flat_id = advantages.group_advantages_by_id(r, ids, 1)
         assert np.asarray(adv_id).tolist() == [0.0] * len(g)
         assert bool(flat_id[0])
-        a_gen, _, _ = rewards.generator_advantages(r, r, 1.0)
+        a_gen, _, _ = advantages.generator_advantages(r, r, 1.0)
         assert np.asarray(a_gen).tolist() == [0.0] * len(g)
 
 
@@ -302,19 +302,19 @@ def test_case_17_generator_advantage_normalised_separately(load_case):
         want_const = case["expected"]["constant_anchor"]["A_gen"]
     # The JSON divides by std exactly; Eq. 21 here adds 1e-6 (|change| <= 1.4e-5).
     tol = 3e-5
-    close(rewards.group_advantages(np.array(main_d))[0], want_zd, tol)
-    close(rewards.group_advantages(np.array(main_a))[0], want_za, tol)
-    adv, flat_d, flat_a = rewards.generator_advantages(np.array(main_d), np.array(main_a), 1.0)
+    close(advantages.group_advantages(np.array(main_d))[0], want_zd, tol)
+    close(advantages.group_advantages(np.array(main_a))[0], want_za, tol)
+    adv, flat_d, flat_a = advantages.generator_advantages(np.array(main_d), np.array(main_a), 1.0)
     close(adv, want_main, tol)
     assert not bool(flat_d) and not bool(flat_a)
     for wrong in ([-1.491202, 0.573539, 0.573539, 0.344124],
                   [-2.963855, 0.526115, 1.096099, 1.341641]):
         assert np.max(np.abs(np.asarray(adv) - np.array(wrong))) > 1e-2
-    adv, flat_d, flat_a = rewards.generator_advantages(np.array(main_d), np.array(const_a), 1.0)
+    adv, flat_d, flat_a = advantages.generator_advantages(np.array(main_d), np.array(const_a), 1.0)
     close(adv, want_const, tol)
     assert bool(flat_a) and not bool(flat_d)
     ids = np.array([0, 0, 0, 0])
-    adv_id, _, _ = rewards.generator_advantages_by_id(
+    adv_id, _, _ = advantages.generator_advantages_by_id(
         np.array(main_d), np.array(main_a), 1.0, ids, 1)
     close(adv_id, want_main, tol)
 
@@ -339,7 +339,7 @@ def test_case_13_empty_rubric_rewards_and_advantages(load_case):
         assert not bool(valid)
         assert np.asarray(scores).tolist() == [0.0] * k
         assert float(rewards.discriminability_reward(verdicts, weights, mask)) == 0.0
-        adv, flat = rewards.group_advantages(scores)
+        adv, flat = advantages.group_advantages(scores)
         assert np.asarray(adv).tolist() == [0.0] * k and bool(flat)
         anchor_scores, _ = rewards.rubric_scores(np.zeros((n_anchor,) + verdicts.shape[1:]),
                                                  weights, mask)
@@ -358,8 +358,8 @@ def test_case_13_empty_rubric_rewards_and_advantages(load_case):
 # Jitted once for the fixed property-test shapes (one compile, fast examples).
 SCORES, R_DISC, ADV, ADV_BY_ID = (
     jax.jit(rewards.rubric_scores), jax.jit(rewards.discriminability_reward),
-    jax.jit(rewards.group_advantages),
-    jax.jit(rewards.group_advantages_by_id, static_argnums=2))
+    jax.jit(advantages.group_advantages),
+    jax.jit(advantages.group_advantages_by_id, static_argnums=2))
 ANCHOR, FLOOR = jax.jit(rewards.anchor_reward), jax.jit(rewards.anchor_reward_floor)
 K_MAX, M_MAX = 6, 5
 verdict_arrays = hnp.arrays(np.float32, (K_MAX, M_MAX), elements=st.sampled_from([0.0, 1.0]))
