@@ -34,7 +34,7 @@ from absl import logging
 from drubric_jax import checkpoint as ckpt_lib
 from drubric_jax import compilation, config_check, data, hostmem, phases, run_logging, sharding
 from drubric_jax.models import export_hf_dir
-from drubric_jax.roles import build_roles, role_memory
+from drubric_jax.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
 
 PHASES = (Role.GENERATOR.value, Role.POLICY.value)
@@ -94,6 +94,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     os.makedirs(workdir, exist_ok=True)
     c = config
     host, hosts = jax.process_index(), jax.process_count()
+    check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load
     loaded = data.load_data(c, num_hosts=hosts)
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,

@@ -40,7 +40,7 @@ import optax
 
 from drubric_jax import hostmem, sharding
 from drubric_jax import train_step as ts
-from drubric_jax.models import load_model, lora
+from drubric_jax.models import check_source, load_model, lora
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.train_config import TrainConfig
 from drubric_jax.types import Role
@@ -60,6 +60,33 @@ class LoadedModel:
     tokenizer: Any
 
 
+def _source_fields(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
+    """{model source: the config fields that name it}."""
+    fields: dict[str, list[str]] = {}
+    for role in ("policy", "generator", "verifier"):
+        fields.setdefault(config.model[role], []).append(f"config.model.{role}")
+    return fields
+
+
+def _named(e: Exception, names: list[str]) -> Exception:
+    """`e` with the config fields at the start of its message, of the same type."""
+    try:
+        return type(e)(f"{', '.join(names)}: {e}")
+    except Exception:  # a constructor that wants other arguments
+        e.add_note(f"while loading {', '.join(names)}")
+        return e
+
+
+def check_model_sources(config: ml_collections.ConfigDict) -> None:
+    """Every model source of `config` exists (or is a preset / hub id), checked before any
+    data is read or weight loaded; errors name the config field (`models.check_source`)."""
+    for source, names in _source_fields(config).items():
+        try:
+            check_source(source)
+        except FileNotFoundError as e:
+            raise _named(e, names) from e
+
+
 def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, LoadedModel]:
     """{source: LoadedModel} for the distinct sources of policy, generator and verifier,
     each loaded once, tensor by tensor straight onto `mesh` (`sharding.leaf_sharder`) when
@@ -70,9 +97,7 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
         config fields that hold the source ("config.model.policy: ..."); an exception type
         that cannot be rebuilt from one message is re-raised as is, with the fields as a note.
     """
-    fields: dict[str, list[str]] = {}  # source -> the config fields naming it
-    for role in ("policy", "generator", "verifier"):
-        fields.setdefault(config.model[role], []).append(f"config.model.{role}")
+    fields = _source_fields(config)
     models = {}
     sharder = None if mesh is None else sharding.leaf_sharder(mesh)
     for source, names in fields.items():
@@ -80,12 +105,8 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
             cfg, params, tok = load_model(source, config.model.dtype, shardings=sharder,
                                           seed=config.seed)
         except Exception as e:
-            try:
-                named = type(e)(f"{', '.join(names)}: {e}")
-            except Exception:  # a constructor that wants other arguments
-                named = None
-            if named is None:
-                e.add_note(f"while loading {', '.join(names)}")
+            named = _named(e, names)
+            if named is e:
                 raise
             raise named from e
         models[source] = LoadedModel(source, cfg, params, tok)

@@ -295,3 +295,24 @@ def test_one_round_on_a_2x2x2_mesh_equals_one_device(tmp_path):
              _one_round_config().generator.train.learning_rate)
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         assert np.abs(np.asarray(x) - np.asarray(y)).max() <= 2 * lr + 1e-6
+
+
+def test_bad_data_and_model_paths_fail_before_any_weights_load(tmp_path, monkeypatch):
+    """Model paths and data files are checked before a single weight is read: a missing
+    verifier path or a bad data row fails in seconds, naming the field or the file:line."""
+    from drubric_jax import roles
+
+    def no_loading(*a, **kw):
+        raise AssertionError("weights were loaded before the inputs were checked")
+
+    monkeypatch.setattr(roles, "load_model", no_loading)
+    c = _one_round_config()
+    c.model.verifier = str(tmp_path / "nope" / "model.gguf")
+    with pytest.raises(FileNotFoundError, match=r"config\.model\.verifier: .*no such file"):
+        loop.run(c, str(tmp_path / "a"))
+    c = _one_round_config()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "prompt": 3}\n')
+    c.data.name, c.data.anchor_paths, c.data.prompt_paths = "custom", (str(bad),), (str(bad),)
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        loop.run(c, str(tmp_path / "b"))

