@@ -109,6 +109,8 @@ def test_static_variant_skips_generator_training(tmp_path):
     ("generator.num_lists", 1, "config.generator.num_lists"),
     ("policy.train.micro_batch_size", 3, "config.policy.train.micro_batch_size"),
     ("policy.train.aggregation", "sum", "config.policy.train.aggregation"),
+    # smollm2_cpu parks the idle moments on disk; offloading them too is contradictory.
+    ("memory.offload_idle_optimizer", True, "config.memory.offload_idle_optimizer"),
 ])
 def test_config_validation_names_the_field(field, value, message):
     c = get_config("")
@@ -248,3 +250,64 @@ def test_resume_with_other_data_is_refused_unless_allowed(tmp_path, write_jsonl)
     c.checkpoint.allow_data_change = True
     loop.run(c, workdir)
     assert os.path.exists(os.path.join(workdir, loop.FINISHED))
+
+
+def test_offloaded_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
+    """memory.offload_idle_optimizer: in the generator phase the policy's AdamW moments sit
+    in pinned host memory (counted under offloaded_to_host, not the role), a checkpoint
+    saved then restores them bit for bit, and the policy phase brings them back onto
+    their device shardings."""
+    kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+        pytest.skip(f"the {jax.default_backend()} backend has no pinned_host memory")
+    c = _tiny_config()
+    c.memory.park_idle_optimizer, c.memory.offload_idle_optimizer = False, True
+    run = loop.setup(c, str(tmp_path))
+    roles = run.ctx.roles
+    try:
+        roles.policy.state = roles.policy.state.replace(opt_state=jax.tree.map(
+            lambda x: x + 1 if x.ndim else x, roles.policy.state.opt_state))
+        before = jax.device_get(roles.policy.state.opt_state)
+        shardings = jax.tree.map(lambda x: x.sharding, roles.policy.state.opt_state)
+        roles.offload_idle(Role.GENERATOR)
+        leaves = jax.tree.leaves(roles.policy.state.opt_state)
+        assert {x.sharding.memory_kind for x in leaves} == {"pinned_host"}
+        assert role_memory(roles)["offloaded_to_host"] == sum(x.nbytes for x in leaves)
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(
+            roles.generator.state.opt_state)} == {"device"}
+        loop.save(run)
+        roles.offload_idle(Role.POLICY)
+        assert jax.tree.map(lambda x: x.sharding, roles.policy.state.opt_state) == shardings
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(
+            roles.policy.state.opt_state), before)
+    finally:
+        loop.close(run)
+    run = loop.setup(c, str(tmp_path))  # the checkpoint written while offloaded
+    try:
+        assert loop.restore(run)
+        jax.tree.map(np.testing.assert_array_equal,
+                     jax.device_get(run.ctx.roles.policy.state.opt_state), before)
+    finally:
+        loop.close(run)
+
+
+def test_memory_json_has_the_plan_beside_the_measured_figures(tmp_path):
+    """memory.json: the planner's MiB per role equal the measured ones (same arrays, from
+    shapes only), and its per-device peak (one device here) is below the process's
+    measured peak RSS, which holds those buffers and more (CPU has no device peak)."""
+    c = _one_round_config()
+    c.mesh.num_devices, c.mesh.data = 1, 1
+    run = loop.setup(c, str(tmp_path))
+    try:  # as a run ends: in the policy phase, the generator's moments parked on disk
+        run.ctx.roles.park_idle(Role.POLICY, run.park_dir)
+        loop.finish(run)
+    finally:
+        loop.close(run)
+    with open(tmp_path / "memory.json") as f:
+        mem = json.load(f)
+    planned = mem["planned"]
+    assert planned["devices"] == 1 and planned["steps"]
+    for role, mib in planned["role_mib"].items():
+        assert mem[role] == pytest.approx(mib, abs=1e-6), role
+    assert mem["peak_device_gb"] is None  # CPU: no device memory statistics
+    assert 0 < planned["peak_gb"] < mem["peak_rss_gb"]
