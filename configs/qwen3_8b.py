@@ -1,27 +1,42 @@
-r"""Paper-scale run: Qwen3-8B policy and generator, for GPU/TPU pods.
+r"""Paper-scale run: Qwen3-8B policy and generator, for GPU/TPU hosts and pods.
 
     python -m experiments.run --config=configs/qwen3_8b.py \
         --config.model.policy=/ckpt/Qwen3-8B --config.model.generator=/ckpt/Qwen3-8B \
-        --config.model.verifier=/ckpt/Qwen3-30B-A3B --workdir=gs://bucket/run
+        --config.model.verifier=/ckpt/Qwen3-8B --workdir=gs://bucket/run
+    python -m experiments.run --config=configs/qwen3_8b.py:lora ...      # one accelerator
     python -m experiments.run --config=configs/qwen3_8b.py:local --workdir=runs/q3local
 
-Switches after ':': `local` keeps every paper setting that does not depend on size (K, G,
-beta, lambda, learning rates, variants) but runs a tiny random-weight Qwen3-architecture
-model (q/k-norm, untied head) on the packaged demo data with CPU-size lengths: a smoke run
-of this config's code path on a laptop in a couple of minutes.
+Switches after ':':
+    (none)   full fine-tuning, float32 masters and bfloat16 compute, the idle trainee's
+             AdamW moments offloaded to pinned host memory between phases; parameters and
+             moments split over mesh.fsdp = 8 (8 x 80 GB accelerators)
+    lora     LoRA (Hu et al. 2021) rank 64 (`lora=R` for another rank), alpha = 2 r, on all
+             seven matrices of every layer, over one frozen bfloat16 base that the verifier
+             and both references share; the mesh takes every device on fsdp (one 141 GB
+             H200 is enough). The learning rates stay the paper's full fine-tuning ones;
+             LoRA usually wants larger ones.
+    local    every paper setting that does not depend on size (K, G, beta, lambda, learning
+             rates, variants) but a tiny random-weight Qwen3-architecture model (q/k-norm,
+             untied head) on the packaged demo data with CPU-size lengths: a smoke run of
+             this config's code path on a laptop in a couple of minutes.
+Memory: `python -m experiments.plan --config=configs/qwen3_8b.py:lora --devices=1
+--device_memory_gb=141 --attention=blockwise` (README "Memory plan") prints what each
+device holds per step of a round and the rollout and update micro-batches that fit; the
+update micro-batches set here are the ones it picks.
 
 Settings from the paper (METHOD sections 4 and 10): K = 8, beta = 0.01, learning rate
 5e-6 (generator) and 1e-6 (policy), global batch 256 responses, lengths 8K/8K (policy)
 and 24K/8K (generator). The model paths are Hugging Face directories (config.json +
 safetensors); on a multi-host pod start one process per host (jax.distributed).
-Note: the paper's verifier, Qwen3-30B-A3B, is a mixture-of-experts model that
-drubric_jax's decoder does not implement; a dense Qwen3/Llama verifier works.
+Verifier: the paper's is Qwen3-30B-A3B, a mixture-of-experts model this package's decoder
+does not implement yet. Until the multi-host issue adds it, the verifier is Qwen3-8B, the
+same source as the policy and generator, so it shares their one frozen base.
 """
 from configs.base import base_config, parse_switches
 
 
 def get_config(arg: str = ""):
-    opts = parse_switches(arg, {"local"})
+    opts = parse_switches(arg, {"local", "lora"})
     c = base_config()
     c.model.policy = "Qwen/Qwen3-8B"
     c.model.generator = "Qwen/Qwen3-8B"
@@ -59,8 +74,18 @@ def get_config(arg: str = ""):
     c.mesh.data = -1
     c.mesh.fsdp = 8
     c.mesh.tensor = 1
+    c.memory.offload_idle_optimizer = True  # the idle trainee's moments: pinned host memory
     c.checkpoint.every_steps = 20
     c.checkpoint.max_to_keep = 3
+    if opts.get("lora"):
+        c.lora.rank = 64 if opts["lora"] is True else int(opts["lora"])
+        c.lora.alpha = 2.0 * c.lora.rank
+        c.mesh.data, c.mesh.fsdp = 1, -1
+        # The planner's picks on one 141 GB device (blockwise attention): 4 policy rows and
+        # 2 rubric lists per gradient pass. Adapters and their moments are small: no offload.
+        c.policy.train.micro_batch_size = 4
+        c.generator.train.micro_batch_size = 2
+        c.memory.offload_idle_optimizer = False
     if opts.get("local"):
         c.model.policy = c.model.generator = c.model.verifier = "tiny_qwen3"
         c.model.dtype = "float32"
@@ -74,7 +99,8 @@ def get_config(arg: str = ""):
         c.generator.max_new_tokens, c.generator.input_budget = 96, 1024
         c.verifier.max_prefix_tokens, c.verifier.max_suffix_tokens = 512, 32
         c.policy.train.micro_batch_size = c.generator.train.micro_batch_size = 0
-        c.mesh.fsdp = 1
+        c.mesh.data, c.mesh.fsdp = -1, 1
+        c.memory.offload_idle_optimizer = False
         c.checkpoint.every_steps = 1
         c.export = False
     return c

@@ -76,8 +76,9 @@ def check_trainer(values: Mapping, prefix: str, rows: Optional[int] = None) -> N
                  f"{mb} must be 0 or divide the {rows} rows of a step")
 
 
-def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int:
-    """data x fsdp of the mesh `config.mesh` builds on `device_count` devices."""
+def mesh_axis_sizes(config: ml_collections.ConfigDict, device_count: int) -> dict:
+    """{"data", "fsdp", "tensor": size} of the mesh `config.mesh` builds on `device_count`
+    devices (its -1 axis takes the remaining devices)."""
     m = config.mesh
     sizes = {axis: m[axis] for axis in ("data", "fsdp", "tensor")}
     known = math.prod(v for v in sizes.values() if v != -1)
@@ -89,7 +90,12 @@ def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int
     _require(n % known == 0 and (-1 in sizes.values() or known == n), "config.mesh",
              f"data x fsdp x tensor = {sizes} does not fit {n} devices "
              "(set config.mesh.* or config.mesh.num_devices)")
-    sizes = {a: (n // known if v == -1 else v) for a, v in sizes.items()}
+    return {a: (n // known if v == -1 else v) for a, v in sizes.items()}
+
+
+def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int:
+    """data x fsdp of the mesh `config.mesh` builds on `device_count` devices."""
+    sizes = mesh_axis_sizes(config, device_count)
     return sizes["data"] * sizes["fsdp"]
 
 
@@ -162,6 +168,11 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
     need(isinstance(c.memory.park_idle_optimizer, bool), "memory.park_idle_optimizer",
          "must be True or False")
+    need(isinstance(c.memory.offload_idle_optimizer, bool), "memory.offload_idle_optimizer",
+         "must be True or False")
+    need(not (c.memory.offload_idle_optimizer and c.memory.park_idle_optimizer),
+         "memory.offload_idle_optimizer", "choose one of it (pinned host memory) and "
+         "memory.park_idle_optimizer (disk)")
     need(not (c.memory.park_idle_optimizer and process_count > 1),
          "memory.park_idle_optimizer", "single-process runs only (it writes whole arrays "
          f"to local disk); this run has {process_count} processes")

@@ -32,7 +32,8 @@ import ml_collections
 from absl import logging
 
 from drubric_jax import checkpoint as ckpt_lib
-from drubric_jax import compilation, config_check, data, hostmem, phases, run_logging, sharding
+from drubric_jax import (compilation, config_check, data, hostmem, phases, planner,
+                         run_logging, sharding)
 from drubric_jax.models import export_hf_dir
 from drubric_jax.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
@@ -208,6 +209,8 @@ def _phase(run: Run, role: Role, steps: int) -> None:
 
     if run.config.memory.park_idle_optimizer:
         run.ctx.roles.park_idle(role, run.park_dir)
+    elif run.config.memory.offload_idle_optimizer:
+        run.ctx.roles.offload_idle(role)
     bar = tqdm(total=steps, initial=run.loop.step, disable=not run.config.log.progress,
                desc=f"round {run.loop.round} {role.value}", unit="step")
     while run.loop.step < steps:
@@ -263,11 +266,13 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
 
 
 def finish(run: Run) -> None:
-    """curves.png, memory.json (MiB per role) and the Hugging Face exports."""
+    """curves.png, memory.json (MiB per role measured, the peaks measured, and the memory
+    planner's figures under "planned") and the Hugging Face exports."""
     run_logging.plot_curves(run.writer.path, os.path.join(run.workdir, "curves.png"))
-    with open(os.path.join(run.workdir, "memory.json"), "w") as f:
-        json.dump({k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}, f,
-                  indent=2)
+    measured = {k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}
+    _write_json(os.path.join(run.workdir, "memory.json"), {
+        **measured, **planner.measured_peaks(),
+        "planned": planner.memory_json(run.config, run.ctx.mesh)})
     if run.config.export:
         for trainee in (run.ctx.roles.policy, run.ctx.roles.generator):
             tok = trainee.model.tokenizer

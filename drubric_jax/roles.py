@@ -24,7 +24,9 @@ AdamW moments are made by a jitted init with out_shardings, never on one device 
 
 Parking (`config.memory.park_idle_optimizer`, CPU runs): the AdamW moments of the trainee
 that is idle in a phase wait on disk as read-only memmaps (`hostmem.park`) and come back
-bit for bit onto their shardings at its next phase.
+bit for bit onto their shardings at its next phase. Offloading
+(`config.memory.offload_idle_optimizer`, accelerators): they wait in pinned host memory
+instead (the same shardings with memory kind "pinned_host"), and come back the same way.
 """
 from __future__ import annotations
 
@@ -209,6 +211,24 @@ class Roles:
             return self.verifier.params
         return self.trainee(Role(role.removesuffix("_ref"))).reference_params
 
+    def offload_idle(self, active: Role) -> None:
+        """Phase start: `active`'s moments come back onto the devices, the other trainee's go
+        to pinned host memory (same shardings, memory kind "pinned_host"; bit for bit).
+
+        Raises:
+            ValueError: the backend has no pinned host memory (names the config field).
+        """
+        kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+        if "pinned_host" not in kinds:
+            raise ValueError("config.memory.offload_idle_optimizer: the "
+                             f"{jax.default_backend()} backend has no pinned_host memory "
+                             f"(it has {sorted(kinds)})")
+        for trainee, kind in ((self.trainee(active), "device"),
+                              (self.trainee(active.other), "pinned_host")):
+            moments = trainee.state.opt_state
+            target = jax.tree.map(lambda x: x.sharding.with_memory_kind(kind), moments)
+            trainee.state = trainee.state.replace(opt_state=jax.device_put(moments, target))
+
     def park_idle(self, active: Role, park_dir: str) -> None:
         """Phase start: `active`'s moments come back, the other trainee's go to
         `park_dir/<role>/`. Values round-trip bit for bit."""
@@ -251,15 +271,18 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
 def role_memory(roles: Roles) -> dict:
     """Bytes held by each role, a buffer shared by several roles counted once (under the
     first role that names it). Trainees include their AdamW moments; moments parked on disk
-    count under "parked_on_disk", not the role."""
+    count under "parked_on_disk" and moments offloaded to pinned host memory under
+    "offloaded_to_host", not the role."""
     seen: set = set()
-    out = {"parked_on_disk": 0}
+    out = {"parked_on_disk": 0, "offloaded_to_host": 0}
 
     def size(name, tree):
         total = 0
         for leaf in jax.tree.leaves(tree):
             if isinstance(leaf, np.memmap):
                 out["parked_on_disk"] += leaf.nbytes
+            elif getattr(getattr(leaf, "sharding", None), "memory_kind", None) == "pinned_host":
+                out["offloaded_to_host"] += leaf.nbytes
             elif hasattr(leaf, "nbytes") and id(leaf) not in seen:
                 seen.add(id(leaf))
                 total += leaf.nbytes

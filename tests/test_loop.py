@@ -109,6 +109,8 @@ def test_static_variant_skips_generator_training(tmp_path):
     ("generator.num_lists", 1, "config.generator.num_lists"),
     ("policy.train.micro_batch_size", 3, "config.policy.train.micro_batch_size"),
     ("policy.train.aggregation", "sum", "config.policy.train.aggregation"),
+    # smollm2_cpu parks the idle moments on disk; offloading them too is contradictory.
+    ("memory.offload_idle_optimizer", True, "config.memory.offload_idle_optimizer"),
 ])
 def test_config_validation_names_the_field(field, value, message):
     c = get_config("")
@@ -137,45 +139,59 @@ def test_memory_of_shared_roles_counts_frozen_weights_once(tmp_path):
         loop.close(run)
 
 
-def test_parked_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
-    """memory.park_idle_optimizer: in the generator phase the policy's AdamW moments are
-    read-only memmaps on disk (not counted as resident), a checkpoint saved then restores
-    them bit for bit, and the policy phase brings them back as sharded jax arrays."""
-    c = _tiny_config()
-    assert c.memory.park_idle_optimizer
+def _idle_moments_round_trip(tmp_path, c, move, away, back):
+    """The policy's AdamW moments (made non-trivial so a lost or zeroed leaf shows) leave
+    in the generator phase (`move(roles, Role.GENERATOR)`; `away(roles)` checks where they
+    are), a checkpoint saved then restores them bit for bit, and the policy phase brings
+    them back as jax arrays on their shardings (`back(roles)` checks the rest)."""
     run = loop.setup(c, str(tmp_path))
     roles = run.ctx.roles
     try:
-        # Make the moments non-trivial so a lost or zeroed leaf would show.
         roles.policy.state = roles.policy.state.replace(opt_state=jax.tree.map(
             lambda x: x + 1 if x.ndim else x, roles.policy.state.opt_state))
         before = jax.device_get(roles.policy.state.opt_state)
         shardings = jax.tree.map(lambda x: x.sharding, roles.policy.state.opt_state)
-        roles.park_idle(Role.GENERATOR, run.park_dir)
-        parked = [x for x in jax.tree.leaves(roles.policy.state.opt_state)
-                  if isinstance(x, np.memmap)]
-        assert parked and os.listdir(tmp_path / "parked" / "policy")
-        mem = role_memory(roles)
-        assert mem["parked_on_disk"] == sum(x.nbytes for x in parked)
+        move(run, Role.GENERATOR)
+        away(roles)
         loop.save(run)
-        roles.park_idle(Role.POLICY, run.park_dir)
-        leaves = jax.tree.leaves(roles.policy.state.opt_state)
-        assert all(isinstance(x, jax.Array) for x in leaves)
+        move(run, Role.POLICY)
+        assert all(isinstance(x, jax.Array)
+                   for x in jax.tree.leaves(roles.policy.state.opt_state))
         assert jax.tree.map(lambda x: x.sharding, roles.policy.state.opt_state) == shardings
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(
             roles.policy.state.opt_state), before)
-        assert not (tmp_path / "parked" / "policy").exists()
-        assert any(isinstance(x, np.memmap)  # now the generator's wait on disk
-                   for x in jax.tree.leaves(roles.generator.state.opt_state))
+        back(roles)
     finally:
         loop.close(run)
-    run = loop.setup(c, str(tmp_path))  # the checkpoint written while parked
+    run = loop.setup(c, str(tmp_path))  # the checkpoint written while they were away
     try:
         assert loop.restore(run)
         jax.tree.map(np.testing.assert_array_equal,
                      jax.device_get(run.ctx.roles.policy.state.opt_state), before)
     finally:
         loop.close(run)
+
+
+def test_parked_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
+    """memory.park_idle_optimizer: in the generator phase the policy's AdamW moments are
+    read-only memmaps on disk (not counted as resident), a checkpoint saved then restores
+    them bit for bit, and the policy phase brings them back as sharded jax arrays."""
+    c = _tiny_config()
+    assert c.memory.park_idle_optimizer
+
+    def away(roles):
+        parked = [x for x in jax.tree.leaves(roles.policy.state.opt_state)
+                  if isinstance(x, np.memmap)]
+        assert parked and os.listdir(tmp_path / "parked" / "policy")
+        assert role_memory(roles)["parked_on_disk"] == sum(x.nbytes for x in parked)
+
+    def back(roles):
+        assert not (tmp_path / "parked" / "policy").exists()
+        assert any(isinstance(x, np.memmap)  # now the generator's wait on disk
+                   for x in jax.tree.leaves(roles.generator.state.opt_state))
+
+    _idle_moments_round_trip(tmp_path, c, lambda run, r: run.ctx.roles.park_idle(
+        r, run.park_dir), away, back)
 
 
 def _one_round_config(tmp_path=None):
@@ -316,3 +332,53 @@ def test_bad_data_and_model_paths_fail_before_any_weights_load(tmp_path, monkeyp
     c.data.name, c.data.anchor_paths, c.data.prompt_paths = "custom", (str(bad),), (str(bad),)
     with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         loop.run(c, str(tmp_path / "b"))
+
+
+def test_offloaded_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
+    """memory.offload_idle_optimizer: in the generator phase the policy's AdamW moments sit
+    in pinned host memory (counted under offloaded_to_host, not the role), a checkpoint
+    saved then restores them bit for bit, and the policy phase brings them back onto
+    their device shardings."""
+    kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+        pytest.skip(f"the {jax.default_backend()} backend has no pinned_host memory")
+    c = _tiny_config()
+    c.memory.park_idle_optimizer, c.memory.offload_idle_optimizer = False, True
+
+    def where(tree):
+        return {x.sharding.memory_kind for x in jax.tree.leaves(tree)}
+
+    def away(roles):
+        leaves = jax.tree.leaves(roles.policy.state.opt_state)
+        assert where(leaves) == {"pinned_host"}
+        assert role_memory(roles)["offloaded_to_host"] == sum(x.nbytes for x in leaves)
+        assert where(roles.generator.state.opt_state) == {"device"}
+
+    def back(roles):
+        assert where(roles.policy.state.opt_state) == {"device"}
+        assert where(roles.generator.state.opt_state) == {"pinned_host"}
+
+    _idle_moments_round_trip(tmp_path, c, lambda run, r: run.ctx.roles.offload_idle(r),
+                             away, back)
+
+
+def test_memory_json_has_the_plan_beside_the_measured_figures(tmp_path):
+    """memory.json: the planner's MiB per role equal the measured ones (same arrays, from
+    shapes only), and its per-device peak (one device here) is below the process's
+    measured peak RSS, which holds those buffers and more (CPU has no device peak)."""
+    c = _one_round_config()
+    c.mesh.num_devices, c.mesh.data = 1, 1
+    run = loop.setup(c, str(tmp_path))
+    try:  # as a run ends: in the policy phase, the generator's moments parked on disk
+        run.ctx.roles.park_idle(Role.POLICY, run.park_dir)
+        loop.finish(run)
+    finally:
+        loop.close(run)
+    with open(tmp_path / "memory.json") as f:
+        mem = json.load(f)
+    planned = mem["planned"]
+    assert planned["devices"] == 1 and planned["steps"]
+    for role, mib in planned["role_mib"].items():
+        assert mem[role] == pytest.approx(mib, abs=1e-6), role
+    assert mem["peak_device_gb"] is None  # CPU: no device memory statistics
+    assert 0 < planned["peak_gb"] < mem["peak_rss_gb"]

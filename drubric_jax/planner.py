@@ -1,0 +1,308 @@
+"""Memory planner: what one device holds in each step of a round, and whether it fits.
+
+`plan(config, devices, device_memory_gb)` counts, per device, the resident state of each
+phase (`planner_terms.resident_terms`: the frozen base once per source, each trainee's
+trained params and AdamW moments, the idle trainee's moments on the host when offloaded)
+and the transient bytes at the peak of each device step of a round (METHOD section 5:
+policy sampling, rubric sampling, verification, GRPO update; in the generator phase and in
+the policy phase), then gives a verdict against the device memory less a headroom, naming
+the largest term and the config field that shrinks it. With `search` it picks, for each
+step with rows, the largest divisor of its rows that fits: rows per sampler call (the
+rollout micro-batch) and rows per gradient pass (`train.micro_batch_size`, a multiple of
+data x fsdp), so the step's global batch is reached in chunks.
+
+The phases today sample all rows of a step in one sampler call; the rollout micro-batch
+the planner prints is what they need to chunk by at the paper's lengths. Figures in GB
+(1e9 bytes) per device. `experiments/plan.py` prints a plan, with the compiled figures of
+`planner_compiled` beside it; `memory_json` is what a run writes under "planned" in its
+memory.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Callable, Optional
+
+import jax
+import ml_collections
+
+from drubric_jax import config_check, hostmem
+from drubric_jax.planner_terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
+                                       resident_terms, sampling_terms, train_terms,
+                                       tree_bytes, verification_terms)
+from drubric_jax.rubric_generator import RubricGenerator
+from drubric_jax.sampling import bucket_length
+from drubric_jax.verifier import Verifier
+from drubric_jax.verifier_passes import pow2_floor, suffix_bucket
+
+PHASES = ("generator", "policy")
+DEFAULT_HEADROOM = 0.10  # of the device memory, for the runtime, compiled code, fragmentation
+DEFAULT_BLOCK = 512      # key tile of blockwise attention (planned)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Shapes of a round's device steps (`from_config`; the device check sets its own)."""
+
+    policy_rows: int    # B * K responses per step (the policy update's R)
+    policy_prompt: int  # P, the sampler's prompt bucket
+    policy_new: int     # N
+    rubric_rows: int    # B * G rubric lists per generator step (the generator update's R)
+    rubric_rows_policy_phase: int  # B lists (one per prompt) per policy step
+    rubric_prompt: int  # generator prompt bucket
+    rubric_new: int
+    verifier_prefix: int  # prefix bucket
+    verifier_suffix: int  # suffix bucket
+    verifier_rows: int    # prefixes per verifier pass
+    verifier_items: int   # items per suffix pass
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "Workload":
+        p, g, v = config.policy, config.generator, config.verifier
+        prefix = bucket_length(v.max_prefix_tokens)
+        suffix = suffix_bucket(v.max_suffix_tokens)
+        # Verifier chunking as `Verifier._run_shared` does it, at its default budgets.
+        budget = {k: x.default for k, x in inspect.signature(Verifier).parameters.items()}
+        slots = prefix + suffix
+        items = min(budget["item_chunk"], bucket_length(g.num_lists * g.max_items, 1),
+                    pow2_floor(max(budget["cache_slots_budget"] // slots, 1)))
+        rows = min(pow2_floor(budget["max_rows"]),
+                   pow2_floor(max(budget["prefill_tokens_budget"] // prefix, 1)),
+                   pow2_floor(max(budget["cache_slots_budget"] // (slots * items), 1)))
+        gen_bucket = inspect.signature(RubricGenerator).parameters["min_bucket"].default
+        return cls(p.prompts_per_step * p.num_responses,
+                   bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
+                   g.anchors_per_step * g.num_lists, p.prompts_per_step,
+                   bucket_length(g.input_budget, gen_bucket), g.max_new_tokens,
+                   prefix, suffix, rows, items)
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+@dataclasses.dataclass
+class Plan:
+    """A plan: resident terms per phase, host terms, steps, capacity (bytes per device)."""
+
+    devices: int
+    mesh: dict
+    capacity: Optional[int]
+    headroom: float
+    attention: str
+    resident: dict
+    host: dict
+    steps: list
+
+    @property
+    def usable(self) -> Optional[int]:
+        return None if self.capacity is None else int(self.capacity * (1 - self.headroom))
+
+    def peak(self, step: Step) -> int:
+        """Bytes per device at the step's peak: its phase's resident state + transients."""
+        return sum(t.bytes for t in self.resident[step.phase]) + step.transient
+
+    @property
+    def worst(self) -> Step:
+        return max(self.steps, key=self.peak)
+
+    @property
+    def fits(self) -> Optional[bool]:
+        return None if self.usable is None else self.peak(self.worst) <= self.usable
+
+    def largest(self, step: Step):
+        return max(self.resident[step.phase] + step.terms, key=lambda t: t.bytes)
+
+    def verdict(self) -> str:
+        """"FITS: ..." / "DOES-NOT-FIT: ..." naming the peak step, its largest term and the
+        field that shrinks it."""
+        worst, big = self.worst, self.largest(self.worst)
+        where = (f"peak {self.peak(worst) / GB:.1f} GB per device in '{worst.phase} phase: "
+                 f"{worst.name}'")
+        term = f"largest term: {big.name} = {big.bytes / GB:.1f} GB (shrink: {big.field})"
+        if self.usable is None:
+            return f"NO-VERDICT (device memory unknown): {where}; {term}"
+        room = (f"{self.usable / GB:.1f} GB usable ({self.capacity / GB:.1f} GB less "
+                f"{self.headroom:.0%} headroom)")
+        word = "FITS" if self.fits else "DOES-NOT-FIT"
+        return f"{word}: {where} {'<=' if self.fits else '>'} {room}; {term}"
+
+    def micro_batches(self) -> list:
+        """"<phase>: <step> <rows> of <rows>" for each step with rows."""
+        return [f"{s.phase} phase, {s.name}: {s.rows} of {s.of_rows} rows"
+                for s in self.steps if s.of_rows]
+
+    def table(self) -> str:
+        """The plan as text: resident terms per phase, each step's terms and peak, the
+        rollout and update micro-batches, the verdict."""
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        cap = "unknown" if self.capacity is None else f"{self.capacity / GB:.1f} GB"
+        names = list(dict.fromkeys(t.name for p in PHASES for t in self.resident[p]))
+        host = [(f"on the host in the {p} phase: {t.name}", t.bytes)
+                for p in PHASES for t in self.host[p]]
+        w = max(len(n) for n in names + [h for h, _ in host]
+                + [t.name for s in self.steps for t in s.terms]) + 2
+
+        def row(name, *values):
+            return f"  {name:<{w}}" + "".join(f"{v / GB:>12.3f}" for v in values)
+
+        out = [f"{self.devices} device(s), mesh {mesh}, {cap} per device, attention="
+               f"{self.attention}; GB (1e9 bytes) per device", "",
+               f"  {'resident':<{w}}{'generator ph':>12}{'policy ph':>12}"]
+        for name in names:
+            out.append(row(name, *[next((t.bytes for t in self.resident[p] if t.name == name),
+                                        0) for p in PHASES]))
+        out.append(row("total", *[sum(t.bytes for t in self.resident[p]) for p in PHASES]))
+        out += [row(name, nbytes) for name, nbytes in host]
+        for s in self.steps:
+            rows = f", {s.rows} of {s.of_rows} rows" if s.of_rows else ""
+            compiled = ("" if s.compiled is None else
+                        f"; compiled (CPU) {s.compiled / GB:.3f} [{s.compiled_how}]")
+            out += ["", f"{s.phase} phase: {s.name}{rows}: transient {s.transient / GB:.3f}, "
+                        f"peak {self.peak(s) / GB:.3f}{compiled}"]
+            out += [row(t.name, t.bytes) for t in s.terms]
+        out += ["", "micro-batches: " + "; ".join(self.micro_batches()), self.verdict()]
+        return "\n".join(out)
+
+    def to_json(self) -> dict:
+        """The plan's figures in GB per device (memory.json "planned")."""
+        def terms(ts):
+            return {t.name: round(t.bytes / GB, 4) for t in ts}
+
+        return {
+            "devices": self.devices, "mesh": self.mesh, "attention": self.attention,
+            "capacity_gb": None if self.capacity is None else self.capacity / GB,
+            "usable_gb": None if self.usable is None else self.usable / GB,
+            "resident_gb": {p: terms(self.resident[p]) for p in PHASES},
+            "host_gb": {p: terms(self.host[p]) for p in PHASES},
+            "steps": [{"phase": s.phase, "name": s.name, "rows": s.rows, "of_rows": s.of_rows,
+                       "transient_gb": round(s.transient / GB, 4),
+                       "peak_gb": round(self.peak(s) / GB, 4), "terms_gb": terms(s.terms),
+                       "compiled_gb": None if s.compiled is None else s.compiled / GB}
+                      for s in self.steps],
+            "peak_gb": round(self.peak(self.worst) / GB, 4), "fits": self.fits,
+            "verdict": self.verdict()}
+
+
+def _choose(phase: str, name: str, rows: int, candidates: list, terms: Callable,
+            budget: Optional[int], given: Optional[int]) -> Step:
+    """The step at `given` rows, or (given None) at the largest candidate that fits
+    `budget` (the smallest candidate when none does)."""
+    if given is not None:
+        return Step(phase, name, terms(given), given, rows)
+    for r in candidates:
+        t = terms(r)
+        if budget is None or sum(x.bytes for x in t) <= budget:
+            return Step(phase, name, t, r, rows)
+    return Step(phase, name, terms(candidates[-1]), candidates[-1], rows)
+
+
+def plan(config: ml_collections.ConfigDict, devices: int,
+         device_memory_gb: Optional[float] = None, mesh_sizes: Optional[tuple] = None,
+         attention: str = "dense", block: int = DEFAULT_BLOCK,
+         headroom: float = DEFAULT_HEADROOM, search: bool = True,
+         workload: Optional[Workload] = None) -> Plan:
+    """Plans `config` on `devices` devices of `device_memory_gb` GB each.
+
+    Args:
+        config: a run config (configs/base.py layout).
+        devices: N, devices of the mesh.
+        device_memory_gb: memory per device (None: figures without a verdict).
+        mesh_sizes: (data, fsdp, tensor); default `config.mesh` on N devices.
+        attention: "dense" (this package today) or "blockwise" (planned; key tile `block`).
+        headroom: fraction of the memory kept free for the runtime.
+        search: pick rollout and update micro-batches; else use what the run does (all rows
+            per sampler call, `train.micro_batch_size`).
+        workload: shapes of the steps; default `Workload.from_config(config)`.
+
+    Raises:
+        config_check.ConfigError: a bad field, or rows that do not divide over the mesh.
+        ValueError: an unknown attention, a mesh that does not have N devices, a model
+            source of unknown shape (`planner_terms.source_config`).
+    """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    mesh = abstract_mesh(config, devices, mesh_sizes)
+    checked = ml_collections.ConfigDict(config.to_dict())  # the run's config on this mesh
+    checked.mesh.update(dict(mesh.shape), num_devices=devices)
+    config_check.validate(checked, devices)
+    models_ = RoleModels.from_config(config)
+    w = workload or Workload.from_config(config)
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    split = {p: resident_terms(models_, config, mesh, p) for p in PHASES}
+    capacity = None if device_memory_gb is None else int(device_memory_gb * GB)
+    usable = None if capacity is None else int(capacity * (1 - headroom))
+    steps = []
+    for phase in PHASES:
+        budget = None if usable is None else usable - sum(t.bytes for t in split[phase][0])
+        rubric_rows = w.rubric_rows if phase == "generator" else w.rubric_rows_policy_phase
+        steps.append(_choose(phase, "policy sampling", w.policy_rows, _divisors(w.policy_rows),
+                             lambda r: sampling_terms(models_, "policy", mesh, r,
+                                                      w.policy_prompt, w.policy_new,
+                                                      attention, block, False),
+                             budget, None if search else w.policy_rows))
+        steps.append(_choose(phase, "rubric sampling", rubric_rows, _divisors(rubric_rows),
+                             lambda r: sampling_terms(models_, "generator", mesh, r,
+                                                      w.rubric_prompt, w.rubric_new,
+                                                      attention, block, True),
+                             budget, None if search else rubric_rows))
+        steps.append(Step(phase, "verification", verification_terms(
+            models_, mesh, w.verifier_rows, w.verifier_prefix, w.verifier_suffix,
+            w.verifier_items, attention, block)))
+        rows, prompt, new = ((w.rubric_rows, w.rubric_prompt, w.rubric_new)
+                             if phase == "generator" else
+                             (w.policy_rows, w.policy_prompt, w.policy_new))
+        fits_mesh = [m for m in _divisors(rows) if m % shards == 0] or [rows]
+        steps.append(_choose(phase, f"{phase} update", rows, fits_mesh,
+                             lambda m: train_terms(models_, phase, mesh, rows, m, prompt, new,
+                                                   attention, block),
+                             budget, None if search else models_.train[phase].micro_batch_size))
+    return Plan(devices, dict(mesh.shape), capacity, headroom, attention,
+                {p: split[p][0] for p in PHASES}, {p: split[p][1] for p in PHASES}, steps)
+
+
+def planned_role_mib(config: ml_collections.ConfigDict, idle: str = "generator") -> dict:
+    """MiB per role as `roles.role_memory` measures them (whole arrays; a source's base under
+    the first role that names it; trainees with their AdamW moments, except the `idle`
+    trainee's when parked on disk or offloaded to the host), from shapes only."""
+    models_ = RoleModels.from_config(config)
+    away = ("parked_on_disk" if config.memory.park_idle_optimizer else "offloaded_to_host"
+            if config.memory.offload_idle_optimizer else None)
+    out, seen = {"parked_on_disk": 0.0, "offloaded_to_host": 0.0}, set()
+    for role in ("verifier", "policy_ref", "generator_ref"):
+        src = models_.sources[role.removesuffix("_ref")]
+        out[role] = 0 if src in seen else tree_bytes(models_.base_shapes(src)) / 2 ** 20
+        seen.add(src)
+    for role in ("policy", "generator"):
+        trained = models_.trained_shapes(role)
+        opt = jax.tree.leaves(jax.eval_shape(models_.optimizer(role).init, trained))
+        out[role] = tree_bytes(trained) / 2 ** 20
+        for leaf in opt:  # parking leaves the step counters (scalars) in place
+            moved = away and role == idle and (leaf.ndim or away == "offloaded_to_host")
+            out[away if moved else role] += tree_bytes(leaf) / 2 ** 20
+    return out
+
+
+def measured_peaks() -> dict:
+    """Peaks measured so far: the process's peak RSS, and the largest device peak where the
+    backend reports one (`memory_stats()`; None on CPU)."""
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+    return {"peak_rss_gb": hostmem.peak_rss_bytes() / GB,
+            "peak_device_gb": max(peaks) / GB if peaks else None}
+
+
+def memory_json(config: ml_collections.ConfigDict, mesh) -> dict:
+    """The "planned" entry of a run's memory.json: the plan of what the run does (no
+    search) on its mesh, against the first device's memory limit where known, and the
+    planned MiB per role as the run ends (the generator idle) beside the measured ones.
+    A config the planner cannot size gives {"error": why} (a finished run never fails
+    here)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    try:
+        p = plan(config, mesh.size, None if limit is None else limit / GB,
+                 tuple(mesh.shape[a] for a in mesh.axis_names), search=False)
+        return {**p.to_json(), "role_mib": planned_role_mib(config)}
+    except (ValueError, OSError) as e:  # e.g. a hub id of no known preset
+        return {"error": f"{type(e).__name__}: {e}"}

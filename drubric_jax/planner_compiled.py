@@ -1,0 +1,213 @@
+"""Compiled memory of the jitted functions of a round: the planner's measured column.
+
+Each function here lowers and compiles one real jitted function of the package
+(`train_step.make_sharded_train_step`, `sampling.prefill` / `decode_loop` /
+`constrained_step`, `verifier_passes.prefill` / `score_suffixes`) on `jax.ShapeDtypeStruct`
+inputs that carry their shardings (nothing is allocated), and reads XLA's
+`memory_analysis()`: bytes per device of the arguments, outputs, donated outputs (alias)
+and temporaries. A function's "extra" bytes are what it needs beyond its arguments
+(temp + output - alias); the planner adds them to the resident state.
+
+Run it where the devices are the ones planned for: `XLA_FLAGS=
+--xla_force_host_platform_device_count=N` set before jax is imported gives N fake CPU
+devices (`experiments/plan.py` does this). On CPU, XLA computes bfloat16 matmuls in
+float32 and makes float32 copies of their bfloat16 operands (weights included), so a
+bfloat16 model's CPU figure is an upper bound of what a GPU or TPU needs; float32 models
+compile without those copies. Depth: `scaled` compiles the model at two depths (same
+widths and lengths) and extrapolates linearly to the real number of layers (every
+per-layer buffer is linear in L: stacked weights, remat residuals, caches).
+
+Axis legend (docs/CONVENTIONS.md): R rows, P prompt bucket, N new tokens, S cache slots,
+V vocab, L layers; here also Mc items per verifier pass, Ts suffix tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from drubric_jax import models, sampling, sharding
+from drubric_jax import train_step as ts
+from drubric_jax import verifier_passes as passes
+from drubric_jax.models import lora
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.train_config import TrainConfig
+
+SCALE_DEPTHS = (2, 4)  # depths compiled by `scaled` (a scan of length 1 is special-cased)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """`memory_analysis()` of one compiled function, bytes per device."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    outputs: object = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def extra(self) -> int:
+        """Bytes beyond the arguments: temporaries + outputs not written into donated ones."""
+        return self.temp + self.output - self.alias
+
+
+def analyse(lowered) -> Compiled:
+    """Compiles a `jax.stages.Lowered` and returns its memory analysis; `outputs` holds
+    structs of its outputs with the shardings the compiler chose (inputs of the next call)."""
+    compiled = lowered.compile()
+    m = compiled.memory_analysis()
+    outputs = _structs(lowered.out_info, compiled.output_shardings)
+    return Compiled(int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+                    int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), outputs)
+
+
+def _structs(shapes, shardings=None):
+    """ShapeDtypeStructs of `shapes` (carrying `shardings`, a matching tree, when given)."""
+    if shardings is None:
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), shapes)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
+
+
+def param_structs(cfg: ModelConfig, mesh, trainable: bool = False):
+    """Sharded structs of the base params of `cfg` (its storage dtype), or with
+    `trainable` of what a trainee of `cfg` trains (`train_step.trainable_init`)."""
+    make = (lambda: ts.trainable_init(cfg)) if trainable else (
+        lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+    shapes = jax.eval_shape(make)
+    return _structs(shapes, sharding.param_shardings(shapes, mesh))
+
+
+def sampler_params(trainee_cfg: ModelConfig, base_cfg: ModelConfig, mesh):
+    """Structs of the params a trainee samples with (`roles.Trainee.params`)."""
+    trained = param_structs(trainee_cfg, mesh, trainable=True)
+    if trainee_cfg.lora_rank:
+        return lora.attach(param_structs(base_cfg, mesh), trained)
+    return trained
+
+
+def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: TrainConfig, mesh,
+               rows: int, prompt: int, new: int) -> Compiled:
+    """The sharded GRPO step on R = `rows` rows of T = prompt + new tokens."""
+    optimizer, step = ts.make_sharded_train_step(trainee_cfg, train_cfg, mesh)
+    shapes = jax.eval_shape(lambda: ts.init_train_state(ts.trainable_init(trainee_cfg),
+                                                        optimizer))
+    state = _structs(shapes, sharding.param_shardings(shapes, mesh))
+    rows_sh = sharding.batch_sharding(mesh)
+    t = prompt + new
+
+    def arr(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sh)
+
+    batch = ts.Batch(tokens=arr((rows, t), jnp.int32), token_mask=arr((rows, t), bool),
+                     loss_mask=arr((rows, t), bool), old_logprobs=arr((rows, t), jnp.float32),
+                     advantages=arr((rows,), jnp.float32), truncated=arr((rows,), bool),
+                     prompt_len=prompt)
+    return analyse(step.lower(state, batch, param_structs(base_cfg, mesh)))
+
+
+def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
+                   constrained: bool) -> tuple:
+    """Bytes beyond `params` at each peak of `sampling.generate` on R = `rows` prompts of
+    bucket P = `prompt`, N = `new`: (the prefill, the decode loop) or, `constrained`, (the
+    prefill, the cache unstacking, one constrained step) beside the per-layer weights."""
+    tokens = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
+    mask = jax.ShapeDtypeStruct((rows, prompt), bool)
+    key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+    pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new))
+    state = pre.outputs  # with the sharding the compiler picked for the cache
+    stop = jax.ShapeDtypeStruct((1,), jnp.int32)
+    method = sampling.Temperature(1.0)
+    if not constrained:
+        dec = analyse(sampling.decode_loop.lower(params, cfg, state, method, stop, 0))
+        return pre.extra, pre.output + dec.extra
+    copy = analyse(sampling._decode_params.lower(params, cfg))
+    unstack = analyse(sampling._unstack_cache.lower(state.cache))
+    allowed = jax.ShapeDtypeStruct((rows, cfg.vocab_size), bool)
+    force = jax.ShapeDtypeStruct((rows,), bool)
+    step = analyse(sampling.constrained_step.lower(
+        copy.outputs, cfg, state.replace(cache=unstack.outputs), method, stop, 0, allowed,
+        force))
+    return (pre.extra, copy.output + pre.output + unstack.extra,
+            copy.output + pre.output + step.extra)
+
+
+def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix: int,
+                       items: int) -> tuple:
+    """Bytes beyond `params` at each peak of one verifier chunk: (the prefill of R = `rows`
+    prefixes (bucket `prefix`) into P + Ts slots, one suffix pass of Mc = `items` items)."""
+    tokens = jax.ShapeDtypeStruct((rows, prefix), jnp.int32)
+    mask = jax.ShapeDtypeStruct((rows, prefix), bool)
+    pre = analyse(passes.prefill.lower(params, cfg, tokens, mask, prefix + suffix))
+    cache, plen = pre.outputs
+    ids = jax.ShapeDtypeStruct((1,), jnp.int32)
+    score = analyse(passes.score_suffixes.lower(
+        params, cfg, cache, plen, jax.ShapeDtypeStruct((rows, items, suffix), jnp.int32),
+        jax.ShapeDtypeStruct((rows, items), jnp.int32), ids, ids))
+    return pre.extra, pre.output + score.extra
+
+
+def scaled(measure: Callable[[int], tuple], num_layers: int) -> tuple[int, str]:
+    """The largest of the peaks `measure(L)` returns, at the real depth: compiled there when
+    L <= max(SCALE_DEPTHS), else each peak compiled at the two SCALE_DEPTHS and extrapolated
+    linearly to L before the largest is taken (peaks grow at different rates in L).
+
+    Returns:
+        (bytes, how: "compiled" or "compiled at L=2, 4, scaled to L=36").
+    """
+    lo, hi = SCALE_DEPTHS
+    if num_layers <= hi:
+        return max(measure(num_layers)), "compiled"
+    at_lo, at_hi = measure(lo), measure(hi)
+    value = max(a + (b - a) * (num_layers - lo) / (hi - lo) for a, b in zip(at_lo, at_hi))
+    return int(np.ceil(value)), f"compiled at L={lo}, {hi}, scaled to L={num_layers}"
+
+
+def measure_plan(plan, models_, workload, mesh) -> None:
+    """Fills `compiled` and `compiled_how` of each step of `plan` (`planner.plan`) with the
+    compiled figure of its jitted functions on `mesh` (a real mesh of the plan's devices).
+
+    Args:
+        plan: a `planner.Plan`; models_: its `planner_terms.RoleModels`; workload: its
+            `planner_terms.Workload`.
+    """
+    w, memo = workload, {}
+
+    def depth(cfg: ModelConfig, n: int) -> ModelConfig:
+        return cfg.replace(num_layers=n)
+
+    def base(role: str, n: int) -> ModelConfig:
+        return depth(models_.base[models_.sources[role]], n)
+
+    def measure(step):
+        phase, rows = step.phase, step.rows
+        if step.name == "policy sampling" or step.name == "rubric sampling":
+            role = "policy" if step.name == "policy sampling" else "generator"
+            prompt, new = ((w.policy_prompt, w.policy_new) if role == "policy"
+                           else (w.rubric_prompt, w.rubric_new))
+            return (step.name, rows), lambda n: sampling_peaks(
+                base(role, n), sampler_params(depth(models_.trainee[role], n), base(role, n),
+                                              mesh), rows, prompt, new, role == "generator")
+        if step.name == "verification":
+            return (step.name,), lambda n: verification_peaks(
+                base("verifier", n), param_structs(base("verifier", n), mesh),
+                w.verifier_rows, w.verifier_prefix, w.verifier_suffix, w.verifier_items)
+        prompt, new = ((w.rubric_prompt, w.rubric_new) if phase == "generator"
+                       else (w.policy_prompt, w.policy_new))
+        tc = dataclasses.replace(models_.train[phase], micro_batch_size=rows)
+        return (step.name, rows), lambda n: (train_step(
+            depth(models_.trainee[phase], n), base(phase, n), tc, mesh, step.of_rows, prompt,
+            new).extra,)
+
+    # The compiled code runs the attention `ModelConfig` has (dense: this package today).
+    code = getattr(models_.base[models_.sources["policy"]], "attention", "dense")
+    for step in plan.steps:
+        key, fn = measure(step)
+        if key not in memo:
+            memo[key] = scaled(fn, models_.base[models_.sources["policy"]].num_layers)
+        step.compiled, how = memo[key]
+        step.compiled_how = how if code == plan.attention else f"{how}; {code} attention"

@@ -1,0 +1,358 @@
+"""The planner's terms: bytes per device of each array a round holds (`planner.plan`).
+
+    resident   the frozen base of each model source, once (the verifier and both references
+               share it, and LoRA trainees sit on it: `roles`), each trainee's trained
+               params and AdamW moments in their dtypes; the idle trainee's moments leave
+               the device with `memory.offload_idle_optimizer` (pinned host) or
+               `memory.park_idle_optimizer` (disk)
+    per step   the transient bytes at the peak of a device step: a GRPO update
+               (`train_terms`), a sampler call (`sampling_terms`), a verifier chunk
+               (`verification_terms`)
+
+Every array's bytes come from `jax.eval_shape` of the real constructors
+(`models.init_params`, `train_step.trainable_init`, the optimizer's `init`) and its shard
+shape under `sharding.param_shardings` on an `AbstractMesh` (no devices needed).
+Activations are counted from the shapes the jitted functions create, as the number of
+buffers of each shape alive at their peak (constants below); `planner_compiled` measures
+the same steps from XLA's compiled memory analysis, and tests hold the two within 25%.
+The sampler's and verifier's inputs carry no sharding, so XLA replicates their KV caches
+and activations on every device (seen in the compiled shardings on 8 fake devices);
+train-step rows are split over data x fsdp.
+
+Attention: "dense" is this package's `_attention` ([H, T, S] float32 scores per row);
+"blockwise" (flash-style, `ModelConfig.attention`, being added) keeps [H, T, block] tiles
+instead, so its term is linear in length. Either is counted analytically (`attention=`),
+so a plan can be made for blockwise attention before the code has it.
+
+Axis legend (docs/CONVENTIONS.md): R rows, P prompt bucket, N new tokens, T = P + N,
+S cache slots, D width, F MLP width, H heads, Hkv KV heads, Dh head dim, V vocab, L layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Optional
+
+import jax
+import ml_collections
+from jax.sharding import AbstractMesh
+
+from drubric_jax import config_check, models, sharding
+from drubric_jax import train_step as ts
+from drubric_jax.models import lora, weights
+from drubric_jax.models.config import PRESETS, SMOLLM2_135M, ModelConfig
+from drubric_jax.models.default import DEFAULT_MODEL
+from drubric_jax.roles import LoadedModel, trainee_config
+from drubric_jax.train_config import TrainConfig, make_optimizer
+
+GB = 1e9
+ATTENTIONS = ("dense", "blockwise")
+# Buffers alive at a step's peak, in units of the named per-row array (read off XLA's buffer
+# assignment of the jitted functions at several widths and lengths; `planner_compiled` and
+# tests/test_planner.py check the sums).
+TRAIN_ATTENTION = 3      # float32 [H, T, S]: scores, softmax, their cotangent
+FORWARD_ATTENTION = 2    # float32 [H, T, S]: scores and softmax (prefill, verifier passes)
+OPTIMIZER_COPIES = 2     # float32 trained-params-sized buffers in the AdamW update: the
+#                          gradients and the updates (new params and moments are donated)
+TRAIN_LOGITS = 5         # float32 [chunk, V]: logits, log-softmax, probs, entropy terms,
+#                          their cotangent
+# Per token of a row, (D-wide, F-wide, H*Dh-wide) buffers of one layer: recomputed with its
+# gradients (train) or run forward. The F-wide ones (the MLP) are in the compute dtype; the
+# D- and H*Dh-wide ones are counted in float32 (RMSNorm and RoPE compute in float32).
+TRAIN_WIDTHS = (10, 15, 6)
+FORWARD_WIDTHS = (4, 5, 3)
+SAMPLING_LOGITS = 8      # float32 [R, V]: the state's and the new logits, masked, tempered,
+#                          Gumbel-perturbed, two log-softmaxes (sample_logits, _token_logprobs)
+BATCH_BYTES = 2 * (4 + 1 + 1 + 4)  # tokens, masks, old log-probs per token, and their
+#                                    micro-batch reshuffle
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """One amount of memory: its name, bytes per device, and what shrinks it."""
+
+    name: str
+    bytes: int
+    field: str
+
+
+@dataclasses.dataclass
+class Step:
+    """One device step of a phase: the transient terms at its peak (beyond the resident
+    state of its phase); `rows` is its rollout or update micro-batch when it has one."""
+
+    phase: str
+    name: str
+    terms: list
+    rows: int = 0
+    of_rows: int = 0
+    compiled: Optional[int] = None  # planner_compiled's figure, when measured
+    compiled_how: str = ""
+
+    @property
+    def transient(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+
+def source_config(source: str, dtype: str) -> ModelConfig:
+    """The ModelConfig `models.load_model(source, dtype)` gives, without reading weights: a
+    preset, the packaged default, a Hugging Face directory (config.json), a GGUF file, or a
+    hub id whose name is a preset ("Qwen/Qwen3-8B" -> qwen3_8b).
+
+    Raises:
+        ValueError: a hub id of no known preset (give a local directory instead).
+    """
+    path = os.path.expanduser(source)
+    if os.path.isdir(path):
+        with open(os.path.join(path, "config.json")) as f:
+            return weights.config_from_hf(json.load(f), dtype)
+    if os.path.isfile(path):
+        return weights.config_from_gguf(weights.open_gguf(path), dtype)
+    name = source.split("/")[-1].lower().replace("-", "_").replace(".", "_")
+    cfg = {DEFAULT_MODEL: SMOLLM2_135M}.get(source) or PRESETS.get(name) or PRESETS.get(
+        name.removesuffix("_instruct"))
+    if cfg is None:
+        raise ValueError(f"model source {source!r}: not a preset, file or directory; pass a "
+                         f"local Hugging Face directory (known presets: {sorted(PRESETS)})")
+    return cfg.replace(dtype=dtype, param_dtype=dtype)
+
+
+def abstract_mesh(config: ml_collections.ConfigDict, devices: int,
+                  sizes: Optional[tuple] = None) -> AbstractMesh:
+    """The mesh `config.mesh` (or `sizes` = (data, fsdp, tensor)) makes on `devices`
+    devices, without devices (shard shapes only)."""
+    if sizes is None:
+        sizes = tuple(config_check.mesh_axis_sizes(config, devices)[a]
+                      for a in sharding.MESH_AXES)
+    if math.prod(sizes) != devices:
+        raise ValueError(f"mesh {sizes} has {math.prod(sizes)} devices, not {devices}")
+    return AbstractMesh(tuple(sizes), sharding.MESH_AXES)
+
+
+def tree_bytes(shapes, mesh: Optional[AbstractMesh] = None) -> int:
+    """Bytes per device of a pytree of arrays or structs under `sharding.param_shardings`
+    on `mesh` (None: the whole arrays)."""
+    if mesh is None:
+        return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    shard = jax.tree.leaves(sharding.param_shardings(shapes, mesh))
+    return sum(math.prod(s.shard_shape(tuple(x.shape))) * x.dtype.itemsize
+               for x, s in zip(jax.tree.leaves(shapes), shard))
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleModels:
+    """Model configs of a run's roles (no arrays): `base[source]` in the storage dtype,
+    `trainee[role]` and `train[role]` as `roles.build_roles` makes them."""
+
+    sources: dict
+    base: dict
+    trainee: dict
+    train: dict
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "RoleModels":
+        sources = {r: config.model[r] for r in ("policy", "generator", "verifier")}
+        base = {s: source_config(s, config.model.dtype) for s in dict.fromkeys(sources.values())}
+        p, g = config.policy, config.generator
+        rows = {"policy": (p.prompts_per_step * p.num_responses, p.temperature),
+                "generator": (g.anchors_per_step * g.num_lists, g.temperature)}
+        trainee = {r: trainee_config(LoadedModel(sources[r], base[sources[r]], {}, None), config)
+                   for r in rows}
+        train = {r: TrainConfig.from_config(config[r].train, f"{r}.train", rows=n,
+                                            temperature=temp) for r, (n, temp) in rows.items()}
+        return cls(sources, base, trainee, train)
+
+    def optimizer(self, role: str):
+        return make_optimizer(self.train[role])
+
+    def base_shapes(self, source: str):
+        return jax.eval_shape(lambda: models.init_params(self.base[source],
+                                                            jax.random.PRNGKey(0)))
+
+    def trained_shapes(self, role: str):
+        return jax.eval_shape(lambda: ts.trainable_init(self.trainee[role]))
+
+    def sampling_shapes(self, role: str):
+        """What the sampler runs on (`roles.Trainee.params`): base + adapters, or masters."""
+        trained = self.trained_shapes(role)
+        if self.trainee[role].lora_rank:
+            return lora.attach(self.base_shapes(self.sources[role]), trained)
+        return trained
+
+
+def resident_terms(models_: RoleModels, config: ml_collections.ConfigDict, mesh,
+                   phase: str) -> tuple[list, list]:
+    """(device terms, host terms) held through the `phase` ("generator" | "policy")."""
+    users: dict = {}
+    for role, src in models_.sources.items():  # who reads each source's one copy
+        users.setdefault(src, []).append(role if role == "verifier" else f"{role}_ref")
+        if role != "verifier" and models_.trainee[role].lora_rank:
+            users[src].append(f"{role} (LoRA)")
+    device, host = [], []
+    for src, names in users.items():
+        device.append(Term(f"base {src} ({config.model.dtype}), once for: {', '.join(names)}",
+                           tree_bytes(models_.base_shapes(src), mesh),
+                           "config.model.dtype; more devices on mesh.fsdp"))
+    idle_off = config.memory.park_idle_optimizer or config.memory.offload_idle_optimizer
+    for role in ("policy", "generator"):
+        cfg, tc = models_.trainee[role], models_.train[role]
+        trained = models_.trained_shapes(role)
+        what = (f"LoRA adapters r={cfg.lora_rank}" if cfg.lora_rank else "full params")
+        device.append(Term(f"{role} {what} ({cfg.param_dtype})", tree_bytes(trained, mesh),
+                           "config.lora.rank" if cfg.lora_rank else
+                           "config.lora.rank > 0; config.model.master_dtype; mesh.fsdp"))
+        opt = Term(f"{role} AdamW moments (mu {tc.mu_dtype}, nu {cfg.param_dtype})",
+                   tree_bytes(jax.eval_shape(models_.optimizer(role).init, trained), mesh),
+                   f"config.{role}.train.mu_dtype=bfloat16; "
+                   "config.memory.offload_idle_optimizer; config.lora.rank")
+        (host if role != phase and idle_off else device).append(opt)
+    return device, host
+
+
+def _layer_bytes(layers, dtype_bytes: int) -> int:
+    """One whole (unsharded) layer of stacked [L, ...] leaves at `dtype_bytes` per entry."""
+    return sum(math.prod(x.shape[1:]) for x in jax.tree.leaves(layers)) * dtype_bytes
+
+
+def _attention(cfg: ModelConfig, rows: int, queries: int, keys: int, buffers: int,
+               attention: str, block: int, tensor: int = 1) -> Term:
+    k = keys if attention == "dense" else min(keys, block)
+    field = ("ModelConfig.attention=blockwise (planner: --attention=blockwise)"
+             if attention == "dense" else "rows per pass; --attention_block")
+    return Term(f"attention {attention} ({buffers} x float32 [{rows}, H, {queries}, {k}])",
+                buffers * rows * -(-cfg.num_heads // tensor) * queries * k * 4, field)
+
+
+def _widths(cfg: ModelConfig, rows: int, tokens: int, widths: tuple, tensor: int = 1) -> int:
+    d, f, q = widths
+    per_token = ((d * cfg.dim + q * -(-cfg.num_heads * cfg.head_dim // tensor)) * 4
+                 + f * -(-cfg.hidden_dim // tensor) * cfg.compute_dtype.itemsize)
+    return rows * tokens * per_token
+
+
+def kv_cache_bytes(cfg: ModelConfig, rows: int, slots: int) -> int:
+    """Bytes of `models.init_cache(cfg, rows, slots)`: k and v [L, R, Hkv, S, Dh]."""
+    return (2 * cfg.num_layers * rows * cfg.num_kv_heads * slots * cfg.head_dim
+            * cfg.compute_dtype.itemsize)
+
+
+def _f32(shapes):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, "float32"), shapes)
+
+
+def _weights_in_use(cfg: ModelConfig, layers, head_bytes: int, mesh) -> list:
+    """Weights a pass materialises beyond the stored shards, in the compute dtype: with
+    fsdp > 1 the layer being run and the next (prefetched) all-gathered, and the output
+    head; with fsdp = 1 the cast of leaves stored in another dtype (float32 masters)."""
+    gather = mesh.shape["fsdp"] > 1
+    moved = {k: x for k, x in layers.items() if gather or x.dtype != cfg.compute_dtype}
+    nbytes = 2 * _layer_bytes(moved, cfg.compute_dtype.itemsize) + (head_bytes if gather else 0)
+    if not nbytes:
+        return []
+    return [Term("layer weights in use (gathered or cast: 2 layers + head)", nbytes,
+                 "mesh.fsdp; config.model.master_dtype")]
+
+
+def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: int,
+                prompt: int, new: int, attention: str, block: int) -> list:
+    """Transient terms of one GRPO step (`train_step.train_step`) of `role` on R = `rows`
+    rows of T = prompt + new tokens, `micro_batch` rows per gradient pass."""
+    cfg, tc = models_.trainee[role], models_.train[role]
+    shards, tensor = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["tensor"]
+    b = max(micro_batch // shards, 1)
+    t, n = prompt + new, rows // micro_batch
+    trained = models_.trained_shapes(role)
+    mb_field = f"config.{role}.train.micro_batch_size"
+    grads = tree_bytes(_f32(trained), mesh)
+    chunk = min(tc.logits_chunk, new)
+    head = cfg.dim * -(-cfg.vocab_size // tensor) * cfg.compute_dtype.itemsize
+    batch = Term("batch arrays", rows // shards * t * BATCH_BYTES,
+                 f"config.{role}.max_new_tokens")
+    weights_ = _weights_in_use(cfg, (models_.sampling_shapes(role) if cfg.lora_rank
+                                     else trained)["layers"], head, mesh)
+    layer = [Term("one recomputed layer (+ its gradients)",
+                  _widths(cfg, b, t, TRAIN_WIDTHS, tensor), mb_field),
+             _attention(cfg, b, t, t, TRAIN_ATTENTION, attention, block, tensor)]
+    logits = [Term(f"logits chunks ({TRAIN_LOGITS} x float32 [{b}, {chunk}, V])",
+                   TRAIN_LOGITS * b * chunk * -(-cfg.vocab_size // tensor) * 4,
+                   f"config.{role}.train.logits_chunk")]
+    # A gradient pass holds the gradients (the accumulator when n > 1: XLA adds each
+    # micro-batch's into it as they are made), the residuals of every layer, then either a
+    # layer's backward or the output head's (never both at once).
+    passes = [Term(f"{role} gradients (float32{', accumulated' if n > 1 else ''})", grads,
+                   "config.lora.rank"),
+              Term(f"remat residuals (L x {b} rows x T={t} x D)",
+                   cfg.num_layers * b * t * cfg.dim * cfg.compute_dtype.itemsize, mb_field),
+              batch, *weights_, *max(layer, logits, key=_total)]
+    if not cfg.lora_rank:  # the lookup's gradient is a scatter into its own [V, D] buffer
+        passes.append(Term("embedding gradient (float32 [V, D])",
+                           tree_bytes(_f32({"embed": trained["embed"]}), mesh),
+                           "config.lora.rank"))
+    if mesh.shape["data"] > 1:  # replicated gradients are all-reduced into a new buffer
+        passes.append(Term("all-reduced gradients (data > 1)", grads, "mesh.fsdp over data"))
+    update = [Term(f"{role} AdamW update ({OPTIMIZER_COPIES} x float32 trained params)",
+                   OPTIMIZER_COPIES * grads, "config.lora.rank; mesh.fsdp"), batch]
+    return max(passes, update, key=_total)
+
+
+def _total(terms: list) -> int:
+    return sum(t.bytes for t in terms)
+
+
+def _forward_terms(cfg: ModelConfig, rows: int, tokens: int, slots: int, attention: str,
+                   block: int, field: str) -> list:
+    return [Term(f"forward activations ({rows} rows x {tokens} tokens)",
+                 _widths(cfg, rows, tokens, FORWARD_WIDTHS), field),
+            _attention(cfg, rows, tokens, slots, FORWARD_ATTENTION, attention, block)]
+
+
+def _logits(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
+    return Term(f"next-token logits ({buffers} x float32 [{rows}, V])",
+                buffers * rows * cfg.vocab_size * 4, field)
+
+
+def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int, new: int,
+                   attention: str, block: int, constrained: bool) -> list:
+    """Transient terms at the peak of `sampling.generate` with `role`'s params on R =
+    `rows` prompts (bucket `prompt`), N = `new`: the larger of the prefill and the decode
+    loop (which unstacks the cache into per-layer arrays, a second copy, and copies the
+    layer weights, `models.decode_params`; the constrained loop does the same)."""
+    cfg = models_.base[models_.sources[role]]
+    slots = prompt + new
+    field = f"rows per sampler call (rollout micro-batch); config.{role}.max_new_tokens"
+    cache = Term(f"KV cache ({rows} rows x {slots} slots)", kv_cache_bytes(cfg, rows, slots),
+                 field)
+    params = models_.sampling_shapes(role)
+    gathered = _weights_in_use(cfg, params["layers"], 0, mesh)
+    logits = _logits(cfg, rows, SAMPLING_LOGITS, field)
+    prefill = [cache, *_forward_terms(cfg, rows, prompt, slots, attention, block, field),
+               *gathered]
+    decode = [cache, logits, dataclasses.replace(cache, name="per-layer copy of the KV cache "
+                                                 "(decode loop)"),
+              Term("per-layer copy of the weights (models.decode_params)",
+                   tree_bytes({"layers": params["layers"]}, mesh),
+                   "none (sampling.decode_loop copies the layers once per call)"),
+              *gathered]
+    return max(prefill, decode, key=_total)
+
+
+def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,
+                       items: int, attention: str, block: int) -> list:
+    """Transient terms of one verifier chunk (`verifier_passes`): the prefill of `rows`
+    prefixes into P + Ts slots, then a suffix pass of `items` items on repeated rows."""
+    cfg = models_.base[models_.sources["verifier"]]
+    slots = prefix + suffix
+    field = "config.verifier.max_prefix_tokens; Verifier budgets"
+    cache = Term(f"verifier KV cache ({rows} rows x {slots} slots)",
+                 kv_cache_bytes(cfg, rows, slots), field)
+    gathered = _weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],
+                               0, mesh)
+    prefill = [cache, *_forward_terms(cfg, rows, prefix, slots, attention, block, field),
+               *gathered]
+    score = [cache, Term(f"repeated cache ({rows * items} rows)",
+                         kv_cache_bytes(cfg, rows * items, slots), field),
+             *_forward_terms(cfg, rows * items, suffix, slots, attention, block, field),
+             _logits(cfg, rows * items, 1, field), *gathered]
+    return max(prefill, score, key=_total)

@@ -1,0 +1,74 @@
+r"""Memory plan of a run config: GB per device of every role and step, and a verdict.
+
+    python -m experiments.plan --config=configs/qwen3_8b.py:lora --devices=1 \
+        --device_memory_gb=141 --attention=blockwise
+    python -m experiments.plan --config=configs/qwen3_8b.py --devices=8 \
+        --device_memory_gb=80 --mesh=1,8,1 --attention=blockwise
+    python -m experiments.plan --config=configs/smollm2_cpu.py:tiny --devices=8 --compile
+
+Prints the resident state per phase, each step's transient terms and peak, the rollout and
+update micro-batches it picked (the largest that fit), and FITS / DOES-NOT-FIT naming the
+largest term and the config field that shrinks it (`drubric_jax.planner`). With
+--compile the real jitted functions are compiled on N fake CPU devices and their XLA
+memory analysis is printed beside each step (`drubric_jax.planner_compiled`; deep models
+are compiled at 2 and 4 layers and scaled; on CPU bfloat16 matmuls get float32 operand
+copies, so a bfloat16 model's compiled figure is an upper bound).
+"""
+import os
+import sys
+
+
+def _device_count(argv) -> int:
+    """--devices=N or --devices N of the command line (1 without it)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--devices="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--devices" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return 1
+
+
+# N fake CPU devices, before jax is imported (the mesh needs them to compile on).
+if "jax" not in sys.modules:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
+                               f"_device_count={_device_count(sys.argv)}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).")
+_DEVICES = flags.DEFINE_integer("devices", 1, "N, devices of the mesh.")
+_MEMORY = flags.DEFINE_float("device_memory_gb", None, "Memory per device, GB (1e9 bytes).")
+_MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor (default: config.mesh on N).")
+_ATTENTION = flags.DEFINE_enum("attention", "dense", ["dense", "blockwise"],
+                               "Attention to plan for (blockwise: ModelConfig.attention).")
+_BLOCK = flags.DEFINE_integer("attention_block", 512, "Key tile of blockwise attention.")
+_HEADROOM = flags.DEFINE_float("headroom", 0.10, "Fraction of the memory kept free.")
+_SEARCH = flags.DEFINE_bool("search", True, "Pick rollout and update micro-batches; else "
+                            "plan what the config does (all rows per sampler call).")
+_COMPILE = flags.DEFINE_bool("compile", False, "Also compile the steps on N fake devices.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+    del argv
+    import jax
+
+    from drubric_jax import planner, planner_compiled, sharding
+    from drubric_jax.planner import Workload
+    from drubric_jax.planner_terms import RoleModels
+
+    sizes = tuple(int(x) for x in _MESH.value.split(",")) if _MESH.value else None
+    config = _CONFIG.value
+    p = planner.plan(config, _DEVICES.value, _MEMORY.value, sizes, _ATTENTION.value,
+                     _BLOCK.value, _HEADROOM.value, _SEARCH.value)
+    if _COMPILE.value:
+        mesh = sharding.make_mesh(*p.mesh.values(), jax.devices()[:_DEVICES.value])
+        planner_compiled.measure_plan(p, RoleModels.from_config(config),
+                                      Workload.from_config(config), mesh)
+    print(p.table())
+
+
+if __name__ == "__main__":
+    app.run(main)
