@@ -80,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.top_p = 1.0            # nucleus mass; 1.0 = off
     c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
     c.policy.heldout_temperature = 0.0  # generator decoding of the held-out evaluation lists
+    c.policy.rollout_micro_batch = 0  # responses per sampler call (bounds the KV cache); 0 = all
     c.policy.train = trainer_config(1e-6)
 
     c.generator = ml_collections.ConfigDict()
@@ -91,6 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.max_new_tokens = 160   # generator output budget, tokens (paper: 8K)
     c.generator.input_budget = 896     # generator prompt budget, tokens (paper: 24K)
     c.generator.temperature = 1.0      # sampling temperature of rubric lists
+    c.generator.rollout_micro_batch = 0  # rubric lists per sampler call; 0 = all
     c.generator.train = trainer_config(5e-6)
 
     c.verifier = ml_collections.ConfigDict()

@@ -144,6 +144,9 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
     need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
     need(p.heldout_temperature >= 0, "policy.heldout_temperature", "must be >= 0")
+    for node, field in ((p, "policy"), (g, "generator")):
+        need(node.rollout_micro_batch >= 0, f"{field}.rollout_micro_batch",
+             "must be >= 0 (0 = every row in one sampler call)")
     check_trainer(p.train, "config.policy.train", rows=p.prompts_per_step * p.num_responses)
     need(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
     need(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")

@@ -71,7 +71,7 @@ def _sample(state, words, force_stop, method, stop_ids, pad_id):
 
 _forward = jax.jit(sampling.forward_token, static_argnames="cfg", donate_argnums=(2,))
 _decode_params = jax.jit(models.decode_params, static_argnames="cfg")
-_unstack_cache = jax.jit(models.unstack_cache)
+_decode_cache = jax.jit(models.decode_cache)
 
 
 def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constraint,
@@ -92,7 +92,8 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
         stop_ids: int32[K] ids that end a row.  pad_id: filler after the stop token.
 
     Returns:
-        The final SamplerState; its cache is in per-layer form and its logits stale.
+        The final SamplerState; its cache is in the decode form (`models.decode_cache`)
+        and its logits stale.
     """
     b, n = state.tokens.shape
     stop = np.asarray(stop_ids)
@@ -101,7 +102,7 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
     # (`jnp.asarray` may alias it on CPU; a transfer to a GPU ends before the sample runs).
     mask = np.full((b, bitmask_words(state.logits.shape[-1])), -1, np.int32)
     layer_params = _decode_params(params, cfg)  # one copy per call, not one per step
-    state = state.replace(cache=_unstack_cache(state.cache))
+    state = state.replace(cache=_decode_cache(state.cache))
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill
     for step in range(n):
         state, tok, emitted = _sample(state, jnp.asarray(mask),

@@ -87,7 +87,8 @@ class Context:
                    RubricGenerator(gen.cfg, gen.tokenizer, max_items=g.max_items,
                                    max_item_chars=g.max_item_chars,
                                    max_new_tokens=g.max_new_tokens,
-                                   input_budget=g.input_budget, mesh=mesh),
+                                   input_budget=g.input_budget, mesh=mesh,
+                                   rows_per_call=g.rollout_micro_batch),
                    Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
                             max_prefix_tokens=v.max_prefix_tokens,
                             max_suffix_tokens=v.max_suffix_tokens, mesh=mesh,
@@ -138,12 +139,11 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens)
            for x, h in zip(prompts, histories)]
     with timer("sampling"):
-        out = sampling.generate(ctx.roles.params(Role.POLICY), model.cfg,
-                                [i for i in ids for _ in range(k)], key=key,
-                                max_new_tokens=p.max_new_tokens,
-                                method=sampling.method_from_flags(p.temperature, top_p=p.top_p),
-                                stop_ids=stop, pad_id=ctx.policy_pad_id,
-                                min_bucket=p.min_prompt_bucket, mesh=ctx.mesh)
+        out = sampling.generate_chunked(
+            ctx.roles.params(Role.POLICY), model.cfg, [i for i in ids for _ in range(k)],
+            p.rollout_micro_batch, key=key, max_new_tokens=p.max_new_tokens,
+            method=sampling.method_from_flags(p.temperature, top_p=p.top_p), stop_ids=stop,
+            pad_id=ctx.policy_pad_id, min_bucket=p.min_prompt_bucket, mesh=ctx.mesh)
     out = out.replace(group_ids=np.repeat(np.arange(len(prompts), dtype=np.int32), k))
     return out, decode(model.tokenizer, out, set(stop.tolist()))
 

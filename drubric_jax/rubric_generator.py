@@ -72,6 +72,8 @@ class RubricGenerator:
         input_budget: most prompt tokens.
         min_bucket: smallest prompt-length bucket of the sampler.
         mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
+        rows_per_call: rubric lists sampled per sampler call (0 = all B x G at once; the
+            rollout micro-batch of `sampling.generate_chunked`).
 
     Raises:
         ValueError: bad sizes, or llguidance rejects the schema.
@@ -79,11 +81,13 @@ class RubricGenerator:
 
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
-                 input_budget: int = 2048, min_bucket: int = 64, mesh=None):
+                 input_budget: int = 2048, min_bucket: int = 64, mesh=None,
+                 rows_per_call: int = 0):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
+        self.rows_per_call = int(rows_per_call)
         self.max_items = int(max_items)
         self.max_item_chars = int(max_item_chars)
         self.max_new_tokens = int(max_new_tokens)
@@ -194,12 +198,13 @@ class RubricGenerator:
                 prompt_cut[i, j] = pcut
                 prompts.append(ids)
 
-        out = sampling.generate(params, self.cfg, prompts, key=sample_key,
-                                max_new_tokens=self.max_new_tokens, method=method,
-                                stop_ids=self.stop_ids, constraint=self.constraint,
-                                min_bucket=self.min_bucket, allow_invalid=True,
-                                mesh=self.mesh)
-        grammar_done = self.constraint.finished()
+        done = []  # grammar finished, per row, read after each sampler call
+        out = sampling.generate_chunked(
+            params, self.cfg, prompts, self.rows_per_call, key=sample_key,
+            max_new_tokens=self.max_new_tokens, method=method, stop_ids=self.stop_ids,
+            constraint=self.constraint, min_bucket=self.min_bucket, allow_invalid=True,
+            mesh=self.mesh, after_call=lambda: done.append(self.constraint.finished()))
+        grammar_done = np.concatenate(done)
         stops = set(self.stop_ids.tolist())
         parsed, reasons, raws = [], [], []
         for r in range(b * g):

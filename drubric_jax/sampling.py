@@ -196,8 +196,8 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
                 stop_ids: jax.Array, pad_id: int) -> SamplerState:
     """Decodes until every row stopped or N tokens were generated (`lax.while_loop`).
 
-    The loop runs on per-layer copies of the weights and of the cache
-    (`models.decode_params`, `models.unstack_cache`); the returned cache is stacked again.
+    On CPU the loop runs on per-layer copies of the weights and of the cache
+    (`models.decode_params`, `models.decode_cache`); the returned cache is stacked again.
     """
     max_new = state.tokens.shape[1]
 
@@ -209,7 +209,7 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
     def body(s):
         return forward_token(layer_params, cfg, *sample_token(s, method, stop_ids, pad_id))
 
-    state = state.replace(cache=models.unstack_cache(state.cache))
+    state = state.replace(cache=models.decode_cache(state.cache))
     state = jax.lax.while_loop(cond, body, state)
     return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers
 
@@ -288,3 +288,26 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         rows = np.flatnonzero(out.invalid).tolist()
         raise ValueError(f"rows {rows} reached a step with no allowed token (all logits -inf)")
     return out
+
+
+def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
+                     rows_per_call: int, *, key: jax.Array, min_bucket: int = 16,
+                     after_call=None, **kw) -> Rollout:
+    """`generate` over `rows_per_call` rows at a time (0 = all in one call): the rollout
+    micro-batch, which bounds the KV cache ([L, rows, Hkv, P + N, Dh]) at paper lengths.
+
+    Every call uses the bucket of the longest prompt of all rows, so the parts share P and
+    join into one Rollout. One call uses `key`; call i of several uses fold_in(key, i).
+    `after_call()` runs after each call (e.g. to read a constraint's `finished()`).
+    """
+    n = len(prompts)
+    chunk = rows_per_call if 0 < rows_per_call < n else n
+    bucket = bucket_length(max(len(p) for p in prompts), min_bucket)
+    parts = []
+    for i, start in enumerate(range(0, n, chunk)):
+        parts.append(generate(params, cfg, prompts[start:start + chunk],
+                              key=key if chunk == n else jax.random.fold_in(key, i),
+                              min_bucket=bucket, **kw))
+        if after_call is not None:
+            after_call()
+    return Rollout.concat(parts)

@@ -78,6 +78,14 @@ class Rollout:
         return Rollout(**{f.name: getattr(self, f.name)[rows]
                           for f in dataclasses.fields(self)})
 
+    @staticmethod
+    def concat(parts: list) -> "Rollout":
+        """Rows of several rollouts with the same P and N, one after another."""
+        if len(parts) == 1:
+            return parts[0]
+        return Rollout(**{f.name: np.concatenate([getattr(r, f.name) for r in parts])
+                          for f in dataclasses.fields(Rollout)})
+
 
 @dataclasses.dataclass(frozen=True)
 class RubricBatch:

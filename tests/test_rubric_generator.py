@@ -183,3 +183,16 @@ def test_real_model_writes_parseable_rubrics(smollm2):
         if out.finish_reasons[j] == "stop":
             json.loads(out.raw_texts[j])
     assert out.list_valid.any()
+
+
+def test_rubric_lists_sampled_in_micro_batches(tiny_model, tok):
+    """rows_per_call = 3 of 4 lists: two sampler calls, the same padded arrays and one
+    finish reason per list (the grammar state is read after each call)."""
+    cfg, params = tiny_model
+    gen = RubricGenerator(cfg, tok, max_items=2, max_item_chars=10, max_new_tokens=48,
+                          input_budget=640, rows_per_call=3)
+    inputs = [RubricInput(PROMPT, tuple(RESPONSES)), RubricInput("Name a prime.", ("2", "4"))]
+    out = gen.generate_batch(params, jax.random.PRNGKey(3), inputs, num_lists=2)
+    assert out.rollout.num_rows == 4 and out.weights.shape == (2, 2, 2)
+    assert out.rollout.group_ids.tolist() == [0, 0, 1, 1]
+    assert all(r in ("stop", "length", "invalid") for x in out.finish_reasons for r in x)

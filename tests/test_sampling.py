@@ -535,3 +535,24 @@ def test_sampler_on_a_mesh_gives_the_one_device_tokens(tiny_model, shape, method
     np.testing.assert_array_equal(many.mask, one.mask)
     np.testing.assert_allclose(many.logprobs, one.logprobs, rtol=0,
                                atol=logprob_atol(one.logprobs, cfg.vocab_size))
+
+
+def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
+    """Rollout micro-batches: one call is `generate` itself; several calls share the prompt
+    bucket of the longest prompt, so their rows join, each call keyed fold_in(key, i)."""
+    cfg, params = tiny_model
+    prompts = [[5, 9, 12], [40], [7] * 20, [100, 200], [3000, 11]]
+    kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=5, method=sampling.Temperature(1.0),
+              stop_ids=[2])
+    whole = sampling.generate(params, cfg, prompts, **kw)
+    one = sampling.generate_chunked(params, cfg, prompts, 0, **kw)
+    np.testing.assert_array_equal(one.tokens, whole.tokens)
+    calls = []
+    parts = sampling.generate_chunked(params, cfg, prompts, 2, after_call=lambda: calls.append(1),
+                                      **kw)
+    assert len(calls) == 3 and parts.num_rows == 5
+    assert parts.prompt_tokens.shape == whole.prompt_tokens.shape  # one bucket for all
+    np.testing.assert_array_equal(parts.prompt_tokens, whole.prompt_tokens)
+    third = sampling.generate(params, cfg, prompts[4:], min_bucket=whole.prompt_tokens.shape[1],
+                              **dict(kw, key=jax.random.fold_in(kw["key"], 2)))
+    np.testing.assert_array_equal(parts.tokens[4:], third.tokens)

@@ -95,12 +95,23 @@ def apply(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Arra
     return logits_from_hidden(params, cfg, hidden), cache
 
 
-def decode_params(params: dict, cfg: ModelConfig) -> dict:
-    """Params in the form a decode loop runs fastest on (per-layer arrays for `llama`).
+def per_layer_decode() -> bool:
+    """Whether decode loops run on per-layer copies of the weights and the cache: on CPU,
+    where XLA copies a scanned layer's slices before each matmul on every step, the copies
+    made once per loop are faster; on an accelerator they would cost one extra copy of the
+    block weights and of the KV cache in device memory, so the stacked form is kept."""
+    return jax.default_backend() == "cpu"
 
-    Pair with `cache.unstack_cache`; costs one copy of the block weights, once per loop.
-    """
-    return family(cfg).unstack_layers(params)
+
+def decode_params(params: dict, cfg: ModelConfig) -> dict:
+    """Params in the form a decode loop runs on: per-layer arrays (`llama`) when
+    `per_layer_decode()`, else unchanged. Pair with `decode_cache`."""
+    return family(cfg).unstack_layers(params) if per_layer_decode() else params
+
+
+def decode_cache(cache: KVCache) -> KVCache:
+    """The cache in the form `decode_params` implies (per-layer on CPU)."""
+    return cache_lib.unstack_cache(cache) if per_layer_decode() else cache
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:
