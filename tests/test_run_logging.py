@@ -1,0 +1,31 @@
+"""Run outputs and logs (drubric_jax/run_logging.py)."""
+import logging
+import os
+
+import drubric_jax
+from drubric_jax import run_logging
+
+
+def _record(path, level):
+    return logging.LogRecord("absl", level, path, 1, "message", None, None)
+
+
+def test_third_party_info_is_dropped_ours_and_warnings_pass():
+    f = run_logging.ThirdPartyFilter()
+    orbax = "/venv/lib/python3.11/site-packages/orbax/checkpoint/checkpoint_manager.py"
+    ours = os.path.join(os.path.dirname(drubric_jax.__file__), "loop.py")
+    assert not f.filter(_record(orbax, logging.INFO))
+    assert f.filter(_record(orbax, logging.WARNING))
+    assert f.filter(_record(ours, logging.INFO))
+
+
+def test_quiet_third_party_logs_installs_once_and_can_be_removed():
+    from absl import logging as absl_logging
+
+    handler = absl_logging.get_absl_handler()
+    run_logging.quiet_third_party_logs(True)
+    run_logging.quiet_third_party_logs(True)
+    ours = [f for f in handler.filters if isinstance(f, run_logging.ThirdPartyFilter)]
+    assert len(ours) == 1
+    run_logging.quiet_third_party_logs(False)
+    assert not any(isinstance(f, run_logging.ThirdPartyFilter) for f in handler.filters)
