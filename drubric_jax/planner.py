@@ -199,7 +199,7 @@ def _choose(phase: str, name: str, rows: int, candidates: list, terms: Callable,
 
 def plan(config: ml_collections.ConfigDict, devices: int,
          device_memory_gb: Optional[float] = None, mesh_sizes: Optional[tuple] = None,
-         attention: str = "dense", block: int = DEFAULT_BLOCK,
+         attention: str = "auto", block: int = DEFAULT_BLOCK,
          headroom: float = DEFAULT_HEADROOM, search: bool = True,
          workload: Optional[Workload] = None) -> Plan:
     """Plans `config` on `devices` devices of `device_memory_gb` GB each.
@@ -209,7 +209,8 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         devices: N, devices of the mesh.
         device_memory_gb: memory per device (None: figures without a verdict).
         mesh_sizes: (data, fsdp, tensor); default `config.mesh` on N devices.
-        attention: "dense" (this package today) or "blockwise" (planned; key tile `block`).
+        attention: "auto" (what the code runs by default: blockwise for long rows), "dense"
+            or "blockwise" (key tile `block`).
         headroom: fraction of the memory kept free for the runtime.
         search: pick rollout and update micro-batches; else use what the run does (all rows
             per sampler call, `train.micro_batch_size`).

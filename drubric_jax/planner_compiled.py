@@ -2,7 +2,7 @@
 
 Each function here lowers and compiles one real jitted function of the package
 (`train_step.make_sharded_train_step`, `sampling.prefill` / `decode_loop` /
-`constrained_step`, `verifier_passes.prefill` / `score_suffixes`) on `jax.ShapeDtypeStruct`
+`constrained` sample / forward steps, `verifier_passes.prefill` / `score_suffixes`) on `jax.ShapeDtypeStruct`
 inputs that carry their shardings (nothing is allocated), and reads XLA's
 `memory_analysis()`: bytes per device of the arguments, outputs, donated outputs (alias)
 and temporaries. A function's "extra" bytes are what it needs beyond its arguments
@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from drubric_jax import constrained as constrained_lib
 from drubric_jax import models, sampling, sharding
 from drubric_jax import train_step as ts
 from drubric_jax import verifier_passes as passes
@@ -125,15 +126,16 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     if not constrained:
         dec = analyse(sampling.decode_loop.lower(params, cfg, state, method, stop, 0))
         return pre.extra, pre.output + dec.extra
-    copy = analyse(sampling._decode_params.lower(params, cfg))
-    unstack = analyse(sampling._unstack_cache.lower(state.cache))
-    allowed = jax.ShapeDtypeStruct((rows, cfg.vocab_size), bool)
+    copy = analyse(constrained_lib._decode_params.lower(params, cfg))
+    unstack = analyse(constrained_lib._decode_cache.lower(state.cache))
+    words = jax.ShapeDtypeStruct((rows, constrained_lib.bitmask_words(cfg.vocab_size)), jnp.int32)
     force = jax.ShapeDtypeStruct((rows,), bool)
-    step = analyse(sampling.constrained_step.lower(
-        copy.outputs, cfg, state.replace(cache=unstack.outputs), method, stop, 0, allowed,
-        force))
+    state = state.replace(cache=unstack.outputs)
+    sample = analyse(constrained_lib._sample.lower(state, words, force, method, stop, 0))
+    new_state, tok, emitted = sample.outputs
+    step = analyse(constrained_lib._forward.lower(copy.outputs, cfg, new_state, tok, emitted))
     return (pre.extra, copy.output + pre.output + unstack.extra,
-            copy.output + pre.output + step.extra)
+            copy.output + pre.output + max(sample.extra, step.extra))
 
 
 def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix: int,
@@ -203,8 +205,11 @@ def measure_plan(plan, models_, workload, mesh) -> None:
             depth(models_.trainee[phase], n), base(phase, n), tc, mesh, step.of_rows, prompt,
             new).extra,)
 
-    # The compiled code runs the attention `ModelConfig` has (dense: this package today).
-    code = getattr(models_.base[models_.sources["policy"]], "attention", "dense")
+    # The compiled code runs the attention `ModelConfig.attention` picks: "auto" goes
+    # blockwise for long rows and materialized (dense) for short ones, as the plan does.
+    chosen = getattr(models_.base[models_.sources["policy"]], "attention", "auto")
+    code = {"materialized": "dense", "blockwise": "blockwise", "cudnn": "blockwise",
+            "auto": "auto"}.get(chosen, "dense")
     for step in plan.steps:
         key, fn = measure(step)
         if key not in memo:

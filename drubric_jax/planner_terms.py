@@ -19,10 +19,11 @@ The sampler's and verifier's inputs carry no sharding, so XLA replicates their K
 and activations on every device (seen in the compiled shardings on 8 fake devices);
 train-step rows are split over data x fsdp.
 
-Attention: "dense" is this package's `_attention` ([H, T, S] float32 scores per row);
-"blockwise" (flash-style, `ModelConfig.attention`, being added) keeps [H, T, block] tiles
-instead, so its term is linear in length. Either is counted analytically (`attention=`),
-so a plan can be made for blockwise attention before the code has it.
+Attention: "dense" is the materialized attention ([H, T, S] float32 scores per row);
+"blockwise" (flash-style, `models.attention`) keeps [H, T, block] tiles instead, so its
+term is linear in length; "auto" (the default, as `ModelConfig.attention="auto"`) is
+blockwise for rows of more than 2^20 scores and dense below. Each is counted analytically
+(`attention=`).
 
 Axis legend (docs/CONVENTIONS.md): R rows, P prompt bucket, N new tokens, T = P + N,
 S cache slots, D width, F MLP width, H heads, Hkv KV heads, Dh head dim, V vocab, L layers.
@@ -42,13 +43,14 @@ from jax.sharding import AbstractMesh
 from drubric_jax import config_check, models, sharding
 from drubric_jax import train_step as ts
 from drubric_jax.models import lora, weights
+from drubric_jax.models.attention import AUTO_BLOCKWISE_MIN_SCORES
 from drubric_jax.models.config import PRESETS, SMOLLM2_135M, ModelConfig
 from drubric_jax.models.default import DEFAULT_MODEL
 from drubric_jax.roles import LoadedModel, trainee_config
 from drubric_jax.train_config import TrainConfig, make_optimizer
 
 GB = 1e9
-ATTENTIONS = ("dense", "blockwise")
+ATTENTIONS = ("auto", "dense", "blockwise")
 # Buffers alive at a step's peak, in units of the named per-row array (read off XLA's buffer
 # assignment of the jitted functions at several widths and lengths; `planner_compiled` and
 # tests/test_planner.py check the sums).
@@ -218,7 +220,11 @@ def _layer_bytes(layers, dtype_bytes: int) -> int:
 
 def _attention(cfg: ModelConfig, rows: int, queries: int, keys: int, buffers: int,
                attention: str, block: int, tensor: int = 1) -> Term:
+    if attention == "auto":  # as `models.attention.choose`: blockwise for long rows only
+        attention = "blockwise" if queries * keys > AUTO_BLOCKWISE_MIN_SCORES else "dense"
+    # Blockwise holds [rows, H, query block, key block] tiles (both blocks `block` long).
     k = keys if attention == "dense" else min(keys, block)
+    queries = queries if attention == "dense" else min(queries, block)
     field = ("ModelConfig.attention=blockwise (planner: --attention=blockwise)"
              if attention == "dense" else "rows per pass; --attention_block")
     return Term(f"attention {attention} ({buffers} x float32 [{rows}, H, {queries}, {k}])",

@@ -41,8 +41,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
 _DEVICES = flags.DEFINE_integer("devices", 1, "N, devices of the mesh.")
 _MEMORY = flags.DEFINE_float("device_memory_gb", None, "Memory per device, GB (1e9 bytes).")
 _MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor (default: config.mesh on N).")
-_ATTENTION = flags.DEFINE_enum("attention", "dense", ["dense", "blockwise"],
-                               "Attention to plan for (blockwise: ModelConfig.attention).")
+_ATTENTION = flags.DEFINE_enum("attention", "auto", ["auto", "dense", "blockwise"],
+                               "Attention to plan for (ModelConfig.attention; auto: "
+                               "blockwise for long rows, as the code runs by default).")
 _BLOCK = flags.DEFINE_integer("attention_block", 512, "Key tile of blockwise attention.")
 _HEADROOM = flags.DEFINE_float("headroom", 0.10, "Fraction of the memory kept free.")
 _SEARCH = flags.DEFINE_bool("search", True, "Pick rollout and update micro-batches; else "
