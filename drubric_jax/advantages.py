@@ -39,6 +39,7 @@ def _normalise_groups(r, m, ids, num_groups):
     def seg_sum(x):
         return jax.ops.segment_sum(x, ids, num_segments=num_groups)
 
+    # The largest |R| of each group picks its power-of-two scale.
     peak = jax.ops.segment_max(jnp.abs(r), ids, num_segments=num_groups)
     _, exp = jnp.frexp(jnp.where(jnp.isfinite(peak), peak, 0.0))
     # 2^k, k in [0, 126], built from its exponent bits (exact; ldexp is not under jit).
@@ -53,11 +54,14 @@ def _normalise_groups(r, m, ids, num_groups):
     var = seg_sum(dev * dev) / jnp.maximum(n - 1.0, 1.0)                 # then deviations
     hi = jax.ops.segment_max(jnp.where(m, rs, -jnp.inf), ids, num_segments=num_groups)
     lo = jax.ops.segment_min(jnp.where(m, rs, jnp.inf), ids, num_segments=num_groups)
+    # A group of one has no spread; it is flat below.
     spread = jnp.where(n > 1, hi - lo, 0.0)
     # Flat: max - min <= FLAT_RTOL * max(1, |mean|), in the scaled units.
     flat = (n <= 1) | (spread <= FLAT_RTOL * jnp.maximum(1.0 / scale, jnp.abs(mean)))
     std = jnp.sqrt(jnp.where(flat, 1.0, var))  # 1 for flat groups: no 0/0, no NaN gradient
+    # eps / scale: in unscaled units this is (R - mean) / (std + 1e-6) exactly (Eq. 21).
     adv = dev / (std + ADV_EPS / scale)[ids]
+    # Flat groups give exactly 0, not float32 residue (METHOD 11).
     return (jnp.where(m & ~flat[ids], adv, 0.0), flat,
             jnp.where(flat, 0.0, std * scale))
 
@@ -67,6 +71,7 @@ def _reshape_groups(rewards, group_mask):
     r = jnp.asarray(rewards, jnp.float32)
     m = _all_true(r) if group_mask is None else jnp.asarray(group_mask, bool)
     groups = int(np.prod(r.shape[:-1], dtype=np.int64))
+    # Group g is row g of the [..., G] array, flattened.
     ids = jnp.repeat(jnp.arange(groups, dtype=jnp.int32), r.shape[-1])
     return r.reshape(-1), m.reshape(-1), ids, groups
 
@@ -111,6 +116,8 @@ def _id_groups(rewards, group_ids, num_groups, mask):
     r = jnp.asarray(rewards, jnp.float32)
     ids = jnp.asarray(group_ids, jnp.int32)
     m = _all_true(r) if mask is None else jnp.asarray(mask, bool)
+    # Out-of-range ids are masked (segment ops would drop or clip them silently); masked rows
+    # then take the safe id 0, their values being zeroed anyway.
     m = m & (ids >= 0) & (ids < num_groups)
     return r, m, jnp.where(m, ids, 0)
 

@@ -45,6 +45,7 @@ def step_key(seed_key: jax.Array, step: int | jax.Array) -> jax.Array:
 
 def key_to_json(key: jax.Array) -> list[int]:
     """Raw key data of a (legacy uint32 or typed) PRNG key as a list of Python ints."""
+    # A typed key (jax.random.key) is opaque: its raw uint32 data is what serialises.
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     return [int(x) for x in np.asarray(key).reshape(-1)]
@@ -59,6 +60,7 @@ def _abstract(leaf):
     """ShapeDtypeStruct with a sharding (the restore target of one leaf)."""
     sharding = getattr(leaf, "sharding", None)
     if sharding is None:
+        # A host array or a struct without a sharding is restored onto device 0.
         sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
 
@@ -91,11 +93,13 @@ class Checkpointer:
         self.directory = os.path.abspath(os.fspath(directory))
         if inflight_gb <= 0:
             raise ValueError(f"inflight_gb must be > 0, got {inflight_gb}")
+        # Bytes in flight capped at inflight_gb (module docstring): bounds a save's host peak.
         state_handler = ocp.PyTreeCheckpointHandler(
             save_concurrent_gb=inflight_gb, restore_concurrent_gb=inflight_gb,
             save_device_host_concurrent_gb=inflight_gb)
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "meta"),
+            # meta is stored as plain JSON, readable without Orbax.
             item_handlers={"state": state_handler, "meta": ocp.JsonCheckpointHandler()})
 
     def save(self, step_id: int, state: Any, meta: dict, force: bool = False) -> bool:
@@ -117,6 +121,7 @@ class Checkpointer:
 
     def latest(self) -> Optional[int]:
         """Newest complete checkpoint step, or None when there is none."""
+        # A save still being written is not a complete checkpoint: wait for it first.
         self.wait()
         return self._manager.latest_step()
 
@@ -147,6 +152,7 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
                                     f"(have {sorted(self._manager.all_steps())})")
         abstract = jax.tree.map(_abstract, target)
+        # restore_args carry each leaf's sharding: arrays land directly on their devices.
         restore = ocp.args.PyTreeRestore(
             item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         out = self._manager.restore(

@@ -37,6 +37,7 @@ def enable_persistent_cache(cache_dir: str, min_compile_seconds: float = 0.5) ->
 class CompileClock:
     """Cumulative seconds JAX spent tracing, lowering and compiling in this process."""
 
+    # Listener calls may come from several threads.
     _lock = threading.Lock()
     _seconds = 0.0
     _installed = False
@@ -45,6 +46,7 @@ class CompileClock:
     def install(cls) -> None:
         """Registers the listener once per process."""
         with cls._lock:
+            # Once per process: a second listener would count every event twice.
             if cls._installed:
                 return
             cls._installed = True

@@ -15,10 +15,14 @@ import ml_collections
 from drubric_jax import grpo
 from drubric_jax.verdicts import CALIBRATIONS, VERDICT_MODES
 
+# full: the Eq. 17 objective; disc_only / anchor_only: its ablations; static: the RaR
+# baseline (METHOD 6).
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
 AGGREGATIONS = tuple(grpo.AGGREGATIONS)
 KL_ESTIMATORS = tuple(sorted(grpo.KL_ESTIMATORS))
+# demo: the packaged set; shared: ../shared/data; custom: config.data.*_paths.
 DATA_NAMES = ("demo", "shared", "custom")
+# The stacked matrices of the llama family (`models.llama.layer_keys`).
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 DTYPES = ("float32", "bfloat16")
 
@@ -69,6 +73,7 @@ def check_trainer(values: Mapping, prefix: str, rows: Optional[int] = None) -> N
     mb = values.get("micro_batch_size")
     if mb is None:
         return
+    # A built TrainConfig has its micro-batch resolved: 0 ("all rows") is no longer allowed.
     if rows is None:
         _require(mb >= 1, f"{prefix}.micro_batch_size", f"must be >= 1 (got {mb})")
     else:
@@ -82,11 +87,13 @@ def mesh_axis_sizes(config: ml_collections.ConfigDict, device_count: int) -> dic
     m = config.mesh
     sizes = {axis: m[axis] for axis in ("data", "fsdp", "tensor")}
     known = math.prod(v for v in sizes.values() if v != -1)
+    # num_devices 0 = every device.
     n = m.num_devices or device_count
     _require(list(sizes.values()).count(-1) <= 1, "config.mesh",
              f"at most one of data, fsdp, tensor may be -1 (got {sizes})")
     _require(n <= device_count, "config.mesh.num_devices",
              f"{n} devices asked for, {device_count} available")
+    # With a -1 axis the others need only divide n; without one, their product must be n.
     _require(n % known == 0 and (-1 in sizes.values() or known == n), "config.mesh",
              f"data x fsdp x tensor = {sizes} does not fit {n} devices "
              "(set config.mesh.* or config.mesh.num_devices)")
@@ -116,6 +123,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     def need(ok, field, message):
         _require(ok, f"config.{field}", message)
 
+    # Method, model and data.
     need(c.variant in VARIANTS, "variant", f"{c.variant!r} not in {VARIANTS}")
     need(c.model.dtype in DTYPES, "model.dtype", f"{c.model.dtype!r} not in {DTYPES}")
     need(c.model.master_dtype in DTYPES, "model.master_dtype",
@@ -132,6 +140,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(c.data.min_responses >= 2, "data.min_responses", "an anchor list needs >= 2")
     need(c.data.max_responses >= c.data.min_responses, "data.max_responses",
          "must be >= data.min_responses")
+    # Rounds and the two phases (Algorithm 1).
     need(c.rounds.num_rounds >= 1, "rounds.num_rounds", "must be >= 1")
     need(c.rounds.generator_steps >= 0, "rounds.generator_steps", "must be >= 0")
     need(c.rounds.policy_steps >= 0, "rounds.policy_steps", "must be >= 0")
@@ -158,6 +167,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(g.temperature > 0, "generator.temperature",
          "must be > 0: G identical greedy lists give flat groups")
     check_trainer(g.train, "config.generator.train", rows=g.anchors_per_step * g.num_lists)
+    # Verifier (METHOD 11, 12).
     need(c.verifier.max_prefix_tokens >= 32, "verifier.max_prefix_tokens", "must be >= 32")
     need(c.verifier.max_suffix_tokens >= 8, "verifier.max_suffix_tokens", "must be >= 8")
     need(c.verifier.verdict in VERDICT_MODES, "verifier.verdict",
@@ -165,6 +175,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 <= c.verifier.memory_fraction < 1, "verifier.memory_fraction", "must be in [0, 1)")
     need(c.verifier.calibration in CALIBRATIONS, "verifier.calibration",
          f"{c.verifier.calibration!r} not in {CALIBRATIONS}")
+    # Mesh, host memory, compile cache and checkpoints.
     for axis in ("data", "fsdp", "tensor"):
         v = c.mesh[axis]
         need(v == -1 or v >= 1, f"mesh.{axis}", "must be -1 or >= 1")
@@ -184,6 +195,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")
     need(isinstance(c.checkpoint.allow_data_change, bool), "checkpoint.allow_data_change",
          "must be True or False")
+    # The train step splits a step's rows over data x fsdp: they must divide evenly.
     if device_count is not None:
         shards = mesh_row_shards(c, device_count)
         for field, rows in (("policy.prompts_per_step * policy.num_responses",

@@ -42,8 +42,10 @@ def pack_bitmask(allowed: np.ndarray) -> np.ndarray:
     bitorder="little")[:, :V]` gives `allowed` back (on a little-endian host, as llguidance).
     """
     b, v = allowed.shape
+    # Padded to whole int32 words; the bits past V stay 0 (never allowed).
     bits = np.zeros((b, 32 * bitmask_words(v)), bool)
     bits[:, :v] = allowed
+    # Little bit order in little-endian int32 words: bit v % 32 of word v // 32.
     return np.packbits(bits, axis=-1, bitorder="little").view(np.int32)
 
 
@@ -63,6 +65,8 @@ def unpack_bitmask(words: jax.Array, vocab_size: int) -> jax.Array:
     return allowed[:, :vocab_size]
 
 
+# The halves of one step, jitted apart so the host works between them (module docstring);
+# the state is donated to each, so the cache is updated in place.
 @functools.partial(jax.jit, static_argnames=("method", "pad_id"), donate_argnums=(0,))
 def _sample(state, words, force_stop, method, stop_ids, pad_id):
     allowed = unpack_bitmask(words, state.logits.shape[-1])
@@ -100,8 +104,10 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
     constraint.reset(b)
     # One host buffer: it is refilled only after the sample that read it returned its tokens
     # (`jnp.asarray` may alias it on CPU; a transfer to a GPU ends before the sample runs).
+    # -1 sets every bit: all tokens allowed until the first fill writes the rows' masks.
     mask = np.full((b, bitmask_words(state.logits.shape[-1])), -1, np.int32)
     layer_params = _decode_params(params, cfg)  # one copy per call, not one per step
+    # The per-layer form on CPU, as `sampling.decode_loop` uses.
     state = state.replace(cache=_decode_cache(state.cache))
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill
     for step in range(n):
@@ -149,6 +155,7 @@ class JsonSchemaConstraint:
         self.lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
                                                   eos_token=stop_id)
         self.grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            # No free whitespace between JSON tokens: the schema's "x-guidance" separators fix it.
             json.dumps(schema), defaults={"whitespace_flexible": False})
         err = llguidance.LLMatcher.validate_grammar(self.grammar, self.lltok)
         if err:
@@ -184,6 +191,7 @@ class JsonSchemaConstraint:
     def advance(self, tokens: np.ndarray, live: np.ndarray) -> None:
         """Feeds each live row's sampled token to its matcher (in parallel); a token the
         grammar rejects puts the matcher in an error state (`errors`)."""
+        # A stopped matcher accepts nothing more: the forced stop token is not fed to it.
         todo = [(m, int(tokens[i])) for i, m in enumerate(self.matchers)
                 if live[i] and not m.is_stopped()]
         if todo:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp, for KL and PPO ratio
+# `train.aggregation` values; the first is the paper's (Eq. 23), the default.
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
 
 
@@ -89,10 +90,14 @@ def clipped_surrogate(logp_new, logp_old, advantages, clip_eps):
             the token gets no gradient.
     """
     log_ratio = jnp.asarray(logp_new, jnp.float32) - jnp.asarray(logp_old, jnp.float32)
+    # Clamped before exp (METHOD 11): exp(20) ~ 5e8 stays finite in float32.
     ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    # One advantage per response, the same for each of its tokens (Eq. 21).
     adv = jnp.asarray(advantages, jnp.float32)[..., None]
     unclipped = ratio * adv
     clipped_obj = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    # min: the clip binds only where it lowers the objective, and there the clipped ratio is
+    # constant, so the token passes no gradient.
     return jnp.minimum(unclipped, clipped_obj), clipped_obj < unclipped
 
 
@@ -119,6 +124,7 @@ def aggregate_tokens(values, mask, aggregation="seq_mean_token_mean"):
     v = jnp.where(m, values, 0.0)
     if aggregation == "seq_mean_token_mean":
         lengths = jnp.sum(m, axis=-1).astype(jnp.float32)
+        # 1/|o_i| of Eq. 23; an empty row sums to 0 and is divided by 1, not 0.
         per_row = jnp.sum(v, axis=-1) / jnp.maximum(lengths, 1.0)
         rows = jnp.sum(lengths > 0).astype(jnp.float32)
         return jnp.sum(per_row) / jnp.maximum(rows, 1.0)
@@ -167,13 +173,17 @@ def grpo_loss(logp_new, logp_old, logp_ref, advantages, mask, clip_eps=0.2,
         raise ValueError(f"kl_estimator must be one of {sorted(KL_ESTIMATORS)}, "
                          f"got {kl_estimator!r}")
     m = jnp.asarray(mask, bool)
+    # Sanitise BEFORE any arithmetic (METHOD 11): a -inf or NaN left at a masked position would
+    # reach exp() and, through where's backward pass, turn the gradient into NaN (case-05).
     new = jnp.where(m, jnp.asarray(logp_new, jnp.float32), 0.0)
     old = jnp.where(m, jnp.asarray(logp_old, jnp.float32), 0.0)
+    # A row with no real token gets A = 0 whatever the caller passed (it may be NaN too).
     adv = jnp.where(jnp.any(m, axis=-1), jnp.asarray(advantages, jnp.float32), 0.0)
 
     objective, clipped = clipped_surrogate(new, old, adv, clip_eps)
     pg_token = jnp.where(m, -objective, 0.0)
     if logp_ref is None:
+        # A traced beta could be nonzero at run time: only a Python 0 may skip the KL term.
         if not isinstance(beta, numbers.Real) or beta != 0:
             raise ValueError("logp_ref is None but beta is not 0")
         kl_token = jnp.zeros_like(pg_token)
@@ -181,6 +191,7 @@ def grpo_loss(logp_new, logp_old, logp_ref, advantages, mask, clip_eps=0.2,
     else:
         ref = jnp.where(m, jnp.asarray(logp_ref, jnp.float32), 0.0)
         kl_token = jnp.where(m, KL_ESTIMATORS[kl_estimator](new, ref), 0.0)
+        # Eq. 23 negated: -(clipped objective - beta KL).
         per_token = pg_token + beta * kl_token
     loss = aggregate_tokens(per_token, m, aggregation)
 

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+# mallopt parameter numbers, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
@@ -69,6 +70,7 @@ def configure_malloc(mmap_threshold_bytes: int = 1 << 20,
     libc = _libc()
     if libc is None or not _cpu_only():
         return False
+    # mallopt returns 1 on success; a fixed threshold also stops glibc's dynamic raising of it.
     ok = libc.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold_bytes)) == 1
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold_bytes)) == 1
 
@@ -91,6 +93,7 @@ def peak_rss_bytes() -> int:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
+                    # VmHWM is given in kB.
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -113,6 +116,7 @@ def park(tree: Any, directory: str) -> Any:
     leaves, treedef = jax.tree.flatten(tree)
     out = []
     for i, leaf in enumerate(leaves):
+        # Scalars (Adam's step counts) stay; an already parked leaf is not written again.
         if np.ndim(leaf) == 0 or isinstance(leaf, np.memmap):
             out.append(leaf)
             continue
@@ -121,6 +125,7 @@ def park(tree: Any, directory: str) -> Any:
                              "parking to disk is single-process only")
         arr = np.asarray(leaf)  # zero-copy view on the CPU backend
         path = os.path.join(directory, f"{i}.bin")
+        # Raw bytes: any dtype (bfloat16 too) round-trips; the memmap keeps shape and dtype.
         arr.tofile(path)
         out.append(np.memmap(path, dtype=arr.dtype, mode="r", shape=arr.shape))
     return jax.tree.unflatten(treedef, out)
@@ -141,6 +146,7 @@ def unpark(tree: Any, shardings: Any, directory: Optional[str] = None) -> Any:
         if not isinstance(x, np.memmap):
             return x
         host = np.fromfile(x.filename, dtype=x.dtype).reshape(x.shape)
+        # Waits for the copy, so only one leaf's host buffer is alive at a time.
         return jax.block_until_ready(jax.device_put(host, sharding))
 
     out = jax.tree.map(one, tree, shardings)

@@ -41,6 +41,7 @@ def token_logprobs_from_logits(logits, targets, temperature=1.0):
     Returns:
         float32[R, T]. Garbage at padded positions is left to the loss's mask.
     """
+    # float32 before the softmax: the ratio of Eq. 23 needs log-probs finer than bfloat16's.
     x = jnp.asarray(logits, jnp.float32) / _effective_temperature(temperature, 3)
     logp = jax.nn.log_softmax(x, axis=-1)
     idx = jnp.asarray(targets, jnp.int32)[..., None]
@@ -60,6 +61,7 @@ def entropy_from_logits(logits, temperature=1.0):
     x = jnp.asarray(logits, jnp.float32) / _effective_temperature(temperature, 3)
     logp = jax.nn.log_softmax(x, axis=-1)
     p = jnp.exp(logp)
+    # A -inf logit gives p = 0 and logp = -inf; 0 * -inf would be NaN.
     safe_logp = jnp.where(p > 0, logp, 0.0)
     return -jnp.sum(p * safe_logp, axis=-1)
 
@@ -94,22 +96,29 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
     tokens = jnp.asarray(tokens, jnp.int32)
     token_mask = jnp.asarray(token_mask, bool)
     b, t = tokens.shape
+    # From the mask, as the sampler did: left padding never shifts a row's positions.
     positions = models.positions_from_mask(token_mask)
     hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask, remat=True)
+    # First scored position: >= 1 (position 0 has no context) and <= T - 1.
     s0 = min(max(int(start), 1), t - 1) if t > 1 else 1
     n = t - s0  # hidden[:, i] predicts tokens[:, i + 1]
     c = max(1, min(chunk, n))
     num_chunks = -(-n // c)
+    # The scored span padded to whole chunks; the padding is scored, then cut off in `unchunk`.
     pad = num_chunks * c - n
+    # Hidden states at s0 - 1 .. T - 2 predict the targets at s0 .. T - 1.
     h = jnp.pad(hidden[:, s0 - 1:-1], ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(tokens[:, s0:], ((0, 0), (0, pad)))
     h = h.reshape(b, num_chunks, c, -1).swapaxes(0, 1)          # [chunks, R, c, D]
     targets = targets.reshape(b, num_chunks, c).swapaxes(0, 1)  # [chunks, R, c]
 
+    # Recomputed in the backward pass, and lax.map runs the chunks one after another: only one
+    # [R, c, V] logits chunk is live at a time.
     @jax.checkpoint
     def score(h_c, tgt_c):
         logits = models.logits_from_hidden(params, cfg, h_c)     # float32[R, c, V]
         logp = token_logprobs_from_logits(logits, tgt_c, temperature)
+        # Entropy is a logged metric, never a loss term: no gradient.
         ent = entropy_from_logits(jax.lax.stop_gradient(logits), temperature)
         return logp, ent
 

@@ -38,6 +38,7 @@ from drubric_jax.models import export_hf_dir
 from drubric_jax.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
 
+# Order within a round (evaluator first); a phase's index here is its fold_in value.
 PHASES = (Role.GENERATOR.value, Role.POLICY.value)
 FINISHED = "finished.json"
 
@@ -91,13 +92,16 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     config_check.validate(config, jax.device_count(), jax.process_count())
     hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
     compilation.enable_persistent_cache(config.compile.cache_dir)
+    # Each step's seconds_compile metric reads this clock.
     compilation.CompileClock.install()
     os.makedirs(workdir, exist_ok=True)
     c = config
+    # Each process reads its own disjoint shard of every batch (`data.host_shard`).
     host, hosts = jax.process_index(), jax.process_count()
     check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load
     loaded = data.load_data(c, num_hosts=hosts)
+    # mesh.num_devices = 0 keeps every device (the slice [:None]).
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])
     roles = build_roles(c, mesh)
@@ -105,6 +109,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
         config=c, workdir=workdir, ctx=phases.Context.build(c, roles, mesh), data=loaded,
         anchor_iter=data.EpochIterator(loaded.train_anchors, c.generator.anchors_per_step,
                                        c.seed, host_id=host, num_hosts=hosts, name="anchors"),
+        # seed + 1: the prompt order is shuffled independently of the anchor order.
         prompt_iter=data.EpochIterator(loaded.prompts, c.policy.prompts_per_step, c.seed + 1,
                                        host_id=host, num_hosts=hosts, name="prompts"),
         # Synchronous saves: an async save keeps a host copy of both trainees' params and
@@ -128,6 +133,7 @@ def _write_json(path: str, obj) -> None:
 def save(run: Run) -> None:
     """Checkpoint `run.loop.global_step`: both trainees' states and the loop meta."""
     roles = run.ctx.roles
+    # Parked moments are read back for the save only (a transient copy; they stay parked).
     state = {t.role.value: t.resident_state() for t in (roles.policy, roles.generator)}
     meta = {"loop": dataclasses.asdict(run.loop), "anchor_iter": run.anchor_iter.state(),
             "prompt_iter": run.prompt_iter.state(), "seed": int(run.config.seed),
@@ -146,6 +152,7 @@ def restore(run: Run) -> bool:
     if step is None:
         return False
     roles = run.ctx.roles
+    # The live states are the restore target: their shapes, dtypes and shardings are kept.
     target = {"policy": roles.policy.state, "generator": roles.generator.state}
     state, meta = run.ckpt.restore(step, target)
     _check_same_data(run, meta.get("data_fingerprint"), step)
@@ -183,6 +190,7 @@ def _check_same_data(run: Run, saved: Optional[dict], step: int) -> None:
 
 
 def _log(run: Run, kind: str, metrics: dict) -> None:
+    # round / phase / step identify a row, so a row repeated after a resume can be told apart.
     row = {"kind": kind, "round": run.loop.round, "phase": run.loop.phase,
            "step": run.loop.step, "global_step": run.loop.global_step, **metrics}
     run.writer.write(run.loop.global_step, row)
@@ -190,9 +198,11 @@ def _log(run: Run, kind: str, metrics: dict) -> None:
 
 def _maybe_eval(run: Run) -> None:
     """Held-out Delta_gap / R_anchor once per (round, phase boundary)."""
+    # A list, not a tuple: `heldout_done` round-trips through the checkpoint's JSON meta.
     tag = [run.loop.round, run.loop.phase]
     if tag in run.loop.heldout_done:
         return
+    # Step 10**6: a key no training step uses, and the same one on a resumed run.
     metrics = phases.heldout_metrics(
         run.ctx, phase_key(run.config.seed, run.loop.round, run.loop.phase, 10 ** 6),
         run.data.heldout_anchors)
@@ -207,6 +217,7 @@ def _phase(run: Run, role: Role, steps: int) -> None:
     .every_steps optimizer steps."""
     from tqdm import tqdm
 
+    # The idle trainee's AdamW moments leave the device for this phase (disk or pinned host).
     if run.config.memory.park_idle_optimizer:
         run.ctx.roles.park_idle(role, run.park_dir)
     elif run.config.memory.offload_idle_optimizer:
@@ -215,12 +226,15 @@ def _phase(run: Run, role: Role, steps: int) -> None:
                desc=f"round {run.loop.round} {role.value}", unit="step")
     while run.loop.step < steps:
         compiled_before = compilation.CompileClock.seconds()
+        # A function of (round, phase, step) only: a resumed run draws the same keys.
         key = phase_key(run.config.seed, run.loop.round, role.value, run.loop.step)
         if role is Role.GENERATOR:
             step = phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
         else:
             step = phases.policy_rollout(run.ctx, key, next(run.prompt_iter))
+            # The last policy step's samples become this round's trace/round_N.html.
             run.last_trace = step.trace
+        # global_step + 1 names this update in a NaN error (global_step counts finished ones).
         metrics = phases.update(run.ctx, role, step, run.loop.global_step + 1)
         metrics.update(step.metrics, **step.timer.metrics())
         # Of the step's seconds, how many went to tracing and compiling (0 once warm).
@@ -241,15 +255,19 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
     drills) after that many completed rounds, with a checkpoint."""
     c = run.config
     restore(run)
+    # The static (RaR) baseline never trains its generator (METHOD 6).
     gen_steps = 0 if c.variant == "static" else c.rounds.generator_steps
     while run.loop.round < c.rounds.num_rounds:
         if stop_after_rounds is not None and run.loop.round >= stop_after_rounds:
             break
+        # A run resumed in the policy phase goes straight to it.
         if run.loop.phase == Role.GENERATOR.value:
+            # Before the generator phase: the generator as this round found it.
             _maybe_eval(run)
             _phase(run, Role.GENERATOR, gen_steps)
             run.loop.phase, run.loop.step = Role.POLICY.value, 0
         _phase(run, Role.POLICY, c.rounds.policy_steps)
+        # After the round: the generator it trained (held-out metrics never use the policy).
         _maybe_eval(run)
         if run.last_trace:
             run_logging.write_round_trace(
@@ -258,6 +276,7 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
                 run.last_trace)
         run.loop.round, run.loop.phase, run.loop.step = (run.loop.round + 1,
                                                           Role.GENERATOR.value, 0)
+        # Not a checkpoint: `restore` applies it only when its global_step is the newest one's.
         _write_json(os.path.join(run.workdir, "round_end.json"),
                     {"global_step": run.loop.global_step, "loop": dataclasses.asdict(run.loop)})
     run.ckpt.wait()
@@ -269,6 +288,7 @@ def finish(run: Run) -> None:
     """curves.png, memory.json (MiB per role measured, the peaks measured, and the memory
     planner's figures under "planned") and the Hugging Face exports."""
     run_logging.plot_curves(run.writer.path, os.path.join(run.workdir, "curves.png"))
+    # MiB, the unit of `planner.planned_role_mib` printed beside it.
     measured = {k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}
     _write_json(os.path.join(run.workdir, "memory.json"), {
         **measured, **planner.measured_peaks(),
@@ -277,6 +297,7 @@ def finish(run: Run) -> None:
         for trainee in (run.ctx.roles.policy, run.ctx.roles.generator):
             tok = trainee.model.tokenizer
             params = trainee.export_params()  # LoRA: merged into the base, in float32
+            # Adapters merged: the exported config has no LoRA and the params' own dtype.
             dtype = jax.tree.leaves(params)[0].dtype.name
             export_hf_dir(params, trainee.cfg.replace(lora_rank=0, param_dtype=dtype),
                           os.path.join(run.workdir, "export", trainee.role.value), tok,
@@ -293,6 +314,7 @@ def finished(workdir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
         return None
     with open(path) as f:
         done = json.load(f)
+    # More rounds asked for than were run: not finished, the run continues from its checkpoint.
     return done if done["rounds"] >= config.rounds.num_rounds else None
 
 
@@ -315,6 +337,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         config_check.ConfigError: a bad config field (before any compute).
         FloatingPointError: a NaN/inf training metric (names the step).
     """
+    # Rerunning the command of a finished run changes nothing.
     done = finished(workdir, config)
     if done is not None:
         message = (f"{workdir}: this run finished ({done['rounds']} rounds, "
@@ -326,6 +349,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     state = setup(config, workdir)
     logging.info("data: %s rows, sha256 %s", state.data.fingerprint["rows"],
                  state.data.fingerprint["sha256"][:16])
+    # Closed on an error too: checkpoint writes finish, metrics close, parked/ is removed.
     try:
         run_rounds(state, stop_after_rounds)
     finally:

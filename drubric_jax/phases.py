@@ -144,6 +144,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
             p.rollout_micro_batch, key=key, max_new_tokens=p.max_new_tokens,
             method=sampling.method_from_flags(p.temperature, top_p=p.top_p), stop_ids=stop,
             pad_id=ctx.policy_pad_id, min_bucket=p.min_prompt_bucket, mesh=ctx.mesh)
+    # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
     out = out.replace(group_ids=np.repeat(np.arange(len(prompts), dtype=np.int32), k))
     return out, decode(model.tokenizer, out, set(stop.tolist()))
 
@@ -202,6 +203,7 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     """
     rollout, advantages, timer = step.rollout, step.advantages, step.timer
     trainee = ctx.roles.trainee(role)
+    # Host numpy: the jitted step places it on the mesh through its in_shardings.
     batch = ts.batch_from_rollout(rollout, advantages)
     hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
     with timer("update"):
@@ -224,7 +226,7 @@ def _responses_and_rubrics(ctx: Context, key, items, num_lists: int, temperature
     prompts = [x.prompt for x in items]
     hists = [list(x.history) for x in items]
     rollout, responses = sample_responses(ctx, k_resp, prompts, hists, k, timer)
-    sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]
+    sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]  # C of item i
     with timer("rubric_generation"):
         rb = ctx.generator.generate_batch(
             ctx.roles.params(Role.GENERATOR), k_rub,
@@ -244,32 +246,35 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     prompts = [a.prompt for a in anchors]
     hists = [list(a.history) for a in anchors]
     b, gl, m = rb.weights.shape
-    n_anchor = np.array([len(a.responses) for a in anchors])
+    n_anchor = np.array([len(a.responses) for a in anchors])  # A of each input (ragged)
     a_max = int(n_anchor.max())
     # One verifier call: every response of C and of each anchor list is judged on the
     # concatenation of its input's G lists (one shared prefix per response). Query rows
     # are the real cells of a [B, K + A] grid (C first, then the anchor list).
     real = np.arange(k + a_max)[None, :] < (k + n_anchor)[:, None]         # [B, K + A]
     flat_items = [[t for lst in rb.texts[i] for t in lst] for i in range(b)]
-    qb, qj = np.nonzero(real)
+    qb, qj = np.nonzero(real)  # input b and column j of each query row
     q_resp = [sets[i][j] if j < k else anchors[i].responses[j - k] for i, j in zip(qb, qj)]
     v = verify(ctx, [prompts[i] for i in qb], [hists[i] for i in qb], q_resp,
                [flat_items[i] for i in qb], timer)
     grid = np.zeros((b, k + a_max, gl * m), np.float32)
     grid[qb, qj, :v.shape[1]] = v
     grid = grid.reshape(b, k + a_max, gl, m).transpose(0, 2, 1, 3)          # [B, G, K+A, M]
-    v_c, v_a = grid[:, :, :k], grid[:, :, k:]
+    v_c, v_a = grid[:, :, :k], grid[:, :, k:]  # verdicts on C, on the anchor list
     anchor_mask = np.arange(a_max)[None, :] < n_anchor[:, None]             # [B, A]
+    # Padded anchor slots are masked out of Eq. 15 (anchor_mask), whatever rank they hold.
     gold = np.zeros((b, a_max), np.int32)
     for i, a in enumerate(anchors):
         gold[i, :n_anchor[i]] = a.gold_ranks
     w, im, lv = rb.weights, rb.item_mask, rb.list_valid
     r_disc = np.asarray(rewards.discriminability_reward(v_c, w, im))        # [B, G]
-    s_anchor, _ = rewards.rubric_scores(v_a, w, im)
+    s_anchor, _ = rewards.rubric_scores(v_a, w, im)  # Eq. 12 on the anchor list, [B, G, A]
+    # Every list of input b is scored on the same anchor list (gold, mask broadcast over G);
+    # invalid lists get the Eq. 15 floor (METHOD 11).
     r_anchor = np.asarray(rewards.anchor_reward_or_floor(
         s_anchor, jnp.broadcast_to(gold[:, None], (b, gl, a_max)),
         jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
-    disc_weight, lam = VARIANT_WEIGHTS[c.variant]
+    disc_weight, lam = VARIANT_WEIGHTS[c.variant]  # full objective or a METHOD 6 ablation
     ids = rb.rollout.group_ids  # row b * G + g: list g of input b (METHOD 11: by id)
     adv, _, _ = adv_lib.generator_advantages_by_id(
         r_disc.reshape(-1), r_anchor.reshape(-1), g.lam if lam is None else lam, ids, b,
@@ -297,11 +302,12 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
                                                c.variant == "static", timer)
     prompts = [x.prompt for x in items]
     hists = [list(x.history) for x in items]
-    responses = [y for cs in sets for y in cs]
+    responses = [y for cs in sets for y in cs]  # B*K, grouped by prompt
     b, m = len(items), rb.weights.shape[-1]
     v = verify(ctx, [x for x in prompts for _ in range(k)], [h for h in hists for _ in range(k)],
                responses, [rb.texts[i][0] for i in range(b) for _ in range(k)], timer)
-    v = fit_items(v, m).reshape(b, k, m)
+    v = fit_items(v, m).reshape(b, k, m)  # [B, K, M]
+    # Eq. 12; an invalid list scores every response 0, so its group is flat (METHOD 11).
     scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
     scores = np.asarray(scores)
     adv, flat = adv_lib.group_advantages_by_id(scores.reshape(-1), rollout.group_ids, b)
@@ -331,6 +337,7 @@ def rule_policy_rollout(ctx: Context, key, items,
     rollout, responses = sample_responses(
         ctx, key, [x.prompt for x in items], [list(x.history) for x in items], k, timer)
     with timer("reward"):
+        # Row i answers prompt i // K (the layout of `sample_responses`).
         scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
                           np.float32)
     b = len(items)
@@ -369,6 +376,7 @@ def heldout_metrics(ctx: Context, key, anchors) -> dict:
     timer = Timer()
     rb = ctx.generator.generate_batch(
         ctx.roles.params(Role.GENERATOR), key,
+        # The anchor list itself is the response set C shown to the generator (nothing sampled).
         [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
         num_lists=1, temperature=ctx.config.policy.heldout_temperature,
         static=ctx.config.variant == "static")

@@ -11,8 +11,8 @@ step with rows, the largest divisor of its rows that fits: rows per sampler call
 rollout micro-batch) and rows per gradient pass (`train.micro_batch_size`, a multiple of
 data x fsdp), so the step's global batch is reached in chunks.
 
-The phases today sample all rows of a step in one sampler call; the rollout micro-batch
-the planner prints is what they need to chunk by at the paper's lengths. Figures in GB
+The rollout micro-batch it prints goes into `policy.rollout_micro_batch` /
+`generator.rollout_micro_batch` (rows per sampler call; 0 = all). Figures in GB
 (1e9 bytes) per device. `experiments/plan.py` prints a plan, with the compiled figures of
 `planner_compiled` beside it; `memory_json` is what a run writes under "planned" in its
 memory.json.
@@ -69,6 +69,7 @@ class Workload:
         rows = min(pow2_floor(budget["max_rows"]),
                    pow2_floor(max(budget["prefill_tokens_budget"] // prefix, 1)),
                    pow2_floor(max(budget["cache_slots_budget"] // (slots * items), 1)))
+        # Read from the signature, so the plan follows the generator's own smallest bucket.
         gen_bucket = inspect.signature(RubricGenerator).parameters["min_bucket"].default
         return cls(p.prompts_per_step * p.num_responses,
                    bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
@@ -78,6 +79,7 @@ class Workload:
 
 
 def _divisors(n: int) -> list:
+    # Largest first: the search takes the first candidate that fits.
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
@@ -104,6 +106,7 @@ class Plan:
 
     @property
     def worst(self) -> Step:
+        # The step with the highest peak decides the verdict.
         return max(self.steps, key=self.peak)
 
     @property
@@ -137,6 +140,7 @@ class Plan:
         rollout and update micro-batches, the verdict."""
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
         cap = "unknown" if self.capacity is None else f"{self.capacity / GB:.1f} GB"
+        # The ordered union of both phases' resident terms (one table row each).
         names = list(dict.fromkeys(t.name for p in PHASES for t in self.resident[p]))
         host = [(f"on the host in the {p} phase: {t.name}", t.bytes)
                 for p in PHASES for t in self.host[p]]
@@ -194,6 +198,7 @@ def _choose(phase: str, name: str, rows: int, candidates: list, terms: Callable,
         t = terms(r)
         if budget is None or sum(x.bytes for x in t) <= budget:
             return Step(phase, name, t, r, rows)
+    # Nothing fits: the smallest candidate, so the verdict names the real shortfall.
     return Step(phase, name, terms(candidates[-1]), candidates[-1], rows)
 
 
@@ -223,6 +228,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    # Shapes and shardings only: planning needs no devices.
     mesh = abstract_mesh(config, devices, mesh_sizes)
     checked = ml_collections.ConfigDict(config.to_dict())  # the run's config on this mesh
     checked.mesh.update(dict(mesh.shape), num_devices=devices)
@@ -235,6 +241,8 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     usable = None if capacity is None else int(capacity * (1 - headroom))
     steps = []
     for phase in PHASES:
+        # What the phase's resident state leaves for a step's transients. The lambdas below run
+        # inside `_choose` at once, so the loop's later rebinding of phase / rows cannot reach them.
         budget = None if usable is None else usable - sum(t.bytes for t in split[phase][0])
         rubric_rows = w.rubric_rows if phase == "generator" else w.rubric_rows_policy_phase
         steps.append(_choose(phase, "policy sampling", w.policy_rows, _divisors(w.policy_rows),
@@ -247,12 +255,14 @@ def plan(config: ml_collections.ConfigDict, devices: int,
                                                       w.rubric_prompt, w.rubric_new,
                                                       attention, block, True),
                              budget, None if search else rubric_rows))
+        # No micro-batch to choose here: the Verifier's default chunking (`Workload`).
         steps.append(Step(phase, "verification", verification_terms(
             models_, mesh, w.verifier_rows, w.verifier_prefix, w.verifier_suffix,
             w.verifier_items, attention, block)))
         rows, prompt, new = ((w.rubric_rows, w.rubric_prompt, w.rubric_new)
                              if phase == "generator" else
                              (w.policy_rows, w.policy_prompt, w.policy_new))
+        # Update micro-batches are split over data x fsdp: multiples of the row shards only.
         fits_mesh = [m for m in _divisors(rows) if m % shards == 0] or [rows]
         steps.append(_choose(phase, f"{phase} update", rows, fits_mesh,
                              lambda m: train_terms(models_, phase, mesh, rows, m, prompt, new,
@@ -279,6 +289,7 @@ def planned_role_mib(config: ml_collections.ConfigDict, idle: str = "generator")
         opt = jax.tree.leaves(jax.eval_shape(models_.optimizer(role).init, trained))
         out[role] = tree_bytes(trained) / 2 ** 20
         for leaf in opt:  # parking leaves the step counters (scalars) in place
+            # Offloading moves every leaf, the scalar counters too; parking leaves those in place.
             moved = away and role == idle and (leaf.ndim or away == "offloaded_to_host")
             out[away if moved else role] += tree_bytes(leaf) / 2 ** 20
     return out
@@ -299,6 +310,7 @@ def memory_json(config: ml_collections.ConfigDict, mesh) -> dict:
     planned MiB per role as the run ends (the generator idle) beside the measured ones.
     A config the planner cannot size gives {"error": why} (a finished run never fails
     here)."""
+    # None on CPU: no capacity, so the plan carries no verdict.
     stats = jax.local_devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     try:

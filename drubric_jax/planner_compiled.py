@@ -61,6 +61,7 @@ def analyse(lowered) -> Compiled:
     structs of its outputs with the shardings the compiler chose (inputs of the next call)."""
     compiled = lowered.compile()
     m = compiled.memory_analysis()
+    # With the shardings XLA chose, so the next function of a chain is lowered on them.
     outputs = _structs(lowered.out_info, compiled.output_shardings)
     return Compiled(int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
                     int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), outputs)
@@ -94,10 +95,13 @@ def sampler_params(trainee_cfg: ModelConfig, base_cfg: ModelConfig, mesh):
 def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: TrainConfig, mesh,
                rows: int, prompt: int, new: int) -> Compiled:
     """The sharded GRPO step on R = `rows` rows of T = prompt + new tokens."""
+    # The step a run uses (memoised), lowered on structs.
     optimizer, step = ts.make_sharded_train_step(trainee_cfg, train_cfg, mesh)
     shapes = jax.eval_shape(lambda: ts.init_train_state(ts.trainable_init(trainee_cfg),
                                                         optimizer))
     state = _structs(shapes, sharding.param_shardings(shapes, mesh))
+    # Batch rows over (data, fsdp), as the sharded step takes them; structs only: the step is
+    # lowered and compiled, never run.
     rows_sh = sharding.batch_sharding(mesh)
     t = prompt + new
 
@@ -118,6 +122,7 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     prefill, the cache unstacking, one constrained step) beside the per-layer weights."""
     tokens = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
     mask = jax.ShapeDtypeStruct((rows, prompt), bool)
+    # A key struct: nothing is drawn.
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
     pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new))
     state = pre.outputs  # with the sharding the compiler picked for the cache
@@ -125,6 +130,7 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     method = sampling.Temperature(1.0)
     if not constrained:
         dec = analyse(sampling.decode_loop.lower(params, cfg, state, method, stop, 0))
+        # The decode loop's peak comes on top of the state the prefill returned.
         return pre.extra, pre.output + dec.extra
     copy = analyse(constrained_lib._decode_params.lower(params, cfg))
     unstack = analyse(constrained_lib._decode_cache.lower(state.cache))
@@ -150,6 +156,7 @@ def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix:
     score = analyse(passes.score_suffixes.lower(
         params, cfg, cache, plen, jax.ShapeDtypeStruct((rows, items, suffix), jnp.int32),
         jax.ShapeDtypeStruct((rows, items), jnp.int32), ids, ids))
+    # The suffix pass runs on top of the cached prefixes it reads.
     return pre.extra, pre.output + score.extra
 
 
@@ -200,6 +207,7 @@ def measure_plan(plan, models_, workload, mesh) -> None:
                 w.verifier_rows, w.verifier_prefix, w.verifier_suffix, w.verifier_items)
         prompt, new = ((w.rubric_prompt, w.rubric_new) if phase == "generator"
                        else (w.policy_prompt, w.policy_new))
+        # Compiled at the update micro-batch the plan chose for this step.
         tc = dataclasses.replace(models_.train[phase], micro_batch_size=rows)
         return (step.name, rows), lambda n: (train_step(
             depth(models_.trainee[phase], n), base(phase, n), tc, mesh, step.of_rows, prompt,
@@ -212,6 +220,7 @@ def measure_plan(plan, models_, workload, mesh) -> None:
             "auto": "auto"}.get(chosen, "dense")
     for step in plan.steps:
         key, fn = measure(step)
+        # Equal shapes (the same call in both phases) are compiled once.
         if key not in memo:
             memo[key] = scaled(fn, models_.base[models_.sources["policy"]].num_layers)
         step.compiled, how = memo[key]

@@ -112,6 +112,7 @@ def source_config(source: str, dtype: str) -> ModelConfig:
             return weights.config_from_hf(json.load(f), dtype)
     if os.path.isfile(path):
         return weights.config_from_gguf(weights.open_gguf(path), dtype)
+    # A hub id's name as a preset key: "Qwen/Qwen3-8B" -> qwen3_8b (a trailing _instruct dropped).
     name = source.split("/")[-1].lower().replace("-", "_").replace(".", "_")
     cfg = {DEFAULT_MODEL: SMOLLM2_135M}.get(source) or PRESETS.get(name) or PRESETS.get(
         name.removesuffix("_instruct"))
@@ -139,6 +140,7 @@ def tree_bytes(shapes, mesh: Optional[AbstractMesh] = None) -> int:
     if mesh is None:
         return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
     shard = jax.tree.leaves(sharding.param_shardings(shapes, mesh))
+    # One device's shard of each leaf (a replicated dim counts whole).
     return sum(math.prod(s.shard_shape(tuple(x.shape))) * x.dtype.itemsize
                for x, s in zip(jax.tree.leaves(shapes), shard))
 
@@ -160,6 +162,7 @@ class RoleModels:
         p, g = config.policy, config.generator
         rows = {"policy": (p.prompts_per_step * p.num_responses, p.temperature),
                 "generator": (g.anchors_per_step * g.num_lists, g.temperature)}
+        # `roles.trainee_config` on a params-less LoadedModel: the config a run builds.
         trainee = {r: trainee_config(LoadedModel(sources[r], base[sources[r]], {}, None), config)
                    for r in rows}
         train = {r: TrainConfig.from_config(config[r].train, f"{r}.train", rows=n,
@@ -209,6 +212,7 @@ def resident_terms(models_: RoleModels, config: ml_collections.ConfigDict, mesh,
                    tree_bytes(jax.eval_shape(models_.optimizer(role).init, trained), mesh),
                    f"config.{role}.train.mu_dtype=bfloat16; "
                    "config.memory.offload_idle_optimizer; config.lora.rank")
+        # Only the idle trainee's moments can leave the device; the active one's stay.
         (host if role != phase and idle_off else device).append(opt)
     return device, host
 
@@ -267,11 +271,13 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
     rows of T = prompt + new tokens, `micro_batch` rows per gradient pass."""
     cfg, tc = models_.trainee[role], models_.train[role]
     shards, tensor = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["tensor"]
+    # Rows of one micro-batch on one device.
     b = max(micro_batch // shards, 1)
     t, n = prompt + new, rows // micro_batch
     trained = models_.trained_shapes(role)
     mb_field = f"config.{role}.train.micro_batch_size"
     grads = tree_bytes(_f32(trained), mesh)
+    # The output head scores only the completion (start = P): chunks of at most N tokens.
     chunk = min(tc.logits_chunk, new)
     head = cfg.dim * -(-cfg.vocab_size // tensor) * cfg.compute_dtype.itemsize
     batch = Term("batch arrays", rows // shards * t * BATCH_BYTES,

@@ -68,10 +68,12 @@ def rubric_scores(verdicts, weights, item_mask):
             gives every response the score 0 (METHOD 3 and 11), never NaN.
     """
     w, keep = _item_weights(weights, item_mask)
+    # Dropped and padded items may hold any verdict (NaN included): zeroed before the sums.
     v = jnp.where(keep[..., None, :], jnp.asarray(verdicts, jnp.float32), 0.0)
     total = jnp.sum(w, axis=-1)
     valid = total > 0
     weighted = jnp.sum(v * w[..., None, :], axis=-1)
+    # An empty rubric divides by 1 (no 0/0) and then scores 0 (METHOD 3, 11).
     scores = weighted / jnp.where(valid, total, 1.0)[..., None]
     return jnp.where(valid[..., None], scores, 0.0), valid
 
@@ -101,14 +103,18 @@ def discriminability_reward(verdicts, weights, item_mask, response_mask=None):
     if response_mask is None:
         response_mask = _all_true(v, drop_last=1)
     resp = jnp.asarray(response_mask, bool)
+    # Padded responses and dropped items contribute nothing to the means below.
     v = jnp.where(keep[..., None, :] & resp[..., :, None], v, 0.0)
     n = jnp.sum(resp, axis=-1)
+    # Population variance: divide by K, not K - 1 (Eq. 13 is vbar (1 - vbar)).
     nf = jnp.maximum(n, 1)[..., None].astype(jnp.float32)
     vbar = jnp.sum(v, axis=-2) / nf                                       # [..., M]
     dev = jnp.where(resp[..., :, None], v - vbar[..., None, :], 0.0)
+    # 0/1 items take the paper's closed form (bit for bit); soft items the two-pass variance.
     binary = jnp.all((v == 0.0) | (v == 1.0), axis=-2)
     var = jnp.where(binary, vbar * (1.0 - vbar), jnp.sum(dev * dev, axis=-2) / nf)
     total = jnp.sum(w, axis=-1)
+    # An empty rubric or no real response: R_disc = 0 (METHOD 3), not 0/0.
     ok = (total > 0) & (n > 0)
     r = jnp.sum(w * var, axis=-1) / jnp.where(ok, total, 1.0)
     return jnp.where(ok, r, 0.0)
@@ -127,8 +133,10 @@ def ordered_pairs(gold_ranks, mask=None):
     """
     g = jnp.asarray(gold_ranks, jnp.float32)
     m = _all_true(g) if mask is None else jnp.asarray(mask, bool)
+    # A padded rank may be NaN: zeroed, and `both` drops its pairs anyway.
     g = jnp.where(m, g, 0.0)
     both = m[..., :, None] & m[..., None, :]
+    # Strict <: gold-tied items form no pair in either direction (METHOD 11).
     return both & (g[..., :, None] < g[..., None, :])
 
 
@@ -139,8 +147,10 @@ def _anchor_pair_weights(gold_ranks, mask):
     better than it (METHOD 11).
     """
     better = ordered_pairs(gold_ranks, mask)
+    # Column sums: for each item, how many items are strictly better than it.
     pos = 1.0 + jnp.sum(better, axis=-2).astype(jnp.float32)  # [..., N]
     gap = pos[..., None, :] - pos[..., :, None]  # pos_b - pos_a
+    # (j - i) 2^(i - 1), i the better item's position; off-pairs get 1 (no 1/0, masked after).
     denom = jnp.where(better, gap, 1.0) * jnp.exp2(pos - 1.0)[..., :, None]
     return jnp.where(better, 1.0 / denom, 0.0)
 
@@ -163,9 +173,11 @@ def anchor_reward(scores, gold_ranks, anchor_mask=None):
     """
     s = jnp.asarray(scores, jnp.float32)
     m = _all_true(s) if anchor_mask is None else jnp.asarray(anchor_mask, bool)
+    # A NaN score at a padded slot would survive its 0 pair weight (0 * NaN = NaN).
     s = jnp.where(m, s, 0.0)
     weights = _anchor_pair_weights(gold_ranks, m)
     diff = s[..., :, None] - s[..., None, :]
+    # diff[a, b] = S_a - S_b; only pairs with a strictly better than b carry weight.
     return jnp.sum(weights * jax.nn.log_sigmoid(diff), axis=(-2, -1))
 
 
@@ -202,6 +214,8 @@ def anchor_reward_or_floor(scores, gold_ranks, anchor_mask, rubric_valid):
         float32[...].
     """
     valid = jnp.asarray(rubric_valid, bool)
+    # Zeroed first: an invalid list's scores may be NaN, and a NaN in the branch jnp.where
+    # does not select still poisons gradients and trips jax_debug_nans.
     s = jnp.where(valid[..., None], jnp.asarray(scores, jnp.float32), 0.0)
     return jnp.where(valid, anchor_reward(s, gold_ranks, anchor_mask),
                      anchor_reward_floor(gold_ranks, anchor_mask))
@@ -230,4 +244,5 @@ def delta_gap(scores, gold_ranks, mask=None):
     diff = s[..., :, None] - s[..., None, :]
     count = jnp.sum(better, axis=(-2, -1)).astype(jnp.int32)
     total = jnp.sum(jnp.where(better, diff, 0.0), axis=(-2, -1))
+    # No ordered pair: 0, not 0/0.
     return total / jnp.maximum(count, 1).astype(jnp.float32), count

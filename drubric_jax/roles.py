@@ -66,6 +66,7 @@ def _source_fields(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
     """{model source: the config fields that name it}."""
     fields: dict[str, list[str]] = {}
     for role in ("policy", "generator", "verifier"):
+        # One entry per distinct source: roles that name the same source share one load.
         fields.setdefault(config.model[role], []).append(f"config.model.{role}")
     return fields
 
@@ -73,6 +74,7 @@ def _source_fields(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
 def _named(e: Exception, names: list[str]) -> Exception:
     """`e` with the config fields at the start of its message, of the same type."""
     try:
+        # The same exception type, so callers' except clauses still match.
         return type(e)(f"{', '.join(names)}: {e}")
     except Exception:  # a constructor that wants other arguments
         e.add_note(f"while loading {', '.join(names)}")
@@ -101,6 +103,7 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
     """
     fields = _source_fields(config)
     models = {}
+    # Each tensor is placed onto its shards as it is read (`models.weights`).
     sharder = None if mesh is None else sharding.leaf_sharder(mesh)
     for source, names in fields.items():
         try:
@@ -108,6 +111,7 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
                                           seed=config.seed)
         except Exception as e:
             named = _named(e, names)
+            # `_named` could not rebuild the type: the original goes up, with the fields as a note.
             if named is e:
                 raise
             raise named from e
@@ -144,6 +148,7 @@ class Trainee:
     def params(self) -> dict:
         """The params a forward pass of this trainee takes (base + adapters for LoRA)."""
         if self.cfg.lora_rank:
+            # A dict merge: the base arrays are shared with the frozen roles, not copied.
             return lora.attach(self.model.params, self.state.params)
         return self.state.params
 
@@ -155,12 +160,14 @@ class Trainee:
 
     @property
     def reference_params(self) -> dict:
+        # pi_ref is the unchanged source (for LoRA: the base with no adapter attached).
         return self.model.params
 
     def resident_state(self) -> ts.TrainState:
         """The state with parked moments read back (a transient copy when parked)."""
         if self.parked is None:
             return self.state
+        # No directory: the parked files stay for the rest of the phase.
         return self.state.replace(opt_state=hostmem.unpark(self.state.opt_state, self.parked))
 
 
@@ -177,13 +184,17 @@ def make_trainee(role: Role, model: LoadedModel, cfg: ModelConfig, train_config:
     or new adapters (LoRA), and AdamW moments made sharded by a jitted init."""
     optimizer, step_fn = ts.make_sharded_train_step(cfg, train_config, mesh)
     if cfg.lora_rank:
+        # Policy and generator adapters start from different draws of the same seed.
         key = jax.random.fold_in(jax.random.PRNGKey(seed), ROLE_KEYS[role])
+        # Shapes first, then a jit with out_shardings: the adapters are born sharded (STYLE 6).
         shapes = jax.eval_shape(lambda: ts.trainable_init(cfg, key, model.params))
         params = jax.jit(lambda k: ts.trainable_init(cfg, k, model.params),
                          out_shardings=sharding.param_shardings(shapes, mesh))(key)
     else:  # ours, not the base's buffers: the step donates them (eager copy keeps shardings)
         params = jax.tree.map(lambda x: jnp.copy(x).astype(cfg.weight_dtype), model.params)
+        # Exactly the shardings the compiled step's in_shardings name.
         params = jax.device_put(params, sharding.param_shardings(params, mesh))
+    # The moments mirror the params' tree, so the same leaf-name rules shard them.
     opt_shapes = jax.eval_shape(optimizer.init, params)
     opt_state = jax.jit(optimizer.init, out_shardings=sharding.param_shardings(
         opt_shapes, mesh))(params)
@@ -205,6 +216,7 @@ class Roles:
     def params(self, role: str) -> dict:
         """Current arrays of a role: "policy", "generator", "verifier", "policy_ref",
         "generator_ref" (the one weight-sync point)."""
+        # Role is a str enum: "policy" and Role.POLICY both match here.
         if role in (Role.POLICY, Role.GENERATOR):
             return self.trainee(Role(role)).params
         if role == "verifier":
@@ -226,6 +238,7 @@ class Roles:
         for trainee, kind in ((self.trainee(active), "device"),
                               (self.trainee(active.other), "pinned_host")):
             moments = trainee.state.opt_state
+            # Only the memory kind changes; the partitioning over the devices stays as it was.
             target = jax.tree.map(lambda x: x.sharding.with_memory_kind(kind), moments)
             trainee.state = trainee.state.replace(opt_state=jax.device_put(moments, target))
 
@@ -235,13 +248,16 @@ class Roles:
         for trainee, park in ((self.trainee(active), False), (self.trainee(active.other), True)):
             directory = os.path.join(park_dir, trainee.role.value)
             state = trainee.state
+            # Idempotent: a trainee already parked (or already resident) is left as it is.
             if park and trainee.parked is None:
+                # `unpark` puts every leaf back onto the sharding recorded here.
                 trainee.parked = jax.tree.map(lambda x: x.sharding, state.opt_state)
                 trainee.state = state.replace(opt_state=hostmem.park(state.opt_state, directory))
             elif not park and trainee.parked is not None:
                 trainee.state = state.replace(opt_state=hostmem.unpark(
                     state.opt_state, trainee.parked, directory))
                 trainee.parked = None
+        # On CPU the freed moments were host mallocs: hand their pages back to the kernel now.
         hostmem.release_free_memory()
 
 
@@ -253,6 +269,8 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
     """
     models = load_models(config, mesh)
     p, g = config.policy, config.generator
+    # R of a step: B*K responses (policy), B*G rubric lists (generator). Log-probs are scored
+    # at each trainee's own sampling temperature (METHOD 11).
     policy_tc = TrainConfig.from_config(p.train, "policy.train",
                                         rows=p.prompts_per_step * p.num_responses,
                                         temperature=p.temperature)
@@ -283,11 +301,13 @@ def role_memory(roles: Roles) -> dict:
                 out["parked_on_disk"] += leaf.nbytes
             elif getattr(getattr(leaf, "sharding", None), "memory_kind", None) == "pinned_host":
                 out["offloaded_to_host"] += leaf.nbytes
+            # By id: a base that several roles share is one array object, counted once.
             elif hasattr(leaf, "nbytes") and id(leaf) not in seen:
                 seen.add(id(leaf))
                 total += leaf.nbytes
         out[name] = total
 
+    # The order decides which role a shared base is charged to: the first that names it.
     size("verifier", roles.verifier.params)
     size("policy_ref", roles.policy.reference_params)
     size("generator_ref", roles.generator.reference_params)

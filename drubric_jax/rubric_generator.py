@@ -99,6 +99,8 @@ class RubricGenerator:
         # off its usual token sequences (compact "," / ":" made SmolLM2 emit noise).
         self.schema["x-guidance"] = dict(JSON_SEPARATORS)
         self.stop_ids = tok_lib.stop_ids(tokenizer)
+        # One constraint for every call (`reset` makes fresh per-row matchers); its vocabulary is
+        # the logits' width, which may exceed the tokenizer's.
         self.constraint = JsonSchemaConstraint(tokenizer, self.schema, cfg.vocab_size,
                                                int(self.stop_ids[0]))
 
@@ -125,6 +127,7 @@ class RubricGenerator:
 
         fit = fit_prompt(self.tokenizer, render, prompt, history, responses,
                          max_tokens=self.input_budget)
+        # A cut history turn counts as a cut prompt.
         return fit.ids, list(fit.response_cut), fit.prompt_cut or any(fit.history_cut)
 
     def generate(self, params, key: jax.Array, prompt: str,
@@ -168,8 +171,10 @@ class RubricGenerator:
             raise ValueError("no inputs")
         if num_lists < 1:
             raise ValueError(f"num_lists must be >= 1, got {num_lists}")
+        # Temperature 0 is Greedy; rubric lists use no top-k / top-p truncation.
         method = sampling.method_from_flags(float(temperature))
         b, g = len(inputs), int(num_lists)
+        # `orders` is padded (-1) to the largest K; at least 1 so an all-static batch has the axis.
         k_max = max(1, max(len(x.responses) for x in inputs))
         statics = ([bool(static)] * b if isinstance(static, (bool, np.bool_))
                    else [bool(x) for x in static])
@@ -186,9 +191,11 @@ class RubricGenerator:
                 raise ValueError(f"input {i} has no responses (use static=True)")
             for j in range(g):
                 if statics[i]:
+                    # Static lists show no responses: identity order, nothing cut.
                     orders[i, j, :k] = np.arange(k)
                     ids, _, pcut = self.prompt_ids(inp.prompt, None, inp.history)
                 else:
+                    # One order per list (b, g): the G lists of an input see different ones.
                     perm = np.asarray(jax.random.permutation(
                         jax.random.fold_in(order_key, i * g + j), k))
                     orders[i, j, :k] = perm
@@ -199,21 +206,26 @@ class RubricGenerator:
                 prompts.append(ids)
 
         done = []  # grammar finished, per row, read after each sampler call
+        # allow_invalid: a grammar dead end becomes an invalid list (counted), not an error.
         out = sampling.generate_chunked(
             params, self.cfg, prompts, self.rows_per_call, key=sample_key,
             max_new_tokens=self.max_new_tokens, method=method, stop_ids=self.stop_ids,
             constraint=self.constraint, min_bucket=self.min_bucket, allow_invalid=True,
             mesh=self.mesh, after_call=lambda: done.append(self.constraint.finished()))
+        # One finished() array per sampler call, in row order.
         grammar_done = np.concatenate(done)
         stops = set(self.stop_ids.tolist())
         parsed, reasons, raws = [], [], []
         for r in range(b * g):
             ids = out.tokens[r][out.mask[r]].tolist()
+            # The stop token is not part of the JSON text.
             if ids and ids[-1] in stops:
                 ids = ids[:-1]
             text = self.tokenizer.decode(ids)
             if out.invalid[r]:
                 reason = "invalid"
+            # Out of tokens with the JSON value still open; a row whose grammar completed on
+            # its last token is complete, not cut.
             elif out.truncated[r] and not grammar_done[r]:
                 reason = "length"
             else:
@@ -233,6 +245,7 @@ class RubricGenerator:
                         items_dropped=sum(p.num_dropped for p in parsed),
                         constraint_dead_end=int(out.invalid.sum()))
 
+        # Flat row b * G + g -> [B, G, ...] arrays (grid) and [b][g] lists (nested).
         def grid(x):
             return x.reshape((b, g) + x.shape[1:])
 

@@ -38,6 +38,7 @@ def quiet_third_party_logs(quiet: bool = True) -> None:
 
     handlers = [absl_logging.get_absl_handler()] + list(logging.getLogger().handlers)
     for handler in handlers:
+        # Removed first, so a second call installs no second filter.
         for f in [f for f in handler.filters if isinstance(f, ThirdPartyFilter)]:
             handler.removeFilter(f)
         if quiet:
@@ -45,17 +46,20 @@ def quiet_third_party_logs(quiet: bool = True) -> None:
 
 
 def _scalar(v):
+    # bool first: True is an int too.
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
     if isinstance(v, (int, np.integer)):
         return int(v)
     if isinstance(v, (float, np.floating)) or (hasattr(v, "shape") and np.ndim(v) == 0):
         f = float(v)
+        # NaN and inf are not valid JSON: written as the strings "nan", "inf".
         return f if math.isfinite(f) else str(f)
     if isinstance(v, (list, tuple)):
         return [_scalar(x) for x in v]
     if isinstance(v, dict):
         return {k: _scalar(x) for k, x in v.items()}
+    # numpy and jax arrays become (nested) lists.
     if hasattr(v, "tolist"):
         return _scalar(v.tolist())
     return v
@@ -84,10 +88,13 @@ class MetricsWriter:
         """Writes `row` (scalars, lists, nested dicts) for `global_step`."""
         row = _scalar(row)
         self._file.write(json.dumps(row, sort_keys=True) + "\n")
+        # Flushed per row: a killed run loses at most the row being written.
         self._file.flush()
         if self._tb is not None:
+            # One TensorBoard group per phase: generator and policy curves apart.
             prefix = row.get("phase", "run")
             for k, v in row.items():
+                # Numbers only: lists (weight_hist) stay in the JSONL.
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(f"{prefix}/{k}", v, global_step)
 
@@ -104,6 +111,7 @@ def read_metrics(path: str) -> list[dict]:
         for line in f:
             if line.strip():
                 r = json.loads(line)
+                # The last row wins: a row repeated after a crash and resume replaces the first.
                 rows[(r.get("round"), r.get("phase"), r.get("step"), r.get("kind"))] = r
     return list(rows.values())
 
@@ -118,6 +126,7 @@ def plot_curves(metrics_path: str, out_png: str,
 
     rows = read_metrics(metrics_path)
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    # atleast_1d: with one key, subplots returns a single Axes, not an array.
     for ax, key in zip(np.atleast_1d(axes), keys):
         by_round: dict = {}
         for r in rows:
@@ -142,7 +151,9 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
     "scores": [float] (K), "valid": bool}. Cells show yes / no, or the soft verdict.
     """
     def cell(v):
+        # Hard verdicts read yes / no, soft ones show P(yes).
         label = ("yes" if v else "no") if v in (0, 1) else f"{v:.2f}"
+        # Green above 0.5, the threshold of a hard verdict.
         return f"<td class='{'y' if v > 0.5 else 'n'}'>{label}</td>"
 
     esc = html.escape

@@ -81,6 +81,7 @@ def bucket_length(n: int, minimum: int = 16, step: int = BUCKET_STEP,
     """The bucket of a length n: the smallest power of two >= max(n, minimum) while that is
     <= pow2_until, else the smallest multiple of `step` >= n."""
     n = max(int(n), int(minimum))
+    # The smallest power of two >= n.
     pow2 = 1 << max(0, n - 1).bit_length()
     return pow2 if pow2 <= pow2_until else step * -(-n // step)
 
@@ -96,6 +97,8 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
     for i, p in enumerate(prompts):
         if not 0 < len(p) <= length:
             raise ValueError(f"prompt {i} has {len(p)} tokens; must be 1..{length}")
+        # Left padding: every row's last prompt token sits in the last column, so each decode
+        # step writes the same cache slot for all rows.
         tokens[i, length - len(p):] = p
         mask[i, length - len(p):] = True
     return tokens, mask
@@ -105,7 +108,9 @@ def _shard_cache(cache, cfg: ModelConfig, mesh):
     """Cache rows over ("data", "fsdp") and KV heads over "tensor" (when they divide)."""
     if mesh is None:
         return cache
+    # KV heads that do not divide over "tensor" stay whole (replicated over it).
     heads = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
+    # The cache k / v layout is [L, B, Hkv, S, Dh].
     kv = NamedSharding(mesh, P(None, sharding.BATCH_AXES, heads, None, None))
     return cache.replace(k=jax.lax.with_sharding_constraint(cache.k, kv),
                          v=jax.lax.with_sharding_constraint(cache.v, kv),
@@ -127,12 +132,15 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
             ("data", "fsdp") and heads over "tensor" (the decode loop keeps that layout).
     """
     b, p = tokens.shape
+    # S = P + N slots: the whole generation fits without reallocating the cache.
     cache = _shard_cache(models.init_cache(cfg, b, p + max_new_tokens), cfg, mesh)
     positions = models.positions_from_mask(token_mask)
     hidden, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
     cache = _shard_cache(cache, cfg, mesh)
+    # Left padding: column -1 is every row's last real prompt token.
     logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return SamplerState(
+        # The first new token continues each prompt's own positions (padding does not count).
         cache=cache, logits=logits, positions=positions[:, -1] + 1,
         tokens=jnp.zeros((b, max_new_tokens), jnp.int32),
         logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
@@ -142,6 +150,7 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
 
 def _token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
     """float32[B] log softmax(logits / temperature)[tokens] over the full vocabulary."""
+    # `temperature` is a scoring temperature: never 0 (greedy is scored at 1).
     logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
     return jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
 
@@ -161,12 +170,16 @@ def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, all
         that produced a real token this step).
     """
     logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
+    # One key per step, from (key, step) alone: `decode_loop` and the host-driven constrained
+    # loop use the same keys.
     tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method)
     live = ~state.done
     if force_stop is not None:
+        # A completed grammar may allow nothing more: its row ends with the stop id, not `invalid`.
         tok = jnp.where(force_stop, stop_ids[0], tok)
         bad = bad & ~force_stop
     emitted = live & ~bad
+    # Unconstrained logits: the log-prob the training forward pass computes (pi_old, METHOD 11).
     logp = _token_logprobs(state.logits, tok, scoring_temperature(method))
     tok = jnp.where(emitted, tok, pad_id)
     logp = jnp.where(emitted, logp, 0.0)
@@ -191,6 +204,7 @@ def forward_token(params, cfg: ModelConfig, state: SamplerState, tok: jax.Array,
         positions=state.positions + 1)
 
 
+# The state is donated: the returned cache reuses its buffers (no second cache alive).
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
 def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
                 stop_ids: jax.Array, pad_id: int) -> SamplerState:
@@ -209,6 +223,7 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
     def body(s):
         return forward_token(layer_params, cfg, *sample_token(s, method, stop_ids, pad_id))
 
+    # Per-layer cache on CPU (`models.per_layer_decode`), stacked again on the way out.
     state = state.replace(cache=models.decode_cache(state.cache))
     state = jax.lax.while_loop(cond, body, state)
     return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers
@@ -216,6 +231,7 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
 
 def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
             prompt_mask: np.ndarray) -> Rollout:
+    # The results come back to the host in one transfer.
     tokens, logprobs, mask, done, invalid = jax.device_get(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
     tokens = np.where(mask, tokens, pad_id).astype(np.int32)  # steps skipped by an early exit
@@ -266,6 +282,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     if not prompts:
         raise ValueError("no prompts")
     pad = int(stop[0] if pad_id is None else pad_id)
+    # A compiled program per (rows, bucket, N): other prompt lengths in the bucket reuse it.
     length = bucket_length(max(len(p) for p in prompts), min_bucket)
     n, put = len(prompts), jnp.asarray
     if mesh is not None:
@@ -273,6 +290,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         prompts = list(prompts) + [prompts[-1]] * (-n % shards)  # filler rows, dropped
         put = functools.partial(jax.device_put, device=sharding.batch_sharding(mesh))
     tokens, mask = left_pad(prompts, length, pad)
+    # The prompts go to the device here; `_finish` brings the results back.
     state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh)
     stop_arr = jnp.asarray(stop)
     if constraint is None:
@@ -282,6 +300,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
 
         state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad)
     out = _finish(state, pad, tokens, mask)
+    # Drop the filler rows added for the mesh.
     if out.num_rows != n:
         out = out.take(slice(0, n))
     if out.invalid.any() and not allow_invalid:
@@ -301,6 +320,7 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     `after_call()` runs after each call (e.g. to read a constraint's `finished()`).
     """
     n = len(prompts)
+    # 0 (or >= n) means one call with every row.
     chunk = rows_per_call if 0 < rows_per_call < n else n
     bucket = bucket_length(max(len(p) for p in prompts), min_bucket)
     parts = []

@@ -22,6 +22,7 @@ class Greedy:
 
     @property
     def temperature(self) -> float:
+        # 0 marks greedy; `scoring_temperature` reports its log-probs at 1.
         return 0.0
 
 
@@ -63,6 +64,8 @@ def method_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0) ->
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0, got {top_k}")
+    # Greedy ignores top_k / top_p (the argmax survives every truncation); top_p wins over
+    # top_k when both are set.
     if temperature == 0:
         return Greedy()
     if top_p < 1:
@@ -89,14 +92,18 @@ def truncated_logits(logits: jax.Array, method: Method) -> jax.Array:
     """
     scaled = logits / method.temperature
     if isinstance(method, TopK):
+        # Every logit tied with the k-th is kept (>=), so a row may keep more than k tokens.
         kth = jax.lax.top_k(scaled, method.k)[0][:, -1:]
         return jnp.where(scaled >= kth, scaled, -jnp.inf)
     if isinstance(method, TopP):
+        # Stable sort: equal logits stay in id order (the tie rule of `TopP`).
         order = jnp.argsort(-scaled, axis=-1, stable=True)
         sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
         probs = jax.nn.softmax(sorted_logits, axis=-1)
+        # A token is kept while the mass before it is < p, so the top token always survives.
         mass_before = jnp.cumsum(probs, axis=-1) - probs
         keep_sorted = mass_before < method.p
+        # The sorted decisions scattered back to vocabulary order.
         keep = jnp.zeros_like(keep_sorted).at[
             jnp.arange(scaled.shape[0])[:, None], order].set(keep_sorted)
         return jnp.where(keep, scaled, -jnp.inf)
@@ -129,6 +136,8 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
     """
     invalid = (~jnp.any(jnp.isfinite(logits), axis=-1)
                | jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1))
+    # Invalid rows get flat logits so the draw and the softmax stay finite; their token is
+    # replaced by 0 and flagged below.
     safe = jnp.where(invalid[:, None], 0.0, logits)
     if isinstance(method, Greedy) or method.temperature == 0:
         tokens = _argmax(safe)
@@ -136,6 +145,7 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
     else:
         tokens = jax.random.categorical(key, truncated_logits(safe, method), axis=-1)
         temp = method.temperature
+    # Over the full vocabulary at the sampling temperature, before top-k / top-p truncation.
     logp_all = jax.nn.log_softmax(safe / temp, axis=-1)
     logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
     tokens = jnp.where(invalid, 0, tokens).astype(jnp.int32)

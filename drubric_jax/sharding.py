@@ -59,6 +59,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
     if int(np.prod(sizes)) != n:
         raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = "
                          f"{int(np.prod(sizes))} devices, but {n} are available")
+    # Auto axes: shardings are propagated by XLA inside jit (not JAX's explicit-sharding mode).
     return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
                          axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
@@ -75,6 +76,7 @@ def spec_for(rule: Optional[P], shape: tuple, mesh: Mesh) -> P:
     for size, axes in zip(shape, rule):
         ways = 1 if axes is None else int(np.prod(
             [mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+        # Uneven dims are replicated, not padded: the result is the same, only less split.
         dims.append(axes if size % ways == 0 else None)
     return P(*dims)
 
@@ -103,6 +105,8 @@ def param_specs() -> dict:
 
 def leaf_name(path) -> Optional[str]:
     """The last dict key on a pytree path (e.g. "wq" for params["layers"]["wq"]), or None."""
+    # The nearest dict key: Adam's mu / nu subtrees end in the same keys as the params, so
+    # they find the same rule through the optax state's sequence and attribute entries.
     for entry in reversed(path):
         if isinstance(entry, jax.tree_util.DictKey):
             return str(entry.key)
@@ -138,6 +142,7 @@ def leaf_sharder(mesh: Mesh, rules: Optional[dict] = None):
     rules = param_specs() if rules is None else rules
 
     def sharder(path: str, shape: tuple) -> NamedSharding:
+        # The leaf name is the path's last component, as `leaf_name` finds it in a pytree.
         return NamedSharding(mesh, spec_for(rules.get(path.split("/")[-1]), tuple(shape),
                                             mesh))
 
@@ -149,6 +154,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
     B must be a multiple of data * fsdp. As a pytree prefix it covers a whole batch.
     """
+    # Dim 0 split over data and fsdp jointly (data-major); the other dims replicated.
     return NamedSharding(mesh, P(BATCH_AXES))
 
 

@@ -19,6 +19,7 @@ _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", 
 
 def _gguf_strings(reader, name: str) -> list[str]:
     field = reader.fields[name]
+    # An array field's `data` indexes the parts that hold its values.
     return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
 
 
@@ -28,6 +29,7 @@ def tokenizer_from_gguf(path_or_reader):
     See `_tokenizer_from_reader`.
     """
     if isinstance(path_or_reader, str):
+        # Cached by absolute path: every role loading the same file shares one tokenizer.
         return _tokenizer_from_path(os.path.abspath(path_or_reader))
     return _tokenizer_from_reader(path_or_reader)
 
@@ -53,6 +55,7 @@ def _tokenizer_from_reader(reader):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    # A string field's value is its last part.
     kind = bytes(reader.fields["tokenizer.ggml.model"].parts[-1]).decode()
     if kind != "gpt2":
         raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (gpt2 byte-level BPE)")
@@ -61,13 +64,16 @@ def _tokenizer_from_reader(reader):
     types_field = reader.fields["tokenizer.ggml.token_type"]
     types = [int(types_field.parts[i][0]) for i in types_field.data]
 
+    # Byte-level BPE: every byte has a token, so no unknown token or byte fallback is needed.
     bpe = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                fuse_unk=False, byte_fallback=False))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     bpe.decoder = decoders.ByteLevel()
+    # token_type 3 is CONTROL (<|im_start|>, ...): never split, dropped by skip_special_tokens.
     bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, ty in zip(tokens, types) if ty == 3])
 
+    # GGUF stores special tokens as ids; the HF tokenizer takes their strings.
     def special(name):
         key = f"tokenizer.ggml.{name}_token_id"
         return tokens[int(reader.fields[key].parts[-1][0])] if key in reader.fields else None
@@ -78,6 +84,7 @@ def _tokenizer_from_reader(reader):
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, bos_token=special("bos"), eos_token=special("eos"),
         unk_token=special("unknown"), pad_token=special("padding"), chat_template=template,
+        # Decoded text is returned as is (no space clean-up): texts are decoded and re-encoded.
         clean_up_tokenization_spaces=False)
 
 
@@ -113,6 +120,7 @@ def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = 
 
 def stop_ids(tokenizer) -> np.ndarray:
     """int32[n] ids that end a response: EOS first, then the end-of-turn tokens in the vocab."""
+    # EOS first: the first stop id is also the policy's pad id and the constraint's forced stop.
     ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     vocab = tokenizer.get_vocab()
     ids += [vocab[t] for t in _END_OF_TURN if t in vocab and vocab[t] not in ids]

@@ -102,6 +102,8 @@ def batch_from_rollout(rollout: Rollout, advantages) -> Batch:
     comp_mask = np.asarray(rollout.mask, bool)
     tokens = np.concatenate([np.asarray(rollout.prompt_tokens, np.int32),
                              np.asarray(rollout.tokens, np.int32)], axis=1)
+    # The prompt bucket conditions the completion but is never scored: loss_mask and
+    # old_logprobs are False / 0 over it.
     return Batch(
         tokens=tokens,
         token_mask=np.concatenate([np.asarray(rollout.prompt_mask, bool), comp_mask], axis=1),
@@ -124,6 +126,7 @@ def _loss_denominator(loss_mask: jax.Array, aggregation: str) -> jax.Array:
         return jnp.maximum(jnp.sum(jnp.any(loss_mask, axis=-1)), 1).astype(jnp.float32)
     if aggregation == "token_mean":
         return jnp.maximum(jnp.sum(loss_mask), 1).astype(jnp.float32)
+    # dr_grpo: a constant R * T, whatever the lengths (Dr. GRPO's fixed normaliser).
     return jnp.asarray(loss_mask.shape[0] * loss_mask.shape[1], jnp.float32)
 
 
@@ -158,6 +161,7 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     Raises:
         ValueError: R not a multiple of micro_batch_size; beta > 0 without ref_params.
     """
+    # LoRA needs the base even at beta = 0: the adapters sit on it.
     if (train_cfg.beta > 0 or model_cfg.lora_rank) and ref_params is None:
         raise ValueError(f"beta={train_cfg.beta} / lora_rank={model_cfg.lora_rank} needs "
                          "the reference params (ref_params)")
@@ -168,7 +172,9 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
                          f"micro_batch_size={mb}")
     n = b // mb
     agg = train_cfg.aggregation
+    # Divisors of the WHOLE batch; each micro-batch's loss is rescaled to them below.
     denom = _loss_denominator(jnp.asarray(batch.loss_mask, bool), agg)
+    # Token-weighted metrics (clip fraction, ratio, entropy) are averaged over these.
     total_tokens = jnp.maximum(jnp.sum(batch.loss_mask), 1).astype(jnp.float32)
 
     def logprobs_of(p, mbatch, return_entropy=False):
@@ -180,12 +186,15 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
         # A LoRA trainee's params are its adapters, on the frozen base (= the reference).
         model = lora.attach(ref_params, p) if model_cfg.lora_rank else p
         logp, ent = logprobs_of(model, mbatch, return_entropy=True)
+        # beta = 0 skips the reference forward; stop_gradient marks pi_ref a constant of the loss.
         ref = (None if train_cfg.beta == 0
                else jax.lax.stop_gradient(logprobs_of(ref_params, mbatch)))
         loss, m = grpo.grpo_loss(logp, mbatch.old_logprobs, ref, mbatch.advantages,
                                  mbatch.loss_mask, train_cfg.clip_eps, train_cfg.beta, agg,
                                  train_cfg.kl_estimator)
+        # (own divisor / batch divisor): the micro-batch losses sum to the full-batch loss.
         scale = _loss_denominator(mbatch.loss_mask, agg) / denom
+        # Each micro-batch's per-token mean, weighted by its share of the batch's tokens.
         tok = m["num_tokens"] / total_tokens
         sums = {"loss": m["loss"] * scale, "pg_loss": m["pg_loss"] * scale,
                 "kl": m["kl"] * scale, "clip_fraction": m["clip_fraction"] * tok,
@@ -201,13 +210,16 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     def accumulate(carry, mbatch):
         grads, sums = carry
         g, s = grad_fn(params, mbatch)
+        # Accumulated in float32 whatever the params' dtype.
         grads = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g)
         return (grads, jax.tree.map(jnp.add, sums, s)), None
 
+    # [R, ...] -> [n, b, ...]: micro-batch i holds rows i, i + n, ... (strided, see above).
     micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(mb, n, *x.shape[1:]), 0, 1), batch)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     zero_sums = {k: jnp.zeros((), jnp.float32) for k in
                  ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "entropy")}
+    # One compiled gradient pass, looped n times (compile time independent of n).
     (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums), micro)
     return grads, sums
 
@@ -238,8 +250,10 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
     """
     grads, metrics = accumulate_gradients(state.params, batch, ref_params,
                                           model_cfg=model_cfg, train_cfg=train_cfg)
+    # In the params' dtype, so the optimizer state keeps the dtypes it was created with.
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
+    # The lr this update uses: the schedule at its counter before the update increments it.
     count = schedule_count(state.opt_state)
     lr = learning_rate_schedule(train_cfg)(state.step if count is None else count)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -247,6 +261,7 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
 
     loss_mask = jnp.asarray(batch.loss_mask, bool)
     adv = jnp.asarray(batch.advantages, jnp.float32)
+    # grad_norm is taken before clipping (the clip is the optimizer chain's first step).
     metrics.update(
         grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
         advantage_mean=jnp.mean(adv), advantage_min=jnp.min(adv),
@@ -272,8 +287,10 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
     reuses the compiled step instead of tracing and compiling it again.
     """
     optimizer = make_optimizer(train_cfg)
+    # Shapes only: the shardings are known before any array exists (STYLE 6).
     shapes = jax.eval_shape(lambda: init_train_state(trainable_init(model_cfg), optimizer))
     state_sh = sharding.param_shardings(shapes, mesh)
+    # ref_params: the full base params (for LoRA, the frozen base the adapters sit on).
     base_sh = sharding.param_shardings(jax.eval_shape(lambda: models.init_params(
         model_cfg, jax.random.PRNGKey(0))), mesh)
     step = jax.jit(
@@ -281,6 +298,7 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
                           optimizer=optimizer),
         in_shardings=(state_sh, sharding.batch_sharding(mesh), base_sh),
         out_shardings=(state_sh, sharding.replicated(mesh)),
+        # The old state's buffers are reused for the new one: params and moments are not held twice.
         donate_argnums=(0,))
     return optimizer, step
 
@@ -292,6 +310,7 @@ def trainable_init(model_cfg: ModelConfig, key: Optional[jax.Array] = None,
     Pure: run it under `jax.eval_shape` for shapes, or `jax.jit(out_shardings=...)`."""
     key = jax.random.PRNGKey(0) if key is None else key
     if model_cfg.lora_rank:
+        # Adapters need only the base's shapes (arrays or structs).
         shapes = base if base is not None else jax.eval_shape(
             lambda: models.init_params(model_cfg, key))
         return lora.init_adapters(model_cfg, shapes, key)

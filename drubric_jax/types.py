@@ -34,6 +34,7 @@ class Role(str, enum.Enum):
 
     @property
     def other(self) -> "Role":
+        # The trainee that is idle while this one trains.
         return Role.GENERATOR if self is Role.POLICY else Role.POLICY
 
 
@@ -81,6 +82,7 @@ class Rollout:
     @staticmethod
     def concat(parts: list) -> "Rollout":
         """Rows of several rollouts with the same P and N, one after another."""
+        # No copy in the usual case of one sampler call.
         if len(parts) == 1:
             return parts[0]
         return Rollout(**{f.name: np.concatenate([getattr(r, f.name) for r in parts])
@@ -130,6 +132,7 @@ class RubricBatch:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            # Per-input fields drop their B axis; rollout, temperature and counters are kept whole.
             if isinstance(v, np.ndarray) or f.name in ("texts", "finish_reasons", "raw_texts"):
                 v = v[0]
             out[f.name] = v

@@ -20,6 +20,8 @@ import numpy as np
 
 YES_WORD = "yes"
 NO_WORD = "no"
+# Values of config.verifier.verdict (hard: METHOD 11, soft: METHOD 12) and of
+# config.verifier.calibration (none, or METHOD 12's contextual calibration).
 VERDICT_MODES = ("hard", "soft")
 CALIBRATIONS = ("none", "contextual")
 NULL_RESPONSE = "N/A"  # the content-free response of contextual calibration
@@ -49,6 +51,8 @@ def yes_no_token_ids(tokenizer) -> tuple[np.ndarray, np.ndarray]:
         for form in (word, word.capitalize(), word.upper()):
             for prefix in _VARIANT_PREFIXES:
                 enc = tokenizer.encode(prefix + form, add_special_tokens=False)
+                # Single tokens only: the answer is read at one position, where a
+                # multi-token spelling has no probability of its own.
                 if len(enc) == 1 and tokenizer.decode(enc).strip().lower() == word:
                     ids.add(int(enc[0]))
         if not ids:
@@ -79,6 +83,7 @@ def p_yes_from_logits(logits: jax.Array, yes_ids: jax.Array, no_ids: jax.Array) 
     logits = jnp.asarray(logits, jnp.float32)
     lse_yes = jax.nn.logsumexp(jnp.take(logits, yes_ids, axis=-1), axis=-1)
     lse_no = jax.nn.logsumexp(jnp.take(logits, no_ids, axis=-1), axis=-1)
+    # The logsumexp form stays accurate when both masses would underflow as probabilities.
     return jax.nn.sigmoid(lse_yes - lse_no)
 
 

@@ -96,14 +96,18 @@ class Verifier:
         self.max_suffix_tokens = int(max_suffix_tokens)
         self.cache_slots_budget = int(cache_slots_budget)
         self.prefill_tokens_budget = int(prefill_tokens_budget)
+        # Powers of two: chunk shapes come from a small set, so compiled programs are reused.
         self.max_rows = passes.pow2_floor(max_rows)
         self.item_chunk = passes.pow2_floor(item_chunk)
         self.min_bucket = int(min_bucket)
+        # Found from the tokenizer, never hard-coded (METHOD 11).
         yes, no = yes_no_token_ids(tokenizer)
         self.yes_ids, self.no_ids = jnp.asarray(yes), jnp.asarray(no)
+        # Any id will do: padded positions are masked out.
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self._suffix_cache: dict = {}
         self.mesh = mesh
+        # Every pass's rows are padded to a multiple of data x fsdp, the mesh's row shards.
         self._row_shards = 1 if mesh is None else int(np.prod(
             [mesh.shape[a] for a in sharding.BATCH_AXES]))
 
@@ -111,10 +115,12 @@ class Verifier:
     def budgets(cfg: ModelConfig, device_bytes: int, fraction: float) -> dict:
         """cache_slots_budget and prefill_tokens_budget that use `fraction` of a device's
         memory: a KV row-slot holds L x 2 x Hkv x Dh values of the compute dtype, and a
-        prefill token about D x (4 + 2 x Hkv Dh / D) activation values per layer kept live."""
+        prefill token, while one layer runs, about 4 D (residual, normed input, queries,
+        attention output) + 2 Hkv Dh (keys, values) + 2 F (gate, up) activation values."""
         itemsize = np.dtype(cfg.compute_dtype).itemsize
         slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
-        token = (4 * cfg.dim + 2 * cfg.num_kv_heads * cfg.head_dim) * itemsize * 4
+        token = (4 * cfg.dim + 2 * cfg.num_kv_heads * cfg.head_dim
+                 + 2 * cfg.hidden_dim) * itemsize
         budget = fraction * device_bytes
         return {"cache_slots_budget": max(1024, int(budget // slot)),
                 "prefill_tokens_budget": max(1024, int(budget // (slot + token)))}
@@ -139,6 +145,7 @@ class Verifier:
 
     def _fit_pair(self, prompt: str, response: str, history, stats: dict) -> tuple:
         """(prompt, response, history) cut so the rendered prefix fits max_prefix_tokens."""
+        # Measured on the whole rendered prefix, so the template's own tokens count too.
         def render(p, hist, responses):
             msgs = verifier_prefix_messages(p, responses[0], hist)
             prefix, _ = render_verifier_prompts(self.render, msgs, [])
@@ -151,6 +158,7 @@ class Verifier:
 
     def _fit_item(self, item: str, stats: dict) -> str:
         """Item text cut so its suffix fits max_suffix_tokens (suffix measured on a stub)."""
+        # A suffix's tokens do not depend on the prefix, so a stub prefix measures it.
         msgs = verifier_prefix_messages("x", "y")
 
         def build(texts):
@@ -175,8 +183,10 @@ class Verifier:
         """
         prompt, response, history = self._fit_pair(prompt, response, history, stats)
         msgs = verifier_prefix_messages(prompt, response, history)
+        # Blank items are padding and are not rendered.
         real = [self._fit_item(it, stats) for it in items if it.strip()]
         prefix, suffixes = render_verifier_prompts(self.render, msgs, real)
+        # Suffixes come back for the real items only, in order; blanks get [] below.
         it = iter(suffixes)
         out = []
         for item in items:
@@ -187,6 +197,7 @@ class Verifier:
             if len(self._suffix_cache) > _SUFFIX_CACHE_SIZE:
                 self._suffix_cache.clear()
             if s not in self._suffix_cache:
+                # An item recurs for every response it judges: its suffix is tokenised once.
                 self._suffix_cache[s] = self._encode(s)
             out.append(self._suffix_cache[s])
         return self._encode(prefix), out
@@ -199,10 +210,12 @@ class Verifier:
             prompts = [prompts] * r
         if len(prompts) != r:
             raise ValueError(f"{len(prompts)} prompts for {r} responses")
+        # One history (a list of turn dicts) shared by every response.
         if histories is None or (len(histories) and isinstance(histories[0], dict)):
             histories = [histories or []] * r
         if len(histories) != r:
             raise ValueError(f"{len(histories)} histories for {r} responses")
+        # One item list shared by every response.
         if len(items) == 0 or isinstance(items[0], str):
             items = [list(items)] * r
         elif len(items) != r:
@@ -240,6 +253,7 @@ class Verifier:
             ValueError: mismatched lengths, or a budget the template cannot meet.
         """
         prompts, histories, items = self._normalise(prompts, responses, items, history)
+        # `_calibrated` calls back in with calibration "none", on the real and the null rows.
         if calibration == "contextual":
             return self._calibrated(params, prompts, list(responses), items, histories,
                                     shared_prefix, stats)
@@ -257,6 +271,7 @@ class Verifier:
         if shared_prefix:
             self._run_shared(params, prepared, out)
         else:
+            # Naive path: one full prompt per real (response, item) pair.
             full = [(i, m, pre + suf) for i, (pre, sufs) in enumerate(prepared)
                     for m, suf in enumerate(sufs) if suf]
             values = self.p_yes_ids(params, [ids for _, _, ids in full])
@@ -270,13 +285,16 @@ class Verifier:
         (one per distinct (prompt, history), holding that prompt's distinct items)."""
         null_rows: dict = {}  # (prompt, history) -> {item: column}
         for p, h, lst in zip(prompts, histories, items):
+            # JSON text makes the history (a list of dicts) part of a hashable key.
             cols = null_rows.setdefault((p, json.dumps(h, sort_keys=True)), {})
             for it in lst:
                 if it.strip():
                     cols.setdefault(it, len(cols))
         keys = list(null_rows)
+        # Each key's null row is appended after the R real rows.
         key_row = {k: len(prompts) + n for n, k in enumerate(keys)}
         null_hist = [json.loads(h) for _, h in keys]
+        # One call: the null rows share the chunks and compiled shapes of the real ones.
         p_all = self.p_yes(params, prompts + [p for p, _ in keys],
                            responses + [NULL_RESPONSE] * len(keys),
                            items + [list(null_rows[k]) for k in keys], histories + null_hist,
@@ -296,12 +314,16 @@ class Verifier:
         longest = max((len(s) for _, sufs in prepared for s in sufs), default=0)
         if longest == 0:
             return
+        # One suffix bucket for the whole call, set by the longest suffix.
         ts = passes.suffix_bucket(longest)
+        # Longest prefixes first: a chunk's bucket is its first row's, and similar lengths share it.
         order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
         start = 0
         while start < len(order):
             p = bucket_length(len(prepared[order[start]][0]), self.min_bucket)
             slots = p + ts
+            # Items per pass (a row's cache is repeated mc times) within the slot budget; rows
+            # per chunk within the prefill-token budget and the repeated cache's (rc * mc x slots).
             mc = min(self.item_chunk, bucket_length(m_max, 1),
                      passes.pow2_floor(max(self.cache_slots_budget // slots, 1)))
             rc = min(self.max_rows, passes.pow2_floor(max(self.prefill_tokens_budget // p, 1)),
@@ -319,6 +341,7 @@ class Verifier:
             tmask[len(chunk):, -1] = True  # filler rows: one pad token
             cache, plen = passes.prefill(params, self.cfg, self._rows(tokens),
                                          self._rows(tmask), num_slots=slots)
+            # The chunk's prefilled cache serves every item block (the prefix is computed once).
             for m0 in range(0, m_max, mc):
                 suf = np.full((rc, mc, ts), self.pad_id, np.int32)
                 slen = np.zeros((rc, mc), np.int32)
@@ -371,5 +394,6 @@ class Verifier:
             mask[len(chunk):, -1] = True
             vals = np.asarray(passes.score_full(params, self.cfg, self._rows(tokens),
                                                 self._rows(mask), self.yes_ids, self.no_ids))
+            # Filler rows (mesh padding) are dropped.
             out[chunk] = vals[:len(chunk)]
         return out

@@ -26,9 +26,11 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, num_slots: int):
 
     Returns (cache with index P, prefix lengths int32[R]).
     """
+    # num_slots = P + Ts: room for the item suffixes scored after the prefix.
     cache = models.init_cache(cfg, tokens.shape[0], num_slots)
     positions = models.positions_from_mask(token_mask)
     _, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    # Real prefix lengths: each suffix's RoPE positions continue from its prefix's.
     return cache, jnp.sum(token_mask, axis=-1).astype(jnp.int32)
 
 
@@ -48,13 +50,16 @@ def score_suffixes(params, cfg: ModelConfig, cache: models.KVCache, prefix_len,
         float32[R, Mc].
     """
     r, mc, ts = suffix_tokens.shape
+    # Row r's cache copied Mc times: row r * Mc + m scores item m against prefix r.
     rows = models.repeat_rows(cache, mc)
     tokens = suffix_tokens.reshape(r * mc, ts)
     lens = suffix_len.reshape(r * mc)
     steps = jnp.arange(ts, dtype=jnp.int32)
+    # Right-padded suffixes: their padding is never attended to.
     mask = steps[None, :] < lens[:, None]
     positions = jnp.repeat(prefix_len, mc)[:, None] + steps[None, :]
     hidden, _ = models.forward_hidden(params, cfg, tokens, positions, mask, rows)
+    # The answer token is predicted after each row's last real suffix token (right padding).
     last = jnp.take_along_axis(hidden, jnp.maximum(lens - 1, 0)[:, None, None], axis=1)[:, 0]
     logits = models.logits_from_hidden(params, cfg, last)
     return p_yes_from_logits(logits, yes_ids, no_ids).reshape(r, mc)
@@ -65,6 +70,7 @@ def score_full(params, cfg: ModelConfig, tokens, token_mask, yes_ids, no_ids):
     """P(yes) after left-padded full prompts int32[N, T] (no cache, causal). float32[N]."""
     positions = models.positions_from_mask(token_mask)
     hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask)
+    # Left padding: the last column is every row's last real token.
     logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return p_yes_from_logits(logits, yes_ids, no_ids)
 
@@ -83,4 +89,5 @@ def suffix_bucket(n: int) -> int:
 
 
 def pow2_floor(n: int) -> int:
+    # The largest power of two <= max(n, 1).
     return 1 << (max(int(n), 1).bit_length() - 1)

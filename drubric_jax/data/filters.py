@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 
 def _norm_apostrophes(text: str) -> str:
+    # Curly apostrophes as ', so "I can’t" matches the same patterns as "I can't".
     return text.replace("\u2019", "'").replace("\u2018", "'")
 
 
@@ -37,6 +38,7 @@ def is_broken_text(text: str) -> bool:
     if not t:
         return True
     n = len(t)
+    # U+FFFD is what a decoder writes for bytes it could not decode.
     bad = t.count("\ufffd")
     if bad >= 3 or bad > 0.01 * n:
         return True
@@ -46,6 +48,7 @@ def is_broken_text(text: str) -> bool:
     return n >= 20 and sum(ch.isalnum() for ch in t) < 0.25 * n
 
 
+# List markers ("1." "2)" "-" "*" "•"), stripped so numbered copies of one line compare equal.
 _LIST_PREFIX = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*")
 
 
@@ -72,9 +75,12 @@ def is_repetitive(text: str) -> bool:
         if len(set(grams)) < 0.4 * len(grams):
             return True
     data = text.encode("utf-8")
+    # Text that loops compresses to a few percent of its size; ordinary prose stays far above.
     return len(data) >= 300 and len(zlib.compress(data, 9)) < 0.15 * len(data)
 
 
+# An inability phrase followed by an assistance verb, or a leading "as an ai". The patterns
+# of this module run on lower-cased text with straight apostrophes (`_norm_apostrophes`).
 _REFUSAL = re.compile(
     r"\b(?:i can'?t|i cannot|i can not|i'?m (?:not able|unable) to|i am (?:not able|unable) to"
     r"|i won'?t|i will not|not something i can)\s+(?:help|assist|provide|answer|comply|support"
@@ -93,6 +99,7 @@ def is_plain_refusal(text: str) -> bool:
     says "I can't give medical advice, but ..." is.
     """
     t = _norm_apostrophes(text.strip().lower())
+    # Only the opening counts: a refusal leads the reply, a later "I can't" is usually a caveat.
     return 0 < len(t) <= 400 and _REFUSAL.search(t[:150]) is not None
 
 
@@ -119,6 +126,7 @@ def is_greeting_only(text: str) -> bool:
     if not m:
         return False
     rest = t[m.end():]
+    # Split after sentence punctuation; an empty rest (a bare "Hi!") counts as greeting-only.
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", rest) if s.strip()]
     return all(_SMALL_TALK.match(s) for s in sentences)
 
@@ -160,6 +168,7 @@ def is_boilerplate(text: str) -> bool:
     this helps", "feel free to ask", ...). A heuristic for English only.
     """
     t = _norm_apostrophes(text.strip().lower())
+    # Sentences and lines (list items often lack end punctuation).
     sentences = [s for s in re.split(r"(?<=[.!?])\s+|\n+", t) if s.strip()]
     if not sentences:
         return False
@@ -227,6 +236,7 @@ def anchor_drop_reason(prompt: str, responses_best_first: Sequence[str],
       str reason or None.
     """
     rs = list(responses_best_first)
+    # <=: Appendix B keeps texts strictly longer than the threshold ("> 50 characters").
     if cfg.min_prompt_chars is not None and len(prompt.strip()) <= cfg.min_prompt_chars:
         return "short_prompt"
     if cfg.min_top_response_chars is not None and (
@@ -264,6 +274,7 @@ def policy_prompt_drop_reason(prompt: str, responses_best_first: Sequence[str],
         return "short_prompt"
     if len(rs[0].strip()) <= min_top_response_chars:
         return "short_top_response"
+    # Only the top response is judged (Appendix B): policy training uses just the prompt.
     if is_degenerate(rs[0]) or is_repetitive(rs[0]):
         return "bad_top_response"
     return None

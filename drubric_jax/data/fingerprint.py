@@ -37,9 +37,11 @@ def data_fingerprint(paths_and_rows: Sequence[tuple]) -> dict:
     for kind, path, rows in paths_and_rows:
         h = hashlib.sha256()
         for row in rows:
+            # A separator after each row: moving a row boundary changes the hash.
             h.update(_row_bytes(row) + b"\n")
         files.append({"kind": kind, "path": str(path), "rows": len(rows),
                       "sha256": h.hexdigest()})
         rows_per_kind[kind] = rows_per_kind.get(kind, 0) + len(rows)
+        # Kind and content only, in reading order; the path is listed but never hashed.
         top.update(f"{kind}:{h.hexdigest()}\n".encode("ascii"))
     return {"files": files, "rows": rows_per_kind, "sha256": top.hexdigest()}

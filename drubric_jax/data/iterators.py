@@ -50,6 +50,7 @@ def host_shard(n: int, seed: int, epoch: int, host_id: int = 0, num_hosts: int =
     """
     if num_hosts < 1 or not 0 <= host_id < num_hosts:
         raise ValueError(f"need 0 <= host_id < num_hosts, got {host_id}, {num_hosts}")
+    # The same order on every host; each takes its own stride of it.
     order = shuffled_order(n, seed, epoch)
     return order[: n - n % num_hosts][host_id::num_hosts]
 
@@ -90,12 +91,14 @@ class EpochIterator:
         self.host_id = int(host_id)
         self.num_hosts = int(num_hosts)
         self.num_epochs = num_epochs
+        # The same on every host, so all hosts take the same number of steps per epoch.
         self.steps_per_epoch = (len(items) // self.num_hosts) // self.batch_size
         if self.steps_per_epoch == 0:
             raise ValueError(f"{name + ': ' if name else ''}{len(items)} rows over {num_hosts} "
                              f"hosts cannot fill one batch of {batch_size}")
         self.epoch = 0
         self.position = 0
+        # This host's rows for the current epoch, computed once per epoch (`_indices`).
         self._shard = None
         self._shard_epoch = -1
 
@@ -111,6 +114,8 @@ class EpochIterator:
 
     def __next__(self) -> list:
         """Next batch: list of `batch_size` items. Raises StopIteration after num_epochs."""
+        # Epochs advance on the next call, so a state taken after an epoch's last batch
+        # (position = steps_per_epoch) is valid and resumes into the next epoch.
         if self.position >= self.steps_per_epoch:
             self.epoch += 1
             self.position = 0
@@ -135,6 +140,7 @@ class EpochIterator:
           ValueError: a recorded layout key (batch_size, host_id, num_hosts,
             num_items) differs from this iterator's, or position/epoch is out of range.
         """
+        # A changed layout would read other rows: refused rather than silently different.
         for key in ("batch_size", "host_id", "num_hosts"):
             if key in state and int(state[key]) != getattr(self, key):
                 raise ValueError(f"state has {key}={state[key]}, iterator has "
@@ -146,6 +152,7 @@ class EpochIterator:
         if epoch < 0 or not 0 <= position <= self.steps_per_epoch:
             raise ValueError(f"bad state epoch={epoch} position={position} "
                              f"(steps_per_epoch={self.steps_per_epoch})")
+        # The saved seed wins: it defines the orders already read; the shard is then recomputed.
         self.seed = int(state["seed"])
         self.epoch, self.position = epoch, position
         self._shard_epoch = -1

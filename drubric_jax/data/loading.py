@@ -29,6 +29,7 @@ def _spread(items: Sequence, keep: int) -> list:
     """`keep` items spread evenly over a best-first list (first and last kept)."""
     if len(items) <= keep:
         return list(items)
+    # Evenly spaced positions, the first (best) and the last (worst) included.
     idx = np.unique(np.round(np.linspace(0, len(items) - 1, keep)).astype(int))
     return [items[i] for i in idx]
 
@@ -37,6 +38,7 @@ def _cap_anchor(a: AnchorList, max_responses: int) -> AnchorList:
     """Keeps at most `max_responses` of a best-first anchor list, spread over its ranks."""
     if len(a.responses) <= max_responses:
         return a
+    # Spread, not truncated: the kept list still spans best to worst for Eq. 15.
     idx = _spread(range(len(a.responses)), max_responses)
     return dataclasses.replace(a, responses=[a.responses[i] for i in idx],
                                gold_ranks=[a.gold_ranks[i] for i in idx])
@@ -85,6 +87,7 @@ class _FileRows(NamedTuple):
 def _read_anchors(d, paths: Sequence[str]) -> list:
     """list[_FileRows] of anchor lists, capped at d.max_anchor_rows rows per file and
     d.max_responses responses per list."""
+    # Only the length rules are configurable; the content rules keep Appendix B's values.
     filters = AnchorFilterConfig(min_prompt_chars=d.min_prompt_chars,
                                  min_top_response_chars=d.min_top_response_chars)
     out = []
@@ -96,6 +99,7 @@ def _read_anchors(d, paths: Sequence[str]) -> list:
         else:
             rows = anchor_lists_from_jsonl([path], min_responses=d.min_responses,
                                            filters=filters, stats=stats)
+        # 0 = every row (the config's convention for caps).
         rows = rows[:d.max_anchor_rows] if d.max_anchor_rows else rows
         out.append(_FileRows(path, [_cap_anchor(a, d.max_responses) for a in rows], stats))
         logging.info("data: anchors from %s", out[-1].describe())
@@ -117,6 +121,7 @@ def _read_prompts(d, paths: Sequence[str]) -> list:
     for path in paths:
         stats = {}
         if path.startswith("hf:"):
+            # Hub prompt sets are Nectar rows: their ranked answers feed only the policy filter.
             rows = [PromptItem(id=a.id, source=a.source, prompt=a.prompt,
                                history=list(a.history))
                     for a in anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
@@ -124,6 +129,7 @@ def _read_prompts(d, paths: Sequence[str]) -> list:
                                                   limit=d.max_prompt_rows or None)]
         else:
             rows = prompts_from_jsonl([path], filters=policy, stats=stats)
+        # Pairwise files repeat a question once per pair: dropped, but said aloud.
         if stats.get("duplicate"):
             logging.warning("data: %s: %d duplicate prompts dropped (same history and prompt; "
                             "the first is kept)", path, stats["duplicate"])
@@ -133,6 +139,7 @@ def _read_prompts(d, paths: Sequence[str]) -> list:
     return out
 
 
+# A dotted path into a ConfigDict ("policy.prompts_per_step").
 def _field(config, dotted: str):
     for key in dotted.split("."):
         config = config[key]
@@ -144,6 +151,7 @@ def _check_fills_batch(config, kind: str, rows: int, files: list, batch_field: s
     """Raises ValueError naming the files, config fields and counts when `rows` cannot fill
     one batch per host (the EpochIterator would fail later without saying why)."""
     batch = _field(config, batch_field)
+    # The test `EpochIterator` makes, done early with the files and fields named.
     if rows // num_hosts < batch:
         read = "; ".join(f.describe() for f in files) or "no files"
         raise ValueError(
@@ -199,6 +207,7 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
     anchor_paths, prompt_paths = resolve_data_paths(config)
     anchor_files = _read_anchors(d, anchor_paths)
     anchors = [a for f in anchor_files for a in f.rows]
+    # A seeded shuffle across files: the held-out split is the same on every host and rerun.
     order = shuffled_order(len(anchors), config.seed)
     anchors = [anchors[i] for i in order]
     heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
@@ -254,6 +263,7 @@ def check_data_sources(config) -> dict:
         try:
             records = load_jsonl(path)
         except FileNotFoundError:
+            # from None: the message already names the config field and the path.
             raise FileNotFoundError(f"{field}: no such file {path}") from None
         except ValueError as e:
             raise ValueError(f"{field}: {e}") from None

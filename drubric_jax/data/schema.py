@@ -19,7 +19,9 @@ from typing import Iterable, Optional, Union
 
 PathLike = Union[str, Path]
 
+# History turns only: every system text comes from `text.prompts`, never from data.
 _ROLES = ("user", "assistant")
+# Any other top-level key is kept in `Record.extra`.
 _KNOWN_KEYS = {"id", "source", "prompt", "responses", "ranking", "scores", "ties",
                "history", "reference", "meta"}
 
@@ -71,6 +73,7 @@ def _err(where: str, name: str, msg: str) -> ValueError:
 
 
 def _is_int(x) -> bool:
+    # bool is an int subclass: true / false are not JSON integers here.
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -89,6 +92,7 @@ def _validate_history(history, where: str) -> list:
                                          f"got {turn.get('role')!r}")
         if not isinstance(turn.get("content"), str):
             raise _err(where, "history", f"entry {t} 'content' must be a string")
+    # Only role and content are kept; other keys of a turn are dropped.
     return [{"role": t["role"], "content": t["content"]} for t in history]
 
 
@@ -150,12 +154,14 @@ def record_from_dict(obj, where: str = "<record>") -> Record:
         if (not isinstance(scores, list) or len(scores) != len(responses)
                 or not all(_is_number(s) for s in scores)):
             raise _err(where, "scores", "must be a list of finite numbers, one per response")
+        # Scores must agree with the ranking (equal scores allowed: ties).
         if any(scores[a] < scores[b] for a, b in zip(ranking, ranking[1:])):
             raise _err(where, "scores", "must be non-increasing along 'ranking'")
         scores = [float(s) for s in scores]
     ties = obj.get("ties", False)
     if not isinstance(ties, bool):
         raise _err(where, "ties", "must be a boolean")
+    # Ties are defined by equal scores, so they need the scores.
     if ties and scores is None:
         raise _err(where, "ties", "is true but 'scores' is missing")
     history = _validate_history(obj.get("history", []), where)
@@ -191,9 +197,11 @@ def load_jsonl(path: PathLike) -> list:
     path = Path(path)
     raw = path.read_bytes()
     records, seen = [], {}
+    # Split on b"\n" only: str.splitlines would also split at U+2028, U+0085 and the like.
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         where = f"{path}:{lineno}"
         try:
+            # Decoded line by line, so an encoding error names its line.
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"{where}: not valid UTF-8 ({e.reason})") from None
@@ -224,6 +232,7 @@ def load_jsonl_files(paths: Union[PathLike, Iterable[PathLike]]) -> list:
     Raises:
       ValueError: as `load_jsonl`, or an id repeated across files.
     """
+    # One path, not an iterable of its characters.
     if isinstance(paths, (str, Path)):
         paths = [paths]
     out, seen = [], {}
@@ -256,6 +265,8 @@ def gold_ranks(record: Record) -> list:
     """
     if not record.responses:
         raise ValueError(f"record {record.id!r} has no responses to rank")
+    # With ties the scores decide (equal scores share a rank); the ranking alone would break
+    # the tie.
     if record.ties:
         s = record.scores
         return [1 + sum(1 for t in s if t > si) for si in s]
@@ -295,6 +306,7 @@ def anchor_from_record(record: Record) -> AnchorList:
     ranks = gold_ranks(record)
     return AnchorList(id=record.id, source=record.source, prompt=record.prompt,
                       history=list(record.history),
+                      # Best first, as the positions of Eq. 15 expect.
                       responses=[record.responses[i] for i in record.ranking],
                       gold_ranks=[ranks[i] for i in record.ranking])
 

@@ -61,6 +61,7 @@ def anchor_lists_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], min_resp
     """
     out = []
     for rec in load_jsonl_files(paths):
+        # Prompt-only rows have no ranking to anchor on.
         if not rec.responses:
             continue
         a = anchor_from_record(rec)
@@ -69,6 +70,7 @@ def anchor_lists_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], min_resp
     return out
 
 
+# A marker at the start or after a blank line; the captured role interleaves with the parts.
 _TURN_SPLIT = re.compile(r"(?:^|\n\n)(Human|Assistant):")
 
 
@@ -87,6 +89,7 @@ def split_hh_transcript(text: str) -> list:
     """
     parts = _TURN_SPLIT.split(text)
     turns = []
+    # parts[0] is the text before the first marker (ignored).
     for role, content in zip(parts[1::2], parts[2::2]):
         turns.append({"role": "user" if role == "Human" else "assistant",
                       "content": content.strip()})
@@ -110,6 +113,7 @@ def nectar_row_to_anchor(row: dict, row_id: str) -> Optional[AnchorList]:
       AnchorList or None (no final user turn, or no usable answers).
     """
     turns = split_hh_transcript(row.get("prompt") or "")
+    # The transcript ends in an empty "Assistant:" turn, the slot the answers fill.
     if turns and turns[-1]["role"] == "assistant" and not turns[-1]["content"]:
         turns = turns[:-1]
     if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"]:
@@ -119,6 +123,7 @@ def nectar_row_to_anchor(row: dict, row_id: str) -> Optional[AnchorList]:
                and _is_number(a.get("rank"))]
     if not answers:
         return None
+    # Stable: equal ranks keep Nectar's order.
     answers = sorted(answers, key=lambda a: a["rank"])
     ranks = [a["rank"] for a in answers]
     src = row.get("source")
@@ -163,6 +168,7 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
     out = []
     for i, row in enumerate(ds):
         srcs = row.get("source") or []
+        # A lone string is one source name.
         srcs = [srcs] if isinstance(srcs, str) else list(srcs)
         if any(s in exclude_sources for s in srcs) or (
                 only_sources is not None and not any(s in only_sources for s in srcs)):
@@ -174,6 +180,7 @@ def anchor_lists_from_hf(dataset_id: str = "berkeley-nest/Nectar", split: str = 
             continue
         if _keep_anchor(a, min_responses, filters, stats):
             out.append(a)
+            # `limit` counts kept lists: filtered rows do not use it up.
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -202,6 +209,7 @@ def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool 
     """
     out, seen = [], set()
     for rec in load_jsonl_files(paths):
+        # The whole conversation is the key: the same request after other turns is another prompt.
         key = json.dumps([rec.history, rec.prompt], ensure_ascii=False)
         outcome = "kept"
         if dedupe and key in seen:
@@ -212,6 +220,7 @@ def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool 
         _count(stats, outcome)
         if outcome != "kept":
             continue
+        # Only kept rows count as seen: a filtered copy does not hide a later one that passes.
         seen.add(key)
         out.append(PromptItem(id=rec.id, source=rec.source, prompt=rec.prompt,
                               history=list(rec.history), reference=rec.reference))

@@ -81,6 +81,7 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     """Attention through float32 scores [B, Hkv, G, T, S]; arguments as `attend`."""
     b, t, h, dh = q.shape
     hkv, s = k.shape[1], k.shape[2]
+    # GQA: the G query heads of a group read one key/value head (k and v are never repeated).
     q = q.reshape(b, t, hkv, h // hkv, dh)
     causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
     vis = (causal[None] & valid[:, None, :])[:, None, None]                     # [B,1,1,T,S]
@@ -111,6 +112,7 @@ def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=
     """
     b, t, h, dh = q.shape
     hkv = k.shape[1]
+    # A call shorter than a block runs as one block (no padding past T or S).
     bq, bc = min(block_q, t), min(block_kv, k.shape[2])
     out = _flash(bq, bc, q.reshape(b, t, hkv, h // hkv, dh), k, v, valid,
                  jnp.asarray(start, jnp.int32))
@@ -124,6 +126,7 @@ def _q_blocks(x, bq):
     nq = -(-t // bq)
     x = jnp.pad(x, ((0, 0), (0, nq * bq - t)) + ((0, 0),) * (x.ndim - 2))
     x = x.reshape(b, nq, bq, *x.shape[2:])
+    # [B, nQ, Q, Hkv, G, ...] -> [nQ, B, Hkv, G, Q, ...]: blocks lead, for the scan.
     return jnp.moveaxis(x.swapaxes(0, 1), 2, 4)
 
 
@@ -162,6 +165,8 @@ def _scores(qi, kj, valid_j, i, j, start):
                    preferred_element_type=jnp.float32) * (qi.shape[-1] ** -0.5)
     causal = (j * bc + jnp.arange(bc))[None, :] <= (start + i * bq + jnp.arange(bq))[:, None]
     vis = causal[None] & valid_j[:, None, :]                                   # [B, Q, C]
+    # -inf, not a large finite value: exp() gives exact zeros, and the running max stays -inf
+    # until a query sees its first key.
     return jnp.where(vis[:, None, None], s, -jnp.inf)
 
 
@@ -188,6 +193,7 @@ def _forward(bq, bc, q, k, v, valid, start):
                 m_new = jnp.maximum(m, s.max(-1))
                 m_ref = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # no key seen yet
                 p = jnp.exp(s - m_ref[..., None])
+                # Rescales what was accumulated under the previous running max (0 while m is -inf).
                 alpha = jnp.exp(m - m_ref)
                 acc = alpha[..., None] * acc + jnp.einsum(
                     "bkgqc,bkcd->bkgqd", p.astype(vj.dtype), vj,
@@ -197,6 +203,7 @@ def _forward(bq, bc, q, k, v, valid, start):
             return jax.lax.cond(_in_view(i, j, bq, bc, start), update, lambda c: c,
                                 carry), None
 
+        # Running max m, normaliser l and unnormalised output acc of each query.
         init = (jnp.full(stats, -jnp.inf), jnp.zeros(stats), jnp.zeros(qi.shape, jnp.float32))
         (m, l, acc), _ = jax.lax.scan(kv_block, init, (kb, vb, validb, jnp.arange(nc)))
         seen = l > 0
@@ -229,6 +236,8 @@ def _flash_bwd(bq, bc, res, dout):
     deltab = _q_blocks(delta, bq)
     nq, nc = qb.shape[0], kb.shape[0]
 
+    # Outer loop over key blocks: a block's dk, dv are complete after its inner loop over
+    # query blocks; dq accumulates across key blocks in the scan carry.
     def kv_block(dq, xs):
         kj, vj, valid_j, j = xs
 
@@ -237,11 +246,13 @@ def _flash_bwd(bq, bc, res, dout):
 
             def grads(carry):
                 dk, dv = carry
+                # The forward's softmax, recomputed from the saved log-sum-exp.
                 p = jnp.exp(_scores(qi, kj, valid_j, i, j, start) - lse_i[..., None])
                 dv = dv + jnp.einsum("bkgqc,bkgqd->bkcd", p.astype(doi.dtype), doi,
                                      preferred_element_type=jnp.float32)
                 dp = jnp.einsum("bkgqd,bkcd->bkgqc", doi, vj,
                                 preferred_element_type=jnp.float32)
+                # Softmax backward: dS = P * (dP - rowsum(dO * O)), times the score scale.
                 ds = (p * (dp - delta_i[..., None]) * scale).astype(qi.dtype)
                 dk = dk + jnp.einsum("bkgqc,bkgqd->bkcd", ds, qi,
                                      preferred_element_type=jnp.float32)
@@ -249,6 +260,7 @@ def _flash_bwd(bq, bc, res, dout):
                                   preferred_element_type=jnp.float32)
                 return (dk, dv), dq_i
 
+            # A block pair wholly in the causal future: no work, a zero dq contribution.
             return jax.lax.cond(_in_view(i, j, bq, bc, start), grads,
                                 lambda c: (c, jnp.zeros(qi.shape, jnp.float32)), carry)
 
@@ -264,6 +276,7 @@ def _flash_bwd(bq, bc, res, dout):
     def unblock_kv(x):  # [nC, B, Hkv, C, Dh] -> [B, Hkv, S, Dh]
         return x.transpose(1, 2, 0, 3, 4).reshape(*k.shape[:2], -1, k.shape[-1])[:, :, :s]
 
+    # No cotangents for `valid` (bool) and `start` (int).
     return (_unblock_q(dq, t).astype(q.dtype), unblock_kv(dk).astype(k.dtype),
             unblock_kv(dv).astype(v.dtype), None, None)
 
@@ -306,8 +319,10 @@ def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     k = jnp.concatenate([k.transpose(0, 2, 1, 3),                              # [B, S, Hkv, Dh]
                          jnp.broadcast_to(key_pad[:, :, None, None], (b, s, hkv, 1)),
                          jnp.zeros((b, s, hkv, extra - 1), k.dtype)], axis=-1)
+    # v's extra dims are zeros, and [..., :dh] drops them from the output.
     v = jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, 0), (0, extra)))
     out = jax.nn.dot_product_attention(q, k, v, scale=dh ** -0.5, is_causal=True,
                                        implementation=implementation)[..., :dh]
+    # Causal with S == T: query t sees a valid key iff some slot <= t is valid.
     sees_a_key = jnp.cumsum(valid, axis=1) > 0                                 # [B, T]
     return jnp.where(sees_a_key[:, :, None, None], out, 0).reshape(b, t, h * dh)

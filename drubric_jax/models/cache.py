@@ -37,6 +37,7 @@ class KVCache:
 
     @property
     def num_slots(self) -> int:
+        # S is the second-to-last axis in both forms.
         return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
 
 
@@ -46,6 +47,7 @@ def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
     return KVCache(
         k=jnp.zeros(shape, cfg.compute_dtype),
         v=jnp.zeros(shape, cfg.compute_dtype),
+        # Nothing written yet: no slot is visible to any query.
         valid=jnp.zeros((batch, num_slots), bool),
         index=jnp.zeros((), jnp.int32))
 
@@ -64,6 +66,7 @@ def unstack_cache(cache: KVCache) -> KVCache:
     if isinstance(cache.k, tuple):
         return cache
     n = cache.k.shape[0]
+    # Each layer's slice copied once; a decode loop then slices no stacked array per step.
     return cache.replace(k=tuple(cache.k[i] for i in range(n)),
                          v=tuple(cache.v[i] for i in range(n)))
 

@@ -17,6 +17,7 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "materialized", "blockwise", "cudnn")
 class RopeScaling:
     """Llama-3.1 RoPE frequency scaling (the `rope_type: llama3` of HF configs)."""
 
+    # Defaults: Llama 3.1's published rope_scaling values.
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -76,6 +77,7 @@ class ModelConfig:
     lora_alpha: float = 16.0
     lora_targets: tuple = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     attention: str = "auto"
+    # 512 x 512 blocks: 1 MiB of float32 scores per (row, head) and block pair.
     attention_block_q: int = 512
     attention_block_kv: int = 512
 
@@ -118,12 +120,16 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         d, f, l = self.dim, self.hidden_dim, self.num_layers
+        # wq, wo: D x H*Dh each; wk, wv: D x Hkv*Dh each; then SwiGLU's three D x F matrices,
+        # two RMSNorm scales and, for Qwen3, the q / k norms.
         attn = d * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
         per_layer = attn + 3 * d * f + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + l * per_layer + d + head
 
 
+# Presets follow the models' own config.json (HuggingFaceTB/SmolLM2-135M-Instruct,
+# meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B).
 SMOLLM2_135M = ModelConfig(
         vocab_size=49152, dim=576, num_layers=30, num_heads=9, num_kv_heads=3,
         head_dim=64, hidden_dim=1536, rope_theta=100000.0, norm_eps=1e-5,
@@ -147,6 +153,7 @@ TINY = ModelConfig(
         vocab_size=49152, dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
         head_dim=16, hidden_dim=128, rope_theta=10000.0, max_seq_len=2048)
 TINY_QWEN3 = TINY.replace(qk_norm=True, tie_embeddings=False, norm_eps=1e-6)
+# A 64-token original context, so the scaled RoPE bands matter at test lengths.
 TINY_LLAMA31 = TINY.replace(rope_scaling=RopeScaling(
         factor=8.0, original_max_position_embeddings=64), tie_embeddings=False)
 

@@ -9,6 +9,7 @@ from drubric_jax.models.config import PRESETS, ModelConfig
 from drubric_jax.models.weights import Shardings, load_gguf, load_hf_dir, open_gguf
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# Random-weight presets load by name; the full-size presets give shapes only (planner).
 TINY_PRESETS = tuple(name for name in PRESETS if name.startswith("tiny"))
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -58,9 +59,11 @@ def check_source(source: str) -> str:
         return "hf_dir"
     if os.path.isfile(path):
         return "gguf"
+    # A path meant to be local never falls through to a hub download.
     if _looks_local(source):
         raise FileNotFoundError(f"model source {source!r}: no such file or directory "
                                 f"({os.path.abspath(path)})")
+    # "org/name" with both parts non-empty: taken as a hub id.
     if source.count("/") == 1 and all(source.split("/")):
         return "hub"
     raise FileNotFoundError(
@@ -102,18 +105,21 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
 
         cfg = PRESETS[source].replace(dtype=dtype, param_dtype=dtype)
         params = init_params(cfg, jax.random.PRNGKey(seed))
+        # A leaf sharder takes "layers/wq"-style paths: the tree of shardings is built from it.
         if callable(shardings):
             shardings = jax.tree_util.tree_map_with_path(
                 lambda path, x: shardings("/".join(str(getattr(k, "key", k)) for k in path),
                                           x.shape), params)
         if shardings is not None:
             params = jax.device_put(params, shardings)
+        # The tiny presets use SmolLM2's vocabulary, so its tokenizer drives them.
         return cfg, params, tok_lib.tokenizer_from_gguf(default_gguf_path())
     path = default_gguf_path() if kind == "default" else os.path.expanduser(source)
     if kind == "hf_dir":
         cfg, params = load_hf_dir(path, dtype, shardings)
         return cfg, params, tok_lib.tokenizer_from_hf_dir(path)
     if kind in ("gguf", "default"):
+        # One reader for config, weights and tokenizer: the file is checked and opened once.
         reader = open_gguf(path)
         cfg, params = load_gguf(path, dtype, shardings, reader=reader)
         return cfg, params, tok_lib.tokenizer_from_gguf(reader)
@@ -121,6 +127,7 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
         from huggingface_hub import snapshot_download
 
         try:
+            # Config, safetensors and tokenizer files only (no PyTorch .bin or other formats).
             local = snapshot_download(source, allow_patterns=[
                 "*.json", "*.safetensors", "*.txt", "tokenizer*"])
         except Exception as e:  # offline, no such repository, bad id: all say the same here

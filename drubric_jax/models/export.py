@@ -15,6 +15,7 @@ from drubric_jax.models.config import ModelConfig
 
 def hf_config_dict(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
     """A `config.json` dict that transformers reads as LlamaForCausalLM / Qwen3ForCausalLM."""
+    # Within the llama family, q/k-norm is what tells Qwen3 from Llama.
     qwen = cfg.qk_norm
     out = {
         "architectures": ["Qwen3ForCausalLM" if qwen else "LlamaForCausalLM"],
@@ -51,13 +52,16 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     fam = registry.family(cfg)
     for key in fam.top_keys(cfg):
         w = params[key]
+        # Checkpoints store linear weights [out, in]; ours are [in, out].
         tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
     for key in fam.layer_keys(cfg):
         stacked = params["layers"][key]
+        # Hugging Face names one tensor per layer: the stacked [L, ...] leaf is split.
         for i in range(cfg.num_layers):
             w = stacked[i]
             name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
             tensors[name] = w.T if key in fam.TRANSPOSED else w
+    # metadata "pt": the format tag transformers checks before it loads a safetensors file.
     save_file({k: jnp.asarray(v) for k, v in tensors.items()},
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:

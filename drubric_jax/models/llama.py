@@ -100,10 +100,12 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
     Used for tiny test models and as the shape template for loaders (via `jax.eval_shape`).
     """
     d, f, l, dh = cfg.dim, cfg.hidden_dim, cfg.num_layers, cfg.head_dim
+    # One key per normal() draw below: 7 layer matrices, embed and lm_head.
     keys = iter(jax.random.split(key, 9))
     dt = cfg.weight_dtype
 
     def normal(shape):
+        # Drawn in float32, then cast: both dtypes get the same values up to rounding.
         return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)
 
     layers = {
@@ -149,6 +151,7 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor
     high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor
     wavelen = 2 * math.pi / inv
+    # 0 at the long-wavelength edge of the band (fully scaled), 1 at the short one (unscaled).
     smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (
         sc.high_freq_factor - sc.low_freq_factor)
     mid = (1 - smooth) * inv / sc.factor + smooth * inv
@@ -167,6 +170,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
+    # rotate_half pairs dims (i, i + Dh/2); GGUF's interleaved rows are undone at load.
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -180,6 +184,7 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn):
     `start` is the slot of the first query (None without a cache), see `attention.attend`.
     """
     b, t, _ = x.shape
+    # Pre-norm: the residual stream x itself is never normalised.
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
     q = (lora.linear(p, "wq", h, cfg)).reshape(b, t, cfg.num_heads, cfg.head_dim)
     k = (lora.linear(p, "wk", h, cfg)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
@@ -187,11 +192,13 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn):
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+    # After the q/k norm, as Qwen3 orders them.
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
     k_all, v_all, valid, extra = kv_fn(k, v)
     x = x + lora.linear(p, "wo", attend(cfg, q, k_all, v_all, valid, start), cfg)
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    # SwiGLU MLP: (silu(h W_gate) * h W_up) W_down.
     gate = jax.nn.silu(lora.linear(p, "w_gate", h, cfg))
     x = x + lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
     return x, extra
@@ -230,11 +237,13 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     b, t = tokens.shape
     if token_mask is None:
         token_mask = jnp.ones((b, t), bool)
+    # From the static cfg: a constant under jit.
     inv_freq = rope_inv_freq(cfg)
     x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
 
     if cache is None:
         def body(x, p):
+            # No cache: the keys are this call's tokens; token_mask hides the padding ones.
             x, _ = _layer(cfg, p, x, positions, inv_freq, None,
                           lambda k, v: (_heads_first(k), _heads_first(v), token_mask, None))
             return x, None
@@ -242,7 +251,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
         return rms_norm(x, params["final_norm"], cfg.norm_eps), None
 
+    # Every row writes the same slots (left padding), so one index serves the batch.
     start = cache.index
+    # The new slots are valid only for real tokens (not padding, not rows that did not emit).
     valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, start))
 
     if isinstance(cache.k, tuple):  # per-layer form: no slicing inside the layer loop
@@ -251,6 +262,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         for i in range(cfg.num_layers):
             p = layers[i] if isinstance(layers, (list, tuple)) else _layer_slice(layers, i)
 
+            # Default arguments bind this layer's arrays now (a closure would read them late).
             def kv_fn(k, v, kc=cache.k[i], vc=cache.v[i]):
                 kc = jax.lax.dynamic_update_slice(kc, _heads_first(k).astype(kc.dtype),
                                                   (0, 0, start, 0))
@@ -273,6 +285,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                 k_cache, _heads_first(k)[None].astype(k_cache.dtype), (i, 0, 0, start, 0))
             vc = jax.lax.dynamic_update_slice(
                 v_cache, _heads_first(v)[None].astype(v_cache.dtype), (i, 0, 0, start, 0))
+            # The whole stacked cache is the scan carry; this layer attends over its own slice.
             return kc[i], vc[i], valid, (kc, vc)
 
         x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn)
@@ -309,6 +322,7 @@ def unstack_layers(params: dict) -> dict:
 def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     """float32[..., V] logits from hidden [..., D] (tied or untied output head)."""
     dt = cfg.compute_dtype
+    # Accumulated in float32: the logits feed log-softmax and sampling.
     if cfg.tie_embeddings:
         out = jnp.einsum("...d,vd->...v", hidden, params["embed"].astype(dt),
                          preferred_element_type=jnp.float32)

@@ -44,8 +44,10 @@ def init_adapters(cfg: ModelConfig, base_shapes: dict, key: jax.Array) -> dict:
         n_layers, d_in, d_out = base_shapes["layers"][target].shape
         a, b = names(target)
         bound = 1.0 / (d_in ** 0.5)
+        # fold_in(key, i): each target matrix draws its own A.
         out[a] = jax.random.uniform(jax.random.fold_in(key, i), (n_layers, d_in, cfg.lora_rank),
                                     jnp.float32, -bound, bound).astype(dt)
+        # B = 0: the trainee starts bit-exact on its reference, so KL and its gradient start at 0.
         out[b] = jnp.zeros((n_layers, cfg.lora_rank, d_out), dt)
     return {"layers": out}
 
@@ -61,6 +63,7 @@ def linear(p: dict, name: str, h: jax.Array, cfg: ModelConfig) -> jax.Array:
     y = h @ p[name].astype(dt)
     a, b = names(name)
     if a in p:
+        # (h A) B: the [in, out] product A B is never formed.
         y = y + cfg.lora_scale * ((h @ p[a].astype(dt)) @ p[b].astype(dt))
     return y
 
@@ -70,6 +73,7 @@ def merge(base: dict, adapters: dict, cfg: ModelConfig) -> dict:
     layers = dict(base["layers"])
     for target in cfg.lora_targets:
         a, b = names(target)
+        # In float32 and added to a float32 copy of W: the small update is not rounded away.
         delta = jnp.einsum("lir,lro->lio", adapters["layers"][a].astype(jnp.float32),
                            adapters["layers"][b].astype(jnp.float32))
         layers[target] = layers[target].astype(jnp.float32) + cfg.lora_scale * delta
@@ -82,6 +86,7 @@ def adapter_specs(base_specs: dict) -> dict:
     gives A (None, X, None) and B (None, None, Y): r is small and stays whole)."""
     out = {}
     for target, spec in base_specs.items():
+        # Only the stacked [L, in, out] matrices can carry adapters (not embed / lm_head).
         if len(spec) == 3:
             a, b = names(target)
             out[a] = P(spec[0], spec[1], None)

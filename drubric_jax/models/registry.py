@@ -36,6 +36,7 @@ from drubric_jax.models.config import ModelConfig
 FAMILIES: dict[str, types.ModuleType] = {
     "llama": llama,  # Llama 2/3/3.1, SmolLM2, dense Qwen3 (cfg.qk_norm)
 }
+# Dense Qwen3 is a Llama with q/k-norm (`cfg.qk_norm`): both model types map to `llama`.
 HF_MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen3": "llama"}
 
 
@@ -116,4 +117,5 @@ def decode_cache(cache: KVCache) -> KVCache:
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:
     """int32[R, T] RoPE positions counting only real tokens (left padding gets 0)."""
+    # Real tokens count 0, 1, ... from each row's first; left padding (cumsum 0) clamps to 0.
     return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)

@@ -46,6 +46,7 @@ def _sharding_for(shardings: Shardings, path: str, shape: tuple):
 
 
 def _place(arr: np.ndarray, dtype, shardings: Shardings, path: str) -> jax.Array:
+    # copy=False: no second host copy when the dtype already matches.
     return jax.device_put(arr.astype(jnp.dtype(dtype), copy=False),
                           _sharding_for(shardings, path, arr.shape))
 
@@ -80,6 +81,7 @@ def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], tuple[str, 
         params[key] = _place(checked(key, None), dt, shardings, key)
     for key in fam.layer_keys(cfg):
         first = checked(key, 0)
+        # One stacked leaf at a time on the host, placed and freed before the next is read.
         stacked = np.empty((cfg.num_layers,) + first.shape, np.float32)
         stacked[0] = first
         for i in range(1, cfg.num_layers):
@@ -180,6 +182,8 @@ def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
 
     names = {t.name for t in reader.tensors}
     dim, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    # Optional keys default as in llama.cpp (key_length = D / H, head_count_kv = H); vocab_size
+    # may be absent, then the token list's length is V.
     head_dim = int(get("attention.key_length", dim // heads))
     vocab = int(meta.get(f"{arch}.vocab_size", 0)) or len(
         reader.fields["tokenizer.ggml.tokens"].data)
@@ -188,6 +192,7 @@ def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
         num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
         hidden_dim=int(get("feed_forward_length")),
         rope_theta=_f32_value(get("rope.freq_base", 10000.0)),
+        # Llama 3.1 files carry the scaling as a rope_freqs tensor: RopeScaling's defaults apply.
         rope_scaling=RopeScaling() if "rope_freqs.weight" in names else None,
         norm_eps=_f32_value(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in names, qk_norm=arch == "qwen3",
@@ -220,6 +225,7 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
         cfg = config_from_gguf(reader, dtype)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
+    # Only the llama converter permutes the Q/K rows; qwen3 files keep the Hugging Face order.
     permute = gguf_metadata(reader)["general.architecture"] == "llama"
     tensors = {t.name: t for t in reader.tensors}
     fam = registry.family(cfg)
@@ -230,6 +236,7 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
         if name not in tensors:
             raise ValueError(f"{path}: tensor {name!r} missing")
         t = tensors[name]
+        # Dequantised on the host one tensor at a time; `_assemble` casts to `dtype` on placing.
         return name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
 
     def fix(key, w):
@@ -273,6 +280,7 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
     if model_type not in registry.HF_MODEL_TYPES:
         raise ValueError(f"config.json model_type {model_type!r} is not supported "
                          f"({', '.join(sorted(registry.HF_MODEL_TYPES))})")
+    # Newer transformers configs name the block rope_parameters (rope_theta may sit in it).
     scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
     if not isinstance(scaling, dict):
         raise ValueError(f"config.json field 'rope_scaling' must be an object, got {scaling!r}")
@@ -295,6 +303,7 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
             high_freq_factor=rope("high_freq_factor", float),
             original_max_position_embeddings=rope("original_max_position_embeddings", int),
         ) if rope_type == "llama3" else None,
+        # rms_norm_eps and tie_word_embeddings default as in transformers' LlamaConfig.
         norm_eps=field("rms_norm_eps", float, 1e-6),
         tie_embeddings=field("tie_word_embeddings", bool, False), qk_norm=model_type == "qwen3",
         max_seq_len=field("max_position_embeddings", int, 8192),
@@ -318,6 +327,7 @@ def _safetensors_files(directory: str) -> list[str]:
         weight_map = _json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index}: no 'weight_map' object")
+        # Every shard the index names must exist: checked before any is opened.
         missing = sorted({n for n in weight_map.values()
                           if not os.path.isfile(os.path.join(directory, n))})
         if missing:
@@ -368,7 +378,9 @@ def load_hf_dir(directory: str, dtype: str = "float32",
     except ValueError as e:
         raise ValueError(f"{cfg_path}: {e}") from e
     files = _safetensors_files(directory)
+    # All shards opened (and checked) before any tensor is read.
     handles = [_open_safetensors(path) for path in files]
+    # Tensor name -> the open shard that holds it.
     where = {k: h for h in handles for k in h.keys()}
     fam = registry.family(cfg)
 

@@ -59,6 +59,8 @@ def fit_responses(token_lengths: Sequence[int], budget: int) -> list:
     level = 0
     ordered = sorted(lengths)
     n = len(ordered)
+    # Water-filling over the sorted lengths: a text under the equal share of what is left keeps
+    # all of it; the first text over its share sets the common cap c for the rest.
     for k, length in enumerate(ordered):
         share = remaining // (n - k)
         if length <= share:
@@ -67,6 +69,7 @@ def fit_responses(token_lengths: Sequence[int], budget: int) -> list:
             level = share
             break
     caps = [min(x, level) for x in lengths]
+    # The remainder (fewer than the capped texts): one more token to each of the first ones.
     extra = budget - sum(caps)
     for i, x in enumerate(lengths):
         if extra == 0:
@@ -108,20 +111,25 @@ def fit_to_budget(tokenizer, build_ids: Callable[[list], list], texts: Sequence[
     """
     texts = list(texts)
     ids = build_ids(texts)
+    # The common case: nothing to cut, no further tokenizer work.
     if len(ids) <= max_tokens:
         return ids, texts, [False] * len(texts)
+    # The template's fixed cost: the prompt rendered with every variable text empty.
     overhead = len(build_ids([""] * len(texts)))
     marker = len(tokenizer.encode(TRUNCATION_MARKER, add_special_tokens=False))
+    # Room for one marker per text is reserved up front (any text may be cut).
     budget = max_tokens - overhead - marker * len(texts)
     if budget <= 0:
         raise ValueError(f"the prompt template alone needs {overhead} tokens (+ markers); "
                          f"budget is {max_tokens}")
+    # Encoded once; each retry only re-caps them.
     tok_ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     for _ in range(max_tries):
         caps = fit_responses([len(t) for t in tok_ids], budget)
         fitted, cut = [], []
         for text, t_ids, cap in zip(texts, tok_ids, caps):
             if cap < len(t_ids):
+                # Cut at a token boundary and decoded: re-tokenised, it is about cap tokens.
                 fitted.append(tokenizer.decode(t_ids[:cap]) + TRUNCATION_MARKER)
                 cut.append(True)
             else:
@@ -131,6 +139,7 @@ def fit_to_budget(tokenizer, build_ids: Callable[[list], list], texts: Sequence[
         excess = len(ids) - max_tokens
         if excess <= 0:
             return ids, fitted, cut
+        # Re-tokenising merged tokens differently at a cut: shrink by the excess and refit.
         budget -= excess
         if budget <= 0:
             break
@@ -200,6 +209,7 @@ def fit_prompt(tokenizer, render: Callable[[str, list, list], list], prompt: str
     """
     history = list(history or [])
     responses = list(responses or [])
+    # The flat text list holds the request and the history turns first, the responses after.
     n_head = 1 + len(history)
 
     def split(flat):
@@ -217,5 +227,6 @@ def fit_prompt(tokenizer, render: Callable[[str, list, list], list], prompt: str
     head = contents + [prompt] if prompt_last else [prompt] + contents
     ids, fitted, cut = fit_to_budget(tokenizer, build, head + responses, max_tokens)
     p, contents, r = split(fitted)
+    # The cut flags come back in the same flat order as the texts.
     p_cut, h_cut, r_cut = split(cut)
     return FittedPrompt(ids, p, _with_contents(history, contents), r, p_cut, h_cut, r_cut)

@@ -47,6 +47,7 @@ def _match_value(text: str, start: int, max_steps: int) -> tuple[int, int]:
         pos = i + 1
         if in_str:
             if c == "\\":
+                # Skip the escaped character: an escaped quote does not close the string.
                 pos = i + 2
             elif c == '"':
                 in_str = False
@@ -137,6 +138,7 @@ def find_rubric_value(text: str) -> Search:
         if end == _NO_STEPS:
             return Search(None, ran_off, True)
         if end == _RUNOFF:
+            # An unclosed value may still hold a complete one: retry from the next character.
             ran_off = True
             pos = start + 1
             continue
@@ -155,4 +157,5 @@ def find_rubric_value(text: str) -> Search:
         if _is_rubric_shaped(value):
             return Search(value, False, False)
         pos = end  # valid JSON but not a rubric: skip it whole
+    # Candidates left over: the MAX_CANDIDATES bound stopped the search.
     return Search(None, ran_off, _CANDIDATE.search(text, pos) is not None)

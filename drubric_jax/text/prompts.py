@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 from drubric_jax.text.rubric_format import CRITERION_PLACEHOLDER, WEIGHT_PLACEHOLDER
 
+# METHOD 8's principles in our own words, one bullet each; tests pin the wording.
 _GUIDELINES = """Guidelines for the criteria:
 - Judge how well a response serves what the user actually asked for.
 - Do not build in facts, figures or answers that the user did not supply. Every criterion must be checkable by reading the request and a response.
@@ -32,6 +33,7 @@ _GUIDELINES = """Guidelines for the criteria:
 - Keep criteria distinct from each other and understandable on their own.
 - Weight each criterion with an integer: 5 = essential (failing it makes a response unacceptable), 3 or 4 = important, 1 or 2 = nice to have."""
 
+# The format line; the parser drops items that only echo its placeholders.
 _OUTPUT_SPEC = ('Reply with a JSON object and nothing else, in this form:\n'
                 f'{{"rubrics": [{{"rubric": "{CRITERION_PLACEHOLDER}", '
                 f'"weight": {WEIGHT_PLACEHOLDER}}}, ...]}}')
@@ -54,6 +56,7 @@ GENERATOR_SYSTEM_STATIC = (
     + _GUIDELINES + "\n\n" + _OUTPUT_SPEC)
 """System text of the static (prompt-only, RaR-style) generator baseline (METHOD 6)."""
 
+# "Partly meets -> No" keeps the verdicts strictly binary (METHOD 8).
 VERIFIER_SYSTEM = (
     "You check one criterion against one response. Read the user's request and the "
     "response, then decide whether the response meets the criterion. Judge the "
@@ -74,6 +77,7 @@ PAIRWISE_JUDGE_SYSTEM = (
     "responses are shown and their length as such. Reply with one word: Yes or No.")
 """System text of the pairwise yes/no judge baseline (METHOD 6)."""
 
+# Speaker labels of history transcripts and of `plain_render`.
 _ROLE_LABEL = {"user": "User", "assistant": "Assistant", "system": "System"}
 
 
@@ -98,6 +102,7 @@ def _labelled(label: str, text: str) -> str:
 
 
 def _check_order(order: Optional[Sequence[int]], k: int) -> list:
+    # The generator must see each response exactly once.
     if order is None:
         return list(range(k))
     order = [int(i) for i in order]
@@ -137,6 +142,7 @@ def generator_messages(prompt: str, responses: Optional[Sequence[str]],
     static = not responses
     system = GENERATOR_SYSTEM_STATIC if static else GENERATOR_SYSTEM_DYNAMIC
     if max_items is not None:
+        # The schema's maxItems in words too, so the model can plan within it.
         system += f"\nWrite at most {int(max_items)} criteria."
     parts = [_request_block(prompt, history)]
     if static:
@@ -144,6 +150,7 @@ def generator_messages(prompt: str, responses: Optional[Sequence[str]],
     else:
         idx = _check_order(order, len(responses))
         parts.append(f"Candidate responses ({len(idx)}):")
+        # Labels follow the presentation order: "Response p+1" is responses[order[p]].
         for p, i in enumerate(idx):
             parts.append(_labelled(f"Response {p + 1}", responses[i]))
         parts.append("Write the grading criteria as JSON.")
@@ -190,6 +197,7 @@ def verifier_prefix_messages(prompt: str, response: str,
     Returns:
       list[dict]: [system, user(PREFIX_CONTENT)].
     """
+    # Ends with "]"; the item suffix starts with "\n\n", a pre-tokenizer boundary (above).
     content = _request_block(prompt, history) + "\n\n" + _labelled("Response", response)
     return [{"role": "system", "content": VERIFIER_SYSTEM},
             {"role": "user", "content": content}]
@@ -245,6 +253,8 @@ def render_verifier_prompts(render: Callable[[list], str], prefix_messages: list
         msgs[-1]["content"] = msgs[-1]["content"] + s
         return msgs
 
+    # Rendered once with a sentinel suffix: all before it is the shared prefix, whatever the
+    # template adds around the user content.
     probe = render(with_suffix(_SPLIT_SENTINEL))
     cut = probe.find(_SPLIT_SENTINEL)
     if cut < 0:
@@ -253,6 +263,7 @@ def render_verifier_prompts(render: Callable[[list], str], prefix_messages: list
     suffixes = []
     for item in item_texts:
         full = render(with_suffix(verifier_item_suffix(item)))
+        # A template that rewrites earlier text per item cannot share a prefix.
         if not full.startswith(prefix):
             raise ValueError("rendered verifier prompt does not start with the shared prefix")
         suffixes.append(full[len(prefix):])
@@ -296,6 +307,7 @@ def direct_judge_messages(prompt: str, response: str,
       list[dict]: [system, user].
     """
     parts = [_request_block(prompt, history)]
+    # The "w/ responses" baseline (METHOD 6): the whole set as context.
     if response_set:
         parts.append(f"For context, all candidate responses to this request "
                      f"({len(response_set)}):")

@@ -88,6 +88,7 @@ def RUBRIC_JSON_SCHEMA(max_items: int = 16, max_item_chars: int = 400) -> dict: 
     return {
         "type": "object",
         "properties": {
+            # minItems 1: an empty list is never a complete document (METHOD 11 counts it invalid).
             "rubrics": {"type": "array", "items": item, "minItems": 1,
                         "maxItems": int(max_items)},
         },
@@ -235,6 +236,7 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
     """
     out = ParsedRubric()
     c = out.counters
+    # Step 1: a list cut by the token budget is invalid; nothing is salvaged.
     if finish_reason == "length":
         out.truncated = True
         c["truncated"] = 1
@@ -243,10 +245,12 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
         c["unparseable"] = 1
         return out
     try:
+        # Step 2: the first rubric-shaped JSON value (`json_scan`, bounded work).
         value, ran_off, work_limit = find_rubric_value(text)
     except (RecursionError, MemoryError):  # absurdly deep nesting: not a rubric
         value, ran_off, work_limit = Search(None, False, False)
     c["work_limit"] = int(work_limit)
+    # Step 3: nothing found: cut off (truncated) or unparseable.
     if value is None:
         if ran_off:
             out.truncated = True
@@ -261,6 +265,7 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
 
     seen = set()
     limit = max(int(max_items), 0)
+    # Step 4: an item is dropped by the first rule (a-h) it fails, and counted there.
     for item in (value["rubrics"] if isinstance(value, dict) else value):
         if not isinstance(item, dict):
             c["non_object_item"] += 1
@@ -292,6 +297,7 @@ def parse_rubric_output(text: str, finish_reason: Optional[str] = "stop",
             continue
         out.texts.append(r.strip())
         out.weights.append(int(w))
+    # Step 5: no item left.
     if not out.texts:
         c["no_valid_items"] = 1
         return out
@@ -330,6 +336,7 @@ def pad_rubrics(parsed_list: Sequence[ParsedRubric], m_max: int):
     mask = np.zeros((b, m_max), bool)
     valid = np.zeros((b,), bool)
     for i, p in enumerate(parsed_list):
+        # An invalid list stays all-masked: sum w = 0, so it scores every response 0 (METHOD 11).
         if not p.valid:
             continue
         n = len(p.texts)
