@@ -9,6 +9,9 @@ r"""Evaluator benchmark config: rubric generator + frozen verifier on ranked res
 The argument after ':' is a comma-separated list of switches:
     tiny    random-weight tiny model (real SmolLM2 tokenizer) in both roles, short budgets
             (tests and smoke runs; numbers are meaningless).
+    shared  every pairwise and listwise file of ../shared/data (SHARED_FILES) with the
+            row cap, n and budgets of SHARED_CPU_RUN (README "Evaluator benchmark";
+            42.9 min measured on 2 busy CPU cores).
 Any field can then be overridden with --config.<field>=<value>. `validate(config)` checks
 every field before any model is loaded.
 """
@@ -17,6 +20,37 @@ import os
 import ml_collections
 
 from configs.base import parse_switches
+from drubric_jax.verdicts import CALIBRATIONS
+
+SHARED_FILES = (
+    "judgebench/gpt.jsonl", "judgebench/claude.jsonl",
+    "rm_bench/chat.jsonl", "rm_bench/code.jsonl", "rm_bench/safety_refuse.jsonl",
+    "rm_bench/safety_response.jsonl",
+    "llmbar/natural.jsonl", "llmbar/adversarial_neighbor.jsonl",
+    "llmbar/adversarial_gptinst.jsonl", "llmbar/adversarial_gptout.jsonl",
+    "llmbar/adversarial_manual.jsonl",
+    "llmbar_processed/mt_bench_human.jsonl", "llmbar_processed/faireval.jsonl",
+    "llmbar_processed/llmeval2.jsonl",
+    "pandalm/test.jsonl", "hh_rlhf_harmless/test.jsonl", "alpaca_eval_listwise/test.jsonl",
+)
+"""Every pairwise and listwise file of ../shared/data (paths under data/)."""
+
+SHARED_CPU_RUN = dict(
+    max_rows=4,          # rows per file, = rows_per_batch (one generator batch per file)
+    rows_per_batch=4,
+    n_samples=2,         # AVG@2
+    max_k=4,             # K cap (RM-Bench 6 -> 4, AlpacaEval listwise 7 -> 4)
+    max_items=4,         # M_max (the verifier's cost grows with the items per row)
+    max_item_chars=100,  # shorter criteria, fewer decode steps
+    max_new_tokens=192,  # SmolLM2 lists of <= 6 items took <= 155 tokens
+    generator_input_budget=1024,  # the generator template alone takes ~450 tokens
+    verifier_max_prefix_tokens=448,
+    judge_max_tokens=512,
+    calibration="contextual",
+    methods="dynamic,static,direct,random",
+)
+"""The `shared` switch: caps sized so all SHARED_FILES fit in under an hour on 2 busy CPU
+cores with SmolLM2-135M (measured 42.9 min, 37.8 s/row; README "Evaluator benchmark")."""
 
 METHODS = ("dynamic", "static", "direct", "direct_set", "random")
 """Evaluators (METHOD sections 6, 7): dynamic rubrics from (x, C); static (RaR) rubrics
@@ -25,10 +59,13 @@ orders); direct_set, the pointwise judge shown the whole set; random scores (flo
 
 
 def get_config(arg: str = ""):
-    opts = parse_switches(arg, {"tiny"})
+    opts = parse_switches(arg, {"tiny", "shared"})
     c = ml_collections.ConfigDict()
     c.data = ""               # comma-separated JSONL files of the shared schema (required)
-    c.max_rows = 0            # rows evaluated per file, first rows in file order (0 = all)
+    c.max_rows = 0            # rows evaluated per file (0 = all)
+    c.row_subset = "random"   # which max_rows rows: "random" (seeded by seed and the file
+    #                           name, kept in file order) | "first" (files are often sorted
+    #                           by category, so the first rows may all be of one kind)
     c.methods = "dynamic,static,direct,random"  # comma-separated subset of METHODS
     c.n_samples = 3           # n of AVG@n: rubric lists per row and method (paper: 5)
     c.max_k = 0               # K cap; a row with more responses keeps a seeded random
@@ -36,7 +73,12 @@ def get_config(arg: str = ""):
     c.generator_model = "smollm2-135m-instruct"  # default name, .gguf path, HF dir or "tiny"
     c.verifier_model = "smollm2-135m-instruct"   # same source as the generator = shared weights
     c.dtype = "float32"       # params and compute: float32 | bfloat16
-    c.seed = 0                # all randomness (orders, sampling, random scores) derives from it
+    c.seed = 0                # all randomness (rows, orders, sampling, random scores,
+    #                           bootstrap) derives from it
+    c.calibration = "none"    # "none" | "contextual": also report the rubric evaluators on
+    #                           contextually calibrated P(yes) (METHOD 12; one content-free
+    #                           verifier row per benchmark row, in the same pass)
+    c.n_bootstrap = 1000      # bootstrap replicates of every 95% CI (rows resampled)
     c.temperature = 0.7       # generator sampling temperature (0 = greedy; lists then differ
     #                           only through the response order)
     c.max_items = 6           # M_max, items per rubric list (JSON schema maxItems)
@@ -51,7 +93,8 @@ def get_config(arg: str = ""):
     c.rows_per_batch = 4      # rows whose rubric lists are sampled in one generator batch
     c.html_max_examples = 40  # examples per file written to trace.html
     c.progress = True         # tqdm bar per file (with ETA)
-    c.jax_cache_dir = ""      # persistent XLA compilation cache directory ("" = off)
+    c.jax_cache_dir = "~/.cache/drubric_jax/xla"  # persistent XLA compilation cache, reused
+    #                           by later runs ("" = off)
     if opts.get("tiny"):
         c.generator_model = c.verifier_model = "tiny"
         c.n_samples = 2
@@ -63,6 +106,13 @@ def get_config(arg: str = ""):
         c.verifier_max_suffix_tokens = 64
         c.judge_max_tokens = 384
         c.rows_per_batch = 2
+        c.n_bootstrap = 200
+        c.jax_cache_dir = ""  # tests write nothing outside their tmp dirs
+    if opts.get("shared"):
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        c.data = ",".join(os.path.normpath(os.path.join(repo, "..", "shared", "data", f))
+                          for f in SHARED_FILES)
+        c.update(SHARED_CPU_RUN)
     return c
 
 
@@ -94,6 +144,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.verifier_max_suffix_tokens >= 32, "verifier_max_suffix_tokens", "must be >= 32")
     need(c.judge_max_tokens >= 128, "judge_max_tokens", "must be >= 128")
     need(c.rows_per_batch >= 1, "rows_per_batch", "must be >= 1")
+    need(c.row_subset in ("random", "first"), "row_subset", "random | first")
+    need(c.calibration in CALIBRATIONS, "calibration", f"one of {CALIBRATIONS}")
+    need(c.n_bootstrap >= 1, "n_bootstrap", "must be >= 1")
     need(c.html_max_examples >= 0, "html_max_examples", "must be >= 0")
     for field in ("generator_model", "verifier_model"):
         src = getattr(c, field)

@@ -3,10 +3,16 @@ r"""Evaluator benchmark: how well each evaluator orders human-ranked responses (
     python -m experiments.eval_evaluator --config=configs/eval_evaluator.py \
         --config.data=../shared/data/judgebench/gpt.jsonl --config.max_rows=20 \
         --workdir=runs/eval_judgebench
+    python -m experiments.eval_evaluator --config=configs/eval_evaluator.py:shared \
+        --workdir=runs/eval_shared          # every shared file, the README's CPU table
+    python -m experiments.report_evaluator runs/eval_shared   # results.md and the plot
 
 Methods, metrics and the workdir outputs (report.json, trace.jsonl, trace.html) are
 described in drubric_jax/evaluation/benchmark.py; fields in configs/eval_evaluator.py.
 """
+import shlex
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -20,10 +26,12 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax.evaluation import benchmark
+    from drubric_jax.evaluation import benchmark, report
 
     logging.info("JAX devices: %s", jax.devices())
-    benchmark.evaluate(_CONFIG.value, _WORKDIR.value)
+    command = shlex.join(["python", "-m", "experiments.eval_evaluator"] + sys.argv[1:])
+    result = benchmark.evaluate(_CONFIG.value, _WORKDIR.value, command=command)
+    print(report.timing_table(result))
 
 
 if __name__ == "__main__":

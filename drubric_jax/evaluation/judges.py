@@ -1,8 +1,10 @@
 """Judges of the evaluator benchmark: scores per response from the frozen verifier.
 
 - rubric judges (dynamic, static; METHOD 6): `rubric_samples` asks the verifier every
-  item of every sampled list for every response and scores them with Eq. 12, once with
-  the 0/1 verdicts and once with P(yes) (the `_soft` diagnostic).
+  item of every sampled list for every response in one pass and scores them with Eq. 12
+  under each verdict variant (`verdict_variants`: hard and soft verdicts, METHOD 12, of
+  the raw and optionally of the contextually calibrated P(yes),
+  `p_yes_raw_and_contextual`).
 - random (sanity floor): `random_samples`, uniform scores keyed by the seed and row id.
 - direct judges (METHOD 7): `direct_scores`, the verifier's P(yes) to "is this a
   high-quality response?" (optionally shown the whole set: direct_set);
@@ -22,7 +24,8 @@ import numpy as np
 from drubric_jax import rewards
 from drubric_jax.text.budget import fit_prompt
 from drubric_jax.text.prompts import direct_judge_messages, pairwise_judge_messages
-from drubric_jax.verdicts import verdicts_from_p_yes
+from drubric_jax.verdicts import (NULL_RESPONSE, VERDICT_MODES, contextual_calibration,
+                                  verdicts_from_p_yes)
 
 RUBRIC_METHODS = ("dynamic", "static")
 PAIRWISE_VARIANTS = ("direct_pairwise_ab", "direct_pairwise_ba", "direct_pairwise_avg")
@@ -115,22 +118,79 @@ def first_position_win_rate(p_ab, p_ba) -> float:
     return float(np.mean(np.concatenate([p_ab > 0.5, p_ba > 0.5])))
 
 
-def rubric_samples(verifier, params, rows, lists: dict, n: int, stats=None) -> list:
-    """Verifier answers and Eq. 12 scores of every sampled rubric list (METHOD 6, Eq. 12).
+def p_yes_raw_and_contextual(verifier, params, prompts, responses, items, histories,
+                             groups, calibrate: bool, stats=None):
+    """P(yes) of every (row, item), and its contextual calibration, from ONE verifier pass.
+
+    `Verifier.p_yes(calibration="contextual")` returns only the calibrated values; here the
+    raw ones are wanted too (hard and soft verdicts of both, METHOD 12). Rows in the same
+    group share (prompt, history, items) and so one content-free row: (prompt,
+    `verdicts.NULL_RESPONSE`, items, history), appended to the same call, as `Verifier`
+    does per distinct prompt (tests check the values agree).
+
+    Args:
+        verifier, params: a `verifier.Verifier` and its params; stats: its counters.
+        prompts, responses: R strings each; items: R lists of item texts ("" = padding);
+        histories: R history lists.
+        groups: R hashables; rows of one group must have the same prompt, history, items.
+        calibrate: False skips the content-free rows (calibrated is then None).
+
+    Returns:
+        (raw float32[R, M_max], calibrated float32[R, M_max] or None); 0 at padding.
+
+    Raises:
+        ValueError: rows of one group differ in prompt, history or items.
+    """
+    r = len(responses)
+    first: dict = {}  # group -> its first row
+    for i, g in enumerate(groups):
+        j = first.setdefault(g, i)
+        if (prompts[j], histories[j], items[j]) != (prompts[i], histories[i], items[i]):
+            raise ValueError(f"rows {j} and {i} of group {g!r} differ in prompt, history "
+                             "or items")
+    null = list(first.values()) if calibrate else []
+    p = verifier.p_yes(params, list(prompts) + [prompts[i] for i in null],
+                       list(responses) + [NULL_RESPONSE] * len(null),
+                       list(items) + [items[i] for i in null],
+                       list(histories) + [histories[i] for i in null], stats=stats)
+    raw = p[:r]
+    if not calibrate:
+        return raw, None
+    null_row = {g: r + n for n, g in enumerate(first)}
+    cal = contextual_calibration(raw, p[[null_row[g] for g in groups]])
+    real = np.zeros(raw.shape, bool)
+    for i, lst in enumerate(items):
+        real[i, :len(lst)] = [bool(t.strip()) for t in lst]
+    return raw, np.where(real, cal, 0.0).astype(np.float32)
+
+
+def verdict_variants(calibrate: bool) -> tuple:
+    """Suffixes of the scores one rubric list gives from one verifier pass (METHOD 12):
+    hard and soft verdicts of the raw P(yes), and with calibration of the calibrated one."""
+    return ("hard", "soft") + (("hard_ctx", "soft_ctx") if calibrate else ())
+
+
+def rubric_samples(verifier, params, rows, lists: dict, n: int, calibrate: bool = False,
+                   stats=None) -> list:
+    """Verifier answers and Eq. 12 scores of every sampled rubric list (METHOD 6, 12).
 
     Args:
         verifier: a `verifier.Verifier`; params: its params; stats: its counters (dict).
-        rows: the R rows of the batch.
-        lists: {method: the generator's batch of n lists per row (RubricGenerator)}.
+        rows: the R rows to score.
+        lists: {method: the generator's lists for these rows (`RubricGenerator`), row i's
+            n lists at index i}.
         n: lists per row and method.
+        calibrate: also score with contextually calibrated P(yes) (one content-free row
+            per row, in the same verifier call).
 
     Returns:
-        list over rows of {method: list of n sample dicts}; a sample holds scores float[K]
-        (0/1 verdicts in Eq. 12), soft_scores float[K] (P(yes) in Eq. 12), the shown
-        response order, the kept items, p_yes and verdicts [K][M], and the list's
-        validity, finish reason, raw text and cut responses.
+        list over rows of {method: list of n sample dicts}; a sample holds variant_scores
+        {variant: float64[K]} for `verdict_variants` (Eq. 12 with v = hard or soft
+        verdicts), the shown response order, the kept items, p_yes [K][M] (and p_yes_ctx),
+        the hard verdicts [K][M], and the list's validity, finish reason, raw text and
+        cut responses.
     """
-    prompts, resps, items, hists, columns = [], [], [], [], []
+    prompts, resps, items, hists, groups, columns = [], [], [], [], [], []
     for j, r in enumerate(rows):
         # P(yes) depends only on (response, item text): score each distinct text of
         # the row once, for every method and sample.
@@ -146,10 +206,12 @@ def rubric_samples(verifier, params, rows, lists: dict, n: int, stats=None) -> l
             resps.append(y)
             items.append(list(uniq))
             hists.append(r.rec.history)
-    p_all = verifier.p_yes(params, prompts, resps, items, hists, stats=stats)
+            groups.append(j)
+    raw, cal = p_yes_raw_and_contextual(verifier, params, prompts, resps, items, hists, groups,
+                                        calibrate, stats)
     out, at = [], 0
     for j, r in enumerate(rows):
-        p_row = p_all[at:at + r.k]
+        p_row = [raw[at:at + r.k]] + ([cal[at:at + r.k]] if calibrate else [])
         at += r.k
         out.append({m: [_sample(lst, j, s, r.k, p_row, columns[j]) for s in range(n)]
                     for m, lst in lists.items()})
@@ -170,24 +232,33 @@ def random_samples(seed: int, row, n: int) -> list:
 
 
 def _sample(lst, j, s, k, p_row, column) -> dict:
-    """One sample dict of `rubric_samples`: list s of row j, P(yes) columns of the row."""
+    """One sample dict of `rubric_samples`: list s of row j; p_row holds the row's raw
+    P(yes) columns (and its calibrated ones)."""
     w, mask = lst.weights[j, s], lst.item_mask[j, s]
-    p = np.zeros((k, len(w)), np.float32)
-    for col, t in enumerate(lst.texts[j][s]):
-        if t.strip():
-            p[:, col] = p_row[:, column[t.strip()]]
-    v = verdicts_from_p_yes(p)
-    sc, _ = rewards.rubric_scores(v, w, mask)
-    soft, _ = rewards.rubric_scores(p, w, mask)
-    return {
-        "scores": np.asarray(sc, np.float64),
-        "soft_scores": np.asarray(soft, np.float64),
+    m_real = int(mask.sum())
+    grids = []  # raw (and calibrated) P(yes) float32[K, M] of this list's items
+    for p_src in p_row:
+        p = np.zeros((k, len(w)), np.float32)
+        for col, t in enumerate(lst.texts[j][s]):
+            if t.strip():
+                p[:, col] = p_src[:, column[t.strip()]]
+        grids.append(p)
+    scores = {}
+    for name, p in zip(("", "_ctx"), grids):
+        for mode in VERDICT_MODES:
+            sc, _ = rewards.rubric_scores(verdicts_from_p_yes(p, mode), w, mask)
+            scores[mode + name] = np.asarray(sc, np.float64)
+    out = {
+        "variant_scores": scores,
         "order": lst.orders[j, s, :k].tolist(),
         "items": [[t, int(wt)] for t, wt, ok in zip(lst.texts[j][s], w, mask) if ok],
-        "p_yes": p[:, :int(mask.sum())].round(4).tolist(),
-        "verdicts": v[:, :int(mask.sum())].astype(int).tolist(),
+        "p_yes": grids[0][:, :m_real].round(4).tolist(),
+        "verdicts": verdicts_from_p_yes(grids[0][:, :m_real]).astype(int).tolist(),
         "valid": bool(lst.list_valid[j, s]),
         "finish_reason": lst.finish_reasons[j][s],
         "raw_text": lst.raw_texts[j][s],
         "responses_cut": lst.response_cut[j, s, :k].tolist(),
     }
+    if len(grids) > 1:
+        out["p_yes_ctx"] = grids[1][:, :m_real].round(4).tolist()
+    return out

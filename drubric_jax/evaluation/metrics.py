@@ -1,4 +1,5 @@
-"""Evaluator metrics: strict pairwise accuracy, strict top-1, nDCG, Delta_gap, RM-Bench.
+"""Evaluator metrics: strict pairwise accuracy, strict top-1, nDCG, Delta_gap, RM-Bench,
+and the AUC of a score against binary truth (the verifier check).
 
 METHOD sections 7 and 11. Ties in predicted scores are never broken in the
 evaluator's favour (case-18): a tied pair is wrong, a tied top is wrong, and
@@ -23,8 +24,8 @@ import numpy as np
 from drubric_jax.rewards import delta_gap, ordered_pairs
 
 __all__ = [
-    "delta_gap", "pairwise_accuracy", "strict_top1", "ndcg", "RMBenchPair",
-    "rm_bench_pairs", "rm_bench_accuracy",
+    "auc", "delta_gap", "pairwise_counts", "pairwise_accuracy", "strict_top1", "ndcg",
+    "RMBenchPair", "rm_bench_pairs", "rm_bench_accuracy",
 ]
 
 RM_BENCH_STYLE_ORDER = ("concise", "detailed_plain", "detailed_markdown")
@@ -34,11 +35,36 @@ def _mask(scores, mask):
     return jnp.ones(scores.shape, bool) if mask is None else jnp.asarray(mask, bool)
 
 
+def pairwise_counts(scores, gold_ranks, mask=None):
+    """Per-list counts of strict pairwise accuracy (METHOD 7 and 11).
+
+    A pair (a better than b in gold) is correct iff S_a > S_b; a predicted tie
+    is wrong. Gold-tied pairs are skipped.
+
+    Args:
+        scores: float[..., K].
+        gold_ranks: int or float[..., K], smaller is better, equal is tied.
+        mask: bool[..., K] or None (all real).
+
+    Returns:
+        (n_pairs, n_ties, n_correct), each float32[...] (one count per list).
+    """
+    s = jnp.asarray(scores, jnp.float32)
+    m = _mask(s, mask)
+    s = jnp.where(m, s, 0.0)  # padding may hold NaN; keep the differences finite
+    pairs = ordered_pairs(gold_ranks, m)
+    diff = s[..., :, None] - s[..., None, :]
+
+    def count(x):
+        return jnp.sum(x, axis=(-2, -1)).astype(jnp.float32)
+
+    return count(pairs), count(pairs & (diff == 0)), count(pairs & (diff > 0))
+
+
 def pairwise_accuracy(scores, gold_ranks, mask=None):
     """Strict pairwise accuracy over all gold-ordered pairs (METHOD 7 and 11).
 
-    A pair (a better than b in gold) is correct iff S_a > S_b; a predicted tie
-    is wrong. Gold-tied pairs are skipped. Counts are pooled over all lists.
+    `pairwise_counts` pooled over all lists.
 
     Args:
         scores: float[..., K].
@@ -50,14 +76,8 @@ def pairwise_accuracy(scores, gold_ranks, mask=None):
         pairs without a predicted tie), tie_rate, n_pairs, n_ties, n_correct.
         Ratios are 0 when their denominator is 0.
     """
-    s = jnp.asarray(scores, jnp.float32)
-    m = _mask(s, mask)
-    s = jnp.where(m, s, 0.0)  # padding may hold NaN; keep the differences finite
-    pairs = ordered_pairs(gold_ranks, m)
-    diff = s[..., :, None] - s[..., None, :]
-    n_pairs = jnp.sum(pairs).astype(jnp.float32)
-    n_ties = jnp.sum(pairs & (diff == 0)).astype(jnp.float32)
-    n_correct = jnp.sum(pairs & (diff > 0)).astype(jnp.float32)
+    n_pairs, n_ties, n_correct = (jnp.sum(x) for x in pairwise_counts(scores, gold_ranks,
+                                                                        mask))
     decided = n_pairs - n_ties
     # No pairs at all (e.g. a fully gold-tied list) gives 0, not NaN.
     return {
@@ -245,3 +265,32 @@ def rm_bench_accuracy(scores, labels, styles):
         out[f"n_{name}"] = total[name]
         out[f"ties_{name}"] = ties[name]
     return out
+
+
+def auc(scores, labels, weights=None):
+    """Area under the ROC curve of `scores` for `labels` (Mann-Whitney U / (n_pos n_neg)).
+
+        AUC = sum_{i pos, j neg} w_i w_j ([s_i > s_j] + [s_i = s_j] / 2)
+              / (sum_{pos} w_i  sum_{neg} w_j)
+
+    Ties count half, so constant scores give 0.5; 1 means every positive scores above
+    every negative. Weights are bootstrap counts (`intervals.resample_weights`).
+
+    Args:
+        scores: float[N].
+        labels: bool[N], True = positive.
+        weights: None (all 1) or float[..., N] (one AUC per leading index).
+
+    Returns:
+        float64 (no weights) or float64[...]; nan when a class has zero weight.
+    """
+    s = np.asarray(scores, np.float64)
+    y = np.asarray(labels, bool)
+    w = np.ones(s.shape) if weights is None else np.asarray(weights, np.float64)
+    sp, sn = s[y], s[~y]
+    wins = (sp[:, None] > sn[None, :]) + 0.5 * (sp[:, None] == sn[None, :])  # [P, N]
+    wp, wn = w[..., y], w[..., ~y]
+    num = np.einsum("...p,pn,...n->...", wp, wins, wn)
+    den = wp.sum(-1) * wn.sum(-1)
+    out = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return float(out) if weights is None else out

@@ -1,4 +1,5 @@
-"""Evaluator benchmark outputs: report.json, trace.jsonl lines and the trace.html page.
+"""Evaluator benchmark outputs: report.json, trace.jsonl lines, the trace.html page, and
+the log lines (`file_line`, `timing_table`).
 
 Axis legend (docs/CONVENTIONS.md): K responses per row, M rubric items per list.
 """
@@ -110,6 +111,37 @@ def _grid(row, d, method) -> str:
             out.append(f"<tr><td colspan='{row.k + 2}'>pairwise: P(A better) with A=resp 0: "
                        f"{d['pairwise']['p_ab']:.3f}; with A=resp 1: "
                        f"{d['pairwise']['p_ba']:.3f}</td></tr>")
-    cells = "".join(f"<td><b>{float(x):.3f}</b></td>" for x in d["scores"])
-    out.append(f"<tr><td><b>score</b></td><td></td>{cells}</tr></table>")
+    scores = d.get("variant_scores", {"": d.get("scores", [])})
+    for variant, sc in scores.items():
+        cells = "".join(f"<td><b>{float(x):.3f}</b></td>" for x in sc)
+        out.append(f"<tr><td><b>score {html.escape(variant)}</b></td><td></td>{cells}</tr>")
+    out.append("</table>")
     return "".join(out)
+
+
+def file_line(path: str, section: dict) -> str:
+    """One log line of a file's section: strict accuracy [95% CI] and s/row per method."""
+    parts = []
+    for m, e in section["methods"].items():
+        lo, hi = e["strict_acc"]["ci95"]
+        parts.append(f"{m} {e['strict_acc']['mean']:.3f} [{lo:.2f}, {hi:.2f}] "
+                     f"{section['timing'][m]['s_per_row']:.2f}s/row")
+    return f"{path} ({section['n_rows']} rows, {section['wall_s']:.0f} s): " + "; ".join(parts)
+
+
+def timing_table(report: dict) -> str:
+    """Seconds per row and rows per second per method over all files (text table)."""
+    secs, rows = {}, {}
+    for section in report["files"].values():
+        for m, t in section["timing"].items():
+            secs[m] = secs.get(m, 0.0) + t["s_per_row"] * section["n_rows"]
+            rows[m] = rows.get(m, 0) + section["n_rows"]
+    lines = [f"{'method':<24}{'rows':>6}{'s/row':>9}{'rows/s':>9}"]
+    for m in secs:
+        rate = f"{rows[m] / secs[m]:>9.3f}" if secs[m] > 0 else f"{'-':>9}"
+        lines.append(f"{m:<24}{rows[m]:>6}{secs[m] / max(rows[m], 1):>9.2f}{rate}")
+    lines.append("(the variants of one rubric evaluator share one generator and verifier "
+                 "pass: the same seconds, not additive)")
+    lines.append(f"total: {report['total_rows']} rows in {report['wall_s']:.0f} s "
+                 f"({report['s_per_row']:.2f} s/row, model load included)")
+    return "\n".join(lines)
