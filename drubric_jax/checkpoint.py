@@ -3,16 +3,13 @@
 A checkpoint `<directory>/<step_id>/` holds two Orbax items:
     state  any pytree of arrays (a TrainState, or a dict of them for policy + generator),
            written with `PyTreeSave` and restored onto the target's shardings;
-    meta   a JSON dict of loop state: round, phase, step, data iterator positions and the
-           seed key as a list of ints (`key_to_json`).
+    meta   a JSON dict of loop state: round, phase, step, data iterator positions, the seed.
 
 Axis legend: none here; `state` is any pytree (shapes are the target's on restore).
 
-Key scheme (case-21): the loop keeps ONE seed key in `meta` and derives the key of step s
-as `step_key(seed_key, s) = jax.random.fold_in(seed_key, s)`, s 1-indexed, i.e. s = number
-of completed steps + 1. A run resumed after step 2 draws step 3's key
-fold_in(seed_key, 3) -- the same as the uninterrupted run, never the seed key itself or
-step 1's key again.
+Key scheme (case-21): the loop derives the key of every step from (seed, round, phase,
+steps done) (`loop.phase_key`), all of which the meta holds, so a resumed run draws exactly
+the keys of the uninterrupted run.
 
 Host memory: the state item uses Orbax's `PyTreeCheckpointHandler` with
 `save_device_host_concurrent_gb` / `save_concurrent_gb` / `restore_concurrent_gb` set to
@@ -33,27 +30,8 @@ import os
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-
-
-def step_key(seed_key: jax.Array, step: int | jax.Array) -> jax.Array:
-    """PRNG key of step `step` (1-indexed): `jax.random.fold_in(seed_key, step)`."""
-    return jax.random.fold_in(seed_key, step)
-
-
-def key_to_json(key: jax.Array) -> list[int]:
-    """Raw key data of a (legacy uint32 or typed) PRNG key as a list of Python ints."""
-    # A typed key (jax.random.key) is opaque: its raw uint32 data is what serialises.
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
-    return [int(x) for x in np.asarray(key).reshape(-1)]
-
-
-def key_from_json(data: list[int]) -> jax.Array:
-    """Inverse of `key_to_json`: a legacy uint32 key (as made by `jax.random.PRNGKey`)."""
-    return jnp.asarray(np.asarray(data, np.uint32))
 
 
 def _abstract(leaf):
