@@ -85,11 +85,11 @@ def get_config(arg: str = ""):
         # 2 rubric lists per gradient pass. Adapters and their moments are small: no offload.
         c.policy.train.micro_batch_size = 4
         c.generator.train.micro_batch_size = 2
-        # And per sampler call (the KV cache): 16 responses, 4 rubric lists.
-        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 16, 4
+        # And per sampler call (the KV cache): 16 responses, 8 rubric lists.
+        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 16, 8
         c.memory.offload_idle_optimizer = False
     else:  # the planner's picks for full fine-tuning on 8 x 80 GB: per sampler call
-        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 8, 2
+        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 8, 4
     if opts.get("local"):
         c.model.policy = c.model.generator = c.model.verifier = "tiny_qwen3"
         c.model.dtype = "float32"
