@@ -217,8 +217,9 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         attention: "auto" (what the code runs by default: blockwise for long rows), "dense"
             or "blockwise" (key tile `block`).
         headroom: fraction of the memory kept free for the runtime.
-        search: pick rollout and update micro-batches; else use what the run does (all rows
-            per sampler call, `train.micro_batch_size`).
+        search: pick rollout and update micro-batches; else use what the run does
+            (`policy/generator.rollout_micro_batch` rows per sampler call, 0 = all;
+            `train.micro_batch_size`).
         workload: shapes of the steps; default `Workload.from_config(config)`.
 
     Raises:
@@ -240,6 +241,11 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     capacity = None if device_memory_gb is None else int(device_memory_gb * GB)
     usable = None if capacity is None else int(capacity * (1 - headroom))
     steps = []
+
+    def per_call(rows: int, field: int) -> Optional[int]:
+        """Rows per sampler call the run uses (None: search)."""
+        return None if search else (min(field, rows) if field else rows)
+
     for phase in PHASES:
         # What the phase's resident state leaves for a step's transients. The lambdas below run
         # inside `_choose` at once, so the loop's later rebinding of phase / rows cannot reach them.
@@ -249,12 +255,14 @@ def plan(config: ml_collections.ConfigDict, devices: int,
                              lambda r: sampling_terms(models_, "policy", mesh, r,
                                                       w.policy_prompt, w.policy_new,
                                                       attention, block, False),
-                             budget, None if search else w.policy_rows))
+                             budget, per_call(w.policy_rows,
+                                              config.policy.rollout_micro_batch)))
         steps.append(_choose(phase, "rubric sampling", rubric_rows, _divisors(rubric_rows),
                              lambda r: sampling_terms(models_, "generator", mesh, r,
                                                       w.rubric_prompt, w.rubric_new,
                                                       attention, block, True),
-                             budget, None if search else rubric_rows))
+                             budget, per_call(rubric_rows,
+                                              config.generator.rollout_micro_batch)))
         # No micro-batch to choose here: the Verifier's default chunking (`Workload`).
         steps.append(Step(phase, "verification", verification_terms(
             models_, mesh, w.verifier_rows, w.verifier_prefix, w.verifier_suffix,

@@ -339,7 +339,10 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
     params = models_.sampling_shapes(role)
     gathered = _weights_in_use(cfg, params["layers"], 0, mesh)
     logits = _logits(cfg, rows, SAMPLING_LOGITS, field)
-    prefill = [cache, *_forward_terms(cfg, rows, prompt, slots, attention, block, field),
+    budget = ("config.generator.input_budget" if role == "generator"
+              else "config.policy.max_prompt_tokens")  # the prefill runs over the prompt
+    prefill = [cache, *_forward_terms(cfg, rows, prompt, slots, attention, block,
+                                      f"rows per sampler call (rollout micro-batch); {budget}"),
                *gathered]
     decode = [cache, logits, dataclasses.replace(cache, name="per-layer copy of the KV cache "
                                                  "(decode loop)"),

@@ -14,7 +14,11 @@ import json
 import os
 import time
 
-from absl import app, flags
+# transformers prints a "PyTorch was not found" notice at import; tokenizers are all we use.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from absl import app, flags  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "verifier model source")
 _DATA = flags.DEFINE_string("data", "", "shared-schema JSONL whose references / responses are "

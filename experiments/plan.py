@@ -47,7 +47,7 @@ _ATTENTION = flags.DEFINE_enum("attention", "auto", ["auto", "dense", "blockwise
 _BLOCK = flags.DEFINE_integer("attention_block", 512, "Key tile of blockwise attention.")
 _HEADROOM = flags.DEFINE_float("headroom", 0.10, "Fraction of the memory kept free.")
 _SEARCH = flags.DEFINE_bool("search", True, "Pick rollout and update micro-batches; else "
-                            "plan what the config does (all rows per sampler call).")
+                            "plan what the config does (its rollout and update micro-batches).")
 _COMPILE = flags.DEFINE_bool("compile", False, "Also compile the steps on N fake devices.")
 flags.mark_flags_as_required(["config"])
 

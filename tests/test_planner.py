@@ -145,3 +145,14 @@ def test_device_check_runs_on_cpu_with_tiny(tmp_path):
     for line in table[1:]:
         *_, peak, planned = line.split()
         assert peak == "n/a" and float(planned) > 0
+
+
+def test_planning_what_the_config_does_uses_its_rollout_micro_batches():
+    """search=False (`--nosearch`, memory.json "planned") plans the rows per sampler call the
+    config sets, not every row at once."""
+    c = _tiny()
+    c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 4, 2
+    p = planner.plan(c, 8, mesh_sizes=(1, 8, 1), search=False)
+    rows = {(s.phase, s.name): s.rows for s in p.steps}
+    assert rows[("generator", "policy sampling")] == 4
+    assert rows[("generator", "rubric sampling")] == 2
