@@ -5,6 +5,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from with_params import WithParams
 
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
@@ -20,27 +21,12 @@ def tok(smollm2_tokenizer):
     return smollm2_tokenizer
 
 
-class WithParams:
-    """A RubricGenerator whose generate / generate_batch get fixed params (test brevity)."""
-
-    def __init__(self, gen, params):
-        self.gen, self.params = gen, params
-
-    def __getattr__(self, name):
-        return getattr(self.gen, name)
-
-    def generate(self, *args, **kw):
-        return self.gen.generate(self.params, *args, **kw)
-
-    def generate_batch(self, *args, **kw):
-        return self.gen.generate_batch(self.params, *args, **kw)
-
-
 @pytest.fixture(scope="module")
 def tiny_gen(tiny_model, tok):
     cfg, params = tiny_model
-    return WithParams(RubricGenerator(cfg, tok, max_items=2, max_item_chars=10,
-                                      max_new_tokens=64, input_budget=640), params)
+    gen = RubricGenerator(cfg, tok, max_items=2, max_item_chars=10, max_new_tokens=64,
+                          input_budget=640)
+    return WithParams(gen, params, "generate", "generate_batch")
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from with_params import WithParams
 
 from drubric_jax import rewards
 from drubric_jax import verdicts
@@ -21,27 +22,11 @@ def tok(smollm2_tokenizer):
     return smollm2_tokenizer
 
 
-class WithParams:
-    """A Verifier whose p_yes / p_yes_ids get fixed params (test brevity)."""
-
-    def __init__(self, ver, params):
-        self.ver, self.params = ver, params
-
-    def __getattr__(self, name):
-        return getattr(self.ver, name)
-
-    def p_yes(self, *args, **kw):
-        return self.ver.p_yes(self.params, *args, **kw)
-
-    def p_yes_ids(self, *args, **kw):
-        return self.ver.p_yes_ids(self.params, *args, **kw)
-
-
 @pytest.fixture(scope="module")
 def tiny_verifier(tiny_model, tok):
     cfg, params = tiny_model
-    return WithParams(ver_lib.Verifier(cfg, tok, max_prefix_tokens=192, max_suffix_tokens=48),
-                      params)
+    ver = ver_lib.Verifier(cfg, tok, max_prefix_tokens=192, max_suffix_tokens=48)
+    return WithParams(ver, params, "p_yes", "p_yes_ids")
 
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.",
@@ -150,7 +135,7 @@ def test_prefix_shared_matches_naive_tiny(tiny_model, tok):
     # small budgets force several prefill chunks and item chunks
     ver = WithParams(ver_lib.Verifier(cfg, tok, 192, 48, cache_slots_budget=1024,
                                       prefill_tokens_budget=256, max_rows=2, item_chunk=2),
-                     params)
+                     params, "p_yes", "p_yes_ids")
     items = [ITEMS, ITEMS[:1], ITEMS[1:] + ["", "Another criterion."]]
     history = [[], [{"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": "Hello! How can I help?"}], []]
@@ -237,7 +222,7 @@ def test_p_yes_follows_the_response_not_its_position(tiny_verifier):
 @pytest.mark.real_model
 def test_real_model_prefix_shared_matches_naive(smollm2):
     cfg, params, tok = smollm2
-    ver = WithParams(ver_lib.Verifier(cfg, tok, 256, 64), params)
+    ver = WithParams(ver_lib.Verifier(cfg, tok, 256, 64), params, "p_yes", "p_yes_ids")
     items = ["The response states that Paris is the capital.", "The response is in French."]
     shared = ver.p_yes(PROMPTS[0], ["The capital of France is Paris.", "It is Lyon."], items)
     naive = ver.p_yes(PROMPTS[0], ["The capital of France is Paris.", "It is Lyon."], items,
