@@ -18,7 +18,9 @@ Output: one JSON object per line.
   forward passes; the last forward's logits are unused — the peers' B * (N - 1) tokens
   over N - 1 forwards is the same per-step rate);
   `compile_s` = ahead-of-time compile time of prefill + decode_loop for the shape (what
-  the first call of a new shape pays on top; `first_run_s` is the first execution after
+  the first call of a new shape pays on top; with the persistent cache
+  (`--compile_cache_dir`, on by default as in the run configs) a second run of the same
+  shapes loads them instead; `first_run_s` is the first execution after
   it, the warm-up that is not counted); `peak_rss_mb` = the process's peak resident
   memory so far (it only grows);
   `prefill_mfu` = 2 * n_params * prefill_tok_s / float32 matmul peak (n_params counts the
@@ -67,6 +69,10 @@ _REPS = flags.DEFINE_integer("reps", 2, "warm repetitions per shape (median repo
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "size of the peak-FLOP/s matmul")
 _PEER_JSON = flags.DEFINE_string("peer_json", None, "JSON lines of a peer to compare with")
 _SEED = flags.DEFINE_integer("seed", 0, "seed of the random prompts")
+_CACHE_DIR = flags.DEFINE_string(
+    "compile_cache_dir", "~/.cache/drubric_jax/xla",
+    "JAX persistent compilation cache, as config.compile.cache_dir ('' = off): a second run "
+    "of the same shapes loads them, and its compile_s is what a resumed run pays")
 
 
 def _emit(**row):
@@ -196,8 +202,9 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import models
+    from drubric_jax import compilation, models
 
+    compilation.enable_persistent_cache(_CACHE_DIR.value)
     batches = [int(b) for b in _BATCHES.value]
     p, n = _PROMPT_LEN.value, _NEW_TOKENS.value
     f32_peak = matmul_gflops(_MATMUL_N.value, "float32")

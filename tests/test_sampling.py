@@ -497,11 +497,12 @@ def test_sample_entrypoint_prints_paris(smollm2):
 
 @pytest.mark.real_model
 @pytest.mark.slow
-def test_bench_sampler_prints_one_json_row_per_batch(smollm2):
+def test_bench_sampler_prints_one_json_row_per_batch(smollm2, tmp_path):
     env = dict(os.environ, XLA_FLAGS="", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.bench_sampler", "--batches=1,2", "--prompt_len=16",
-         "--new_tokens=4", "--reps=1", "--matmul_n=128", "--impl=all"],
+         "--new_tokens=4", "--reps=1", "--matmul_n=128", "--impl=all",
+         f"--compile_cache_dir={tmp_path / 'xla'}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
