@@ -37,6 +37,10 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
     c.logits_chunk = 128             # tokens per output-head chunk (bounds [rows, chunk, V] logits)
     c.mu_dtype = "float32"           # storage of Adam's first moment: float32 | bfloat16
+    # True: each layer's activations are recomputed in the backward pass (memory L x [rows,
+    # T, D]); False keeps them all (about a quarter less update time, L x one layer's
+    # activations; `experiments.plan` counts either).
+    c.remat = True
     return c
 
 

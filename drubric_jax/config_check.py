@@ -53,6 +53,7 @@ TRAINER_RULES: dict[str, tuple[Callable, str]] = {
     "temperature": (lambda v: v >= 0, "must be >= 0"),
     "logits_chunk": (lambda v: v >= 1, "must be >= 1"),
     "mu_dtype": (lambda v: v in DTYPES, f"must be one of {DTYPES}"),
+    "remat": (lambda v: isinstance(v, bool), "must be True or False"),
 }
 
 

@@ -68,7 +68,8 @@ def entropy_from_logits(logits, temperature=1.0):
 
 def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
                       token_mask: jax.Array, temperature: float = 1.0, *,
-                      chunk: int = 512, return_entropy: bool = False, start: int = 0):
+                      chunk: int = 512, return_entropy: bool = False, start: int = 0,
+                      remat: bool = True):
     """Per-token log-probs of a sequence under the model at `temperature` (METHOD 11).
 
         logp[r, t] = log softmax(logits(tokens[r, :t]) / temperature)[tokens[r, t]]
@@ -88,6 +89,9 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
         start: first position scored (static); earlier positions get 0 and the output
             head runs only on [start, T), e.g. the completion of a [prompt | completion]
             row (start = prompt bucket P), which skips the prompt's [R, P, V] logits.
+        remat: under differentiation, recompute each layer's activations in the backward
+            pass (`jax.checkpoint` per layer: only the L layer inputs stay live) instead of
+            keeping them (`TrainConfig.remat`); the values are the same either way.
 
     Returns:
         logp float32[R, T] (0 at t = 0 and wherever token_mask is False), and, with
@@ -98,7 +102,7 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
     b, t = tokens.shape
     # From the mask, as the sampler did: left padding never shifts a row's positions.
     positions = models.positions_from_mask(token_mask)
-    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask, remat=True)
+    hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask, remat=remat)
     # First scored position: >= 1 (position 0 has no context) and <= T - 1.
     s0 = min(max(int(start), 1), t - 1) if t > 1 else 1
     n = t - s0  # hidden[:, i] predicts tokens[:, i + 1]

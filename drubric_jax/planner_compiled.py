@@ -176,13 +176,15 @@ def scaled(measure: Callable[[int], tuple], num_layers: int) -> tuple[int, str]:
     return int(np.ceil(value)), f"compiled at L={lo}, {hi}, scaled to L={num_layers}"
 
 
-def measure_plan(plan, models_, workload, mesh) -> None:
+def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
     """Fills `compiled` and `compiled_how` of each step of `plan` (`planner.plan`) with the
     compiled figure of its jitted functions on `mesh` (a real mesh of the plan's devices).
 
     Args:
         plan: a `planner.Plan`; models_: its `planner_terms.RoleModels`; workload: its
             `planner_terms.Workload`.
+        only: when given, just the steps whose name contains one of these words (e.g.
+            ("update",)); the others keep `compiled` None.
     """
     w, memo = workload, {}
 
@@ -219,6 +221,8 @@ def measure_plan(plan, models_, workload, mesh) -> None:
     code = {"materialized": "dense", "blockwise": "blockwise", "cudnn": "blockwise",
             "auto": "auto"}.get(chosen, "dense")
     for step in plan.steps:
+        if only and not any(word in step.name for word in only):
+            continue
         key, fn = measure(step)
         # Equal shapes (the same call in both phases) are compiled once.
         if key not in memo:

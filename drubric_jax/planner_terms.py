@@ -64,6 +64,13 @@ TRAIN_LOGITS = 5         # float32 [chunk, V]: logits, log-softmax, probs, entro
 # gradients (train) or run forward. The F-wide ones (the MLP) are in the compute dtype; the
 # D- and H*Dh-wide ones are counted in float32 (RMSNorm and RoPE compute in float32).
 TRAIN_WIDTHS = (10, 15, 6)
+# Without remat (`train.remat=False`) the forward keeps, per layer and token, what its
+# backward reads (the same units), and with materialized attention also SAVED_ATTENTION
+# float32 [H, T, S] per layer (scores and softmax); blockwise attention keeps only its
+# output and log-sum-exp. Fitted to the compiled difference remat off - on of the tiny
+# config's steps (tests/test_planner.py checks it within 25%).
+SAVED_WIDTHS = (6, 5, 4)
+SAVED_ATTENTION = 2
 FORWARD_WIDTHS = (4, 5, 3)
 SAMPLING_LOGITS = 8      # float32 [R, V]: the state's and the new logits, masked, tempered,
 #                          Gumbel-perturbed, two log-softmaxes (sample_logits, _token_logprobs)
@@ -295,8 +302,8 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
     # layer's backward or the output head's (never both at once).
     passes = [Term(f"{role} gradients (float32{', accumulated' if n > 1 else ''})", grads,
                    "config.lora.rank"),
-              Term(f"remat residuals (L x {b} rows x T={t} x D)",
-                   cfg.num_layers * b * t * cfg.dim * cfg.compute_dtype.itemsize, mb_field),
+              _saved_activations(cfg, tc.remat, b, t, attention, block, tensor, mb_field,
+                                 f"config.{role}.train.remat"),
               batch, *weights_, *max(layer, logits, key=_total)]
     if not cfg.lora_rank:  # the lookup's gradient is a scatter into its own [V, D] buffer
         passes.append(Term("embedding gradient (float32 [V, D])",
@@ -307,6 +314,21 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
     update = [Term(f"{role} AdamW update ({OPTIMIZER_COPIES} x float32 trained params)",
                    OPTIMIZER_COPIES * grads, "config.lora.rank; mesh.fsdp"), batch]
     return max(passes, update, key=_total)
+
+
+def _saved_activations(cfg: ModelConfig, remat: bool, b: int, t: int, attention: str,
+                       block: int, tensor: int, mb_field: str, remat_field: str) -> Term:
+    """What the forward of a gradient pass keeps for its backward: with remat the L layer
+    inputs (each layer is recomputed), without it every layer's activations."""
+    if remat:
+        return Term(f"remat residuals (L x {b} rows x T={t} x D)",
+                    cfg.num_layers * b * t * cfg.dim * cfg.compute_dtype.itemsize, mb_field)
+    per_layer = _widths(cfg, b, t, SAVED_WIDTHS, tensor)
+    att = _attention(cfg, b, t, t, SAVED_ATTENTION, attention, block, tensor)
+    if "dense" in att.name:
+        per_layer += att.bytes
+    return Term(f"saved activations, no remat (L x {b} rows x T={t})",
+                cfg.num_layers * per_layer, f"{remat_field}=True; {mb_field}")
 
 
 def _total(terms: list) -> int:

@@ -39,6 +39,7 @@ class TrainConfig:
     temperature: float = 1.0        # sampler temperature; log-probs use it; 0 (greedy) -> 1
     logits_chunk: int = 512         # tokens per logits chunk (bounds the [R, chunk, V] buffer)
     mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
+    remat: bool = True              # recompute each layer in the backward pass (see below)
 
     def __post_init__(self):
         config_check.check_trainer(dataclasses.asdict(self), "TrainConfig")

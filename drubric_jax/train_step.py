@@ -180,7 +180,8 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     def logprobs_of(p, mbatch, return_entropy=False):
         return sequence_logprobs(p, model_cfg, mbatch.tokens, mbatch.token_mask,
                                  train_cfg.scoring_temperature, chunk=train_cfg.logits_chunk,
-                                 return_entropy=return_entropy, start=mbatch.prompt_len)
+                                 return_entropy=return_entropy, start=mbatch.prompt_len,
+                                 remat=train_cfg.remat)
 
     def loss_fn(p, mbatch: Batch):
         # A LoRA trainee's params are its adapters, on the frozen base (= the reference).

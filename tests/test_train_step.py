@@ -221,6 +221,20 @@ def test_micro_batches_equal_single_batch(setup, one_step):
                                   m_full["grad_norm"])
 
 
+def test_no_remat_gives_the_remat_gradients(setup):
+    """train.remat=False keeps each layer's activations instead of recomputing them: the
+    same loss and gradients (recomputation repeats the same float ops; the tolerance is the
+    float32 summation one of `assert_grads_close`, as fusion may differ)."""
+    cfg, params, batch, _, _, _, ref = setup
+    g_remat, s_remat = jit_grads(cfg, CFG)(params, batch, ref)
+    g_keep, s_keep = jit_grads(cfg, dataclasses.replace(CFG, remat=False))(params, batch, ref)
+    assert_grads_close(g_remat, g_keep)
+    for k in s_remat:
+        close(s_keep[k], s_remat[k], atol=1e-6)
+    with pytest.raises(ValueError, match="remat"):
+        train_config.TrainConfig(remat="no")
+
+
 @pytest.mark.slow
 def test_bfloat16_first_moment_matches_float32_step(setup, one_step):
     """mu_dtype="bfloat16" (the CPU default config's memory saving): mu is stored in
