@@ -38,8 +38,10 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     c.logits_chunk = 128             # tokens per output-head chunk (bounds [rows, chunk, V] logits)
     c.mu_dtype = "float32"           # storage of Adam's first moment: float32 | bfloat16
     # True: each layer's activations are recomputed in the backward pass (memory L x [rows,
-    # T, D]); False keeps them all (about a quarter less update time, L x one layer's
-    # activations; `experiments.plan` counts either).
+    # T, D]); False keeps them all (L x one layer's activations; `experiments.plan` counts
+    # either). No recomputation, but on a 2-core CPU the update got slower, not faster
+    # (bench_round --noremat at tunix's shape: update 54.1 s vs 47.6 s, peak RSS 11.2 vs
+    # 5.2 GB): try it on accelerators, where the plan shows it fits.
     c.remat = True
     return c
 

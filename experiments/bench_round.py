@@ -3,6 +3,7 @@ r"""Cost of one DynamicRubric policy step against plain rule-reward GRPO (a benc
     python -m experiments.bench_round                       # both parts, each in its own process
     python -m experiments.bench_round --part=cost           # DynamicRubric vs rule step
     python -m experiments.bench_round --part=tunix_shape    # plain GRPO at the tunix peer's shape
+    python -m experiments.bench_round --noremat --tunix_step_s=52.1  # no remat; tunix measured beside
 
 Prints JSON lines.
 - part "cost": one warm DynamicRubric policy step (sampling, rubric generation,
@@ -32,6 +33,12 @@ from absl import app, flags
 
 _PART = flags.DEFINE_enum("part", "all", ["all", "cost", "tunix_shape"], "What to time.")
 _STEPS = flags.DEFINE_integer("steps", 2, "Timed (warm) steps per measurement.")
+_REMAT = flags.DEFINE_bool(
+    "remat", True, "config.<role>.train.remat of the timed updates (False keeps each "
+    "layer's activations: no recomputation, more memory; google-tunix's GRPO does not remat)")
+_TUNIX = flags.DEFINE_float(
+    "tunix_step_s", None, "google-tunix's warm GRPO step measured beside this run "
+    "(../shared/peers/anchor_tunix.py grpo); default: the peers README's figure")
 _TUNIX_STEP_S = 54.5   # google-tunix 0.1.7 GRPOLearner warm step here (peers/README.md)
 _TUNIX_PEAK_GB = 14.4
 
@@ -71,6 +78,7 @@ def cost_part(steps: int) -> None:
     from drubric_jax.types import Role
 
     c = get_config("")
+    c.policy.train.remat = _REMAT.value
     c.policy.prompts_per_step, c.policy.num_responses = 2, 4
     c.log.progress = c.log.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
@@ -103,7 +111,7 @@ def cost_part(steps: int) -> None:
     _emit(part="cost", impl="rule_grpo", step_s=round(p, 3), phases=_phase_seconds(plain),
           **shape)
     _emit(part="cost", ratio=round(d / p, 3), paper_ratio=3.0, goal="<= 2.0",
-          peak_rss_mb=round(_peak_rss_mb(), 1))
+          remat=_REMAT.value, peak_rss_mb=round(_peak_rss_mb(), 1))
 
 
 def tunix_shape_part(steps: int) -> None:
@@ -115,6 +123,7 @@ def tunix_shape_part(steps: int) -> None:
     from drubric_jax.types import Role
 
     c = get_config("")
+    c.policy.train.remat = _REMAT.value
     c.policy.prompts_per_step, c.policy.num_responses = 4, 4
     c.policy.max_new_tokens, c.policy.min_prompt_bucket = 64, 128
     c.policy.temperature = 0.9
@@ -139,10 +148,11 @@ def tunix_shape_part(steps: int) -> None:
             loop.close(run)
     step_s = sum(s for s, _ in runs) / len(runs)
     peak = _peak_rss_mb()
+    tunix_s = _TUNIX.value or _TUNIX_STEP_S
     _emit(part="tunix_shape", impl="drubric_jax", prompts=4, G=4, prompt_len_padded=128,
           new_tokens=64, beta=0.04, warm_step_s=round(step_s, 3), phases=_phase_seconds(runs),
-          peak_rss_mb=round(peak, 1), tunix_step_s=_TUNIX_STEP_S, tunix_peak_gb=_TUNIX_PEAK_GB,
-          step_ratio=round(step_s / _TUNIX_STEP_S, 3),
+          remat=_REMAT.value, peak_rss_mb=round(peak, 1), tunix_step_s=tunix_s,
+          tunix_peak_gb=_TUNIX_PEAK_GB, step_ratio=round(step_s / tunix_s, 3),
           memory_ratio=round(peak / 1024 / _TUNIX_PEAK_GB, 3))
 
 
@@ -151,7 +161,9 @@ def main(argv):
     if _PART.value == "all":
         for part in ("cost", "tunix_shape"):
             subprocess.run([sys.executable, "-m", "experiments.bench_round", f"--part={part}",
-                            f"--steps={_STEPS.value}"], check=True, env=dict(os.environ))
+                            f"--steps={_STEPS.value}", f"--remat={_REMAT.value}"]
+                           + ([f"--tunix_step_s={_TUNIX.value}"] if _TUNIX.value else []),
+                           check=True, env=dict(os.environ))
     elif _PART.value == "cost":
         cost_part(_STEPS.value)
     else:
