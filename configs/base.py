@@ -87,6 +87,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
     c.policy.heldout_temperature = 0.0  # generator decoding of the held-out evaluation lists
     c.policy.rollout_micro_batch = 0  # responses per sampler call (bounds the KV cache); 0 = all
+    # The policy's reward: "rubric" (DynamicRubric, Eq. 12) or a rule for plain GRPO,
+    # "word_limit" | "exact_match" (drubric_jax/rule_rewards.py); N of word_limit, words.
+    c.policy.reward = "rubric"
+    c.policy.reward_max_words = 32
     c.policy.train = trainer_config(1e-6)
 
     c.generator = ml_collections.ConfigDict()

@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Optional
 import ml_collections
 
 from drubric_jax import grpo
+from drubric_jax.rule_rewards import REWARDS
 from drubric_jax.verdicts import CALIBRATIONS, VERDICT_MODES
 
 # full: the Eq. 17 objective; disc_only / anchor_only: its ablations; static: the RaR
@@ -154,6 +155,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
     need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
     need(p.heldout_temperature >= 0, "policy.heldout_temperature", "must be >= 0")
+    need(p.reward in REWARDS, "policy.reward", f"{p.reward!r} not in {REWARDS}")
+    need(p.reward_max_words >= 1, "policy.reward_max_words", "must be >= 1")
     for node, field in ((p, "policy"), (g, "generator")):
         need(node.rollout_micro_batch >= 0, f"{field}.rollout_micro_batch",
              "must be >= 0 (0 = every row in one sampler call)")

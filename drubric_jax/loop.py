@@ -33,7 +33,7 @@ from absl import logging
 
 from drubric_jax import checkpoint as ckpt_lib
 from drubric_jax import (compilation, config_check, data, hostmem, phases, planner,
-                         run_logging, sharding)
+                         rule_rewards, run_logging, sharding)
 from drubric_jax.models import export_hf_dir
 from drubric_jax.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
@@ -230,8 +230,12 @@ def _phase(run: Run, role: Role, steps: int) -> None:
         key = phase_key(run.config.seed, run.loop.round, role.value, run.loop.step)
         if role is Role.GENERATOR:
             step = phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
-        else:
+        elif run.config.policy.reward == rule_rewards.RUBRIC:
             step = phases.policy_rollout(run.ctx, key, next(run.prompt_iter))
+        else:  # plain GRPO on a rule reward (config.policy.reward)
+            step = phases.rule_policy_rollout(run.ctx, key, next(run.prompt_iter),
+                                              rule_rewards.from_config(run.config.policy))
+        if role is Role.POLICY:
             # The last policy step's samples become this round's trace/round_N.html.
             run.last_trace = step.trace
         # global_step + 1 names this update in a NaN error (global_step counts finished ones).

@@ -17,6 +17,7 @@ G rubric lists per (x, C), M items, A anchor responses, R rows.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Sequence
@@ -48,17 +49,13 @@ class Timer:
     def __init__(self):
         self.seconds: dict = {}
 
+    @contextlib.contextmanager
     def __call__(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
-
-        return _Span()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def metrics(self) -> dict:
         return {f"seconds_{k}": v for k, v in self.seconds.items()}
@@ -310,11 +307,8 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     # Eq. 12; an invalid list scores every response 0, so its group is flat (METHOD 11).
     scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
     scores = np.asarray(scores)
-    adv, flat = adv_lib.group_advantages_by_id(scores.reshape(-1), rollout.group_ids, b)
-    metrics = dict(
-        policy_reward=_finite_mean(scores), flat_group_fraction=float(np.mean(flat)),
-        reward_std=_mean_spread(scores.reshape(-1), rollout.group_ids, b),
-        unscorable_fraction=float(np.mean(~np.isfinite(scores))),
+    adv, metrics = _policy_advantages(scores.reshape(-1), rollout.group_ids, b)
+    metrics.update(
         rubric_invalid_fraction=float(1 - np.mean(valid)),
         **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v))
     trace = [
@@ -340,20 +334,29 @@ def rule_policy_rollout(ctx: Context, key, items,
         # Row i answers prompt i // K (the layout of `sample_responses`).
         scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
                           np.float32)
-    b = len(items)
-    adv, flat = adv_lib.group_advantages_by_id(scores, rollout.group_ids, b)
-    metrics = dict(policy_reward=_finite_mean(scores),
-                   flat_group_fraction=float(np.mean(flat)),
-                   reward_std=_mean_spread(scores, rollout.group_ids, b),
-                   unscorable_fraction=float(np.mean(~np.isfinite(scores))))
-    return PhaseStep(rollout, np.asarray(adv), metrics, timer)
+    adv, metrics = _policy_advantages(scores, rollout.group_ids, len(items))
+    trace = [{"prompt": items[i].prompt, "responses": responses[i * k:(i + 1) * k],
+              "scores": [float(s) for s in scores[i * k:(i + 1) * k]]}
+             for i in range(min(len(items), ctx.config.log.trace_prompts))]
+    return PhaseStep(rollout, adv, metrics, timer, trace)
 
 
-def _finite_mean(x) -> float:
-    """Mean of the finite entries (non-finite rewards are unscorable rows, counted apart)."""
-    x = np.asarray(x, np.float64)
-    ok = np.isfinite(x)
-    return float(x[ok].mean()) if ok.any() else 0.0
+def _policy_advantages(scores, group_ids, num_groups: int) -> tuple[np.ndarray, dict]:
+    """Eq. 21 advantages of R policy rewards grouped by prompt id, and their metrics: the
+    mean finite reward, flat-group fraction, mean group std (Eq. 21's divisor), unscorable
+    (non-finite) fraction and each group's mean reward (`group_mean_rewards`, float[B]:
+    the unit a learning curve's confidence interval resamples)."""
+    adv, flat = adv_lib.group_advantages_by_id(scores, group_ids, num_groups)
+    r = np.asarray(scores, np.float64)
+    ok = np.isfinite(r)
+    sums = np.bincount(group_ids[ok], r[ok], minlength=num_groups)
+    counts = np.bincount(group_ids[ok], minlength=num_groups)
+    return np.asarray(adv), dict(
+        policy_reward=float(r[ok].mean()) if ok.any() else 0.0,
+        flat_group_fraction=float(np.mean(flat)),
+        reward_std=_mean_spread(scores, group_ids, num_groups),
+        unscorable_fraction=float(np.mean(~ok)),
+        group_mean_rewards=np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
 
 
 def _mean_spread(r, group_ids, num_groups) -> float:

@@ -148,7 +148,8 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
 
     Each example: {"prompt": str, "responses": [str] (K), "items": [str] (M),
     "weights": [int] (M), "verdicts": [[v] * M] * K with v 0/1 (hard) or P(yes) (soft),
-    "scores": [float] (K), "valid": bool}. Cells show yes / no, or the soft verdict.
+    "scores": [float] (K), "valid": bool}; items, weights and verdicts may be left out (a
+    rule reward). Cells show yes / no, or the soft verdict.
     """
     def cell(v):
         # Hard verdicts read yes / no, soft ones show P(yes).
@@ -169,7 +170,8 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
             parts.append("<p><b>rubric list invalid</b>: every score is 0 (METHOD section 11)</p>")
         head = "".join(f"<th>R{k + 1}</th>" for k in range(len(ex["responses"])))
         parts.append(f"<table><tr><th>item</th><th>w</th>{head}</tr>")
-        for m, (item, w) in enumerate(zip(ex["items"], ex["weights"])):
+        # A rule-reward step (plain GRPO) has scores but no rubric items.
+        for m, (item, w) in enumerate(zip(ex.get("items", []), ex.get("weights", []))):
             cells = "".join(cell(ex["verdicts"][k][m]) for k in range(len(ex["responses"])))
             parts.append(f"<tr><td>{esc(item)}</td><td>{w}</td>{cells}</tr>")
         scores = "".join(f"<td>{s:.3f}</td>" for s in ex["scores"])

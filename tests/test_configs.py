@@ -6,7 +6,7 @@ they are written for; configs/eval_evaluator.py has its own `validate`.
 """
 import pytest
 
-from configs import eval_evaluator, qwen3_8b, smollm2_cpu
+from configs import eval_evaluator, grpo_learns, qwen3_8b, smollm2_cpu
 from drubric_jax import config_check
 
 SMOLLM2_SWITCHES = ["", "data=shared", "variant=full", "variant=disc_only",
@@ -44,6 +44,18 @@ def test_run_configs_validate(module, switches, device_count):
 def test_smollm2_cpu_validates_on_8_devices():
     for arg in SMOLLM2_SWITCHES:
         config_check.validate(smollm2_cpu.get_config(arg), device_count=8, process_count=1)
+
+
+@pytest.mark.parametrize("arg,device_count", [
+    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1)])
+def test_grpo_learns_config_validates_for_both_parts(arg, device_count):
+    config = grpo_learns.get_config(arg)
+    assert config.rounds.generator_steps == 0  # policy-only: the generator stays G_0
+    for reward in (config.experiment.rule, "rubric"):
+        config.policy.reward = reward
+        config_check.validate(config, device_count=device_count, process_count=1)
+    with pytest.raises(ValueError, match="scale"):
+        grpo_learns.get_config("scale=gpt2")
 
 
 def test_mesh_larger_than_device_count_is_a_config_error():

@@ -62,3 +62,24 @@ def test_sweep_print_one_command_per_entry(module, arg, tmp_path):
             assert f"--{key}={value}" in argv, line
         workdirs |= {a for a in argv if a.startswith(f"--workdir={tmp_path}{os.sep}")}
     assert len(workdirs) == len(sweep), out  # one workdir per run
+
+
+@pytest.mark.slow
+def test_grpo_learns_tiny_writes_curves_and_resumes(tmp_path, smollm2_gguf):
+    """Both parts (rule, rubric) of `experiments.grpo_learns` at tiny size: per-step curves,
+    the last-minus-first difference with its CI, the files; a second command changes no
+    number (each part finished)."""
+    args = ("experiments.grpo_learns", "--config=configs/grpo_learns.py:tiny",
+            f"--workdir={tmp_path}", "--config.experiment.policy_steps=2",
+            "--config.experiment.first_steps=1", "--config.experiment.last_steps=1",
+            "--config.log.progress=False")
+    out = _run(*args, timeout=600)
+    assert "| rule | 2 |" in out and "| rubric | 2 |" in out, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for part in ("rule", "rubric"):
+        s = summary["parts"][part]
+        assert len(s["rewards"]) == 2 and s["ci"][0] <= s["difference"] <= s["ci"][1]
+    assert (tmp_path / "reward_curves.png").exists() and (tmp_path / "results.md").exists()
+    _run(*args, timeout=300)
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["parts"] == summary["parts"] and again["wall_s"] == summary["wall_s"]

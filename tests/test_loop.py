@@ -111,6 +111,8 @@ def test_static_variant_skips_generator_training(tmp_path):
     ("policy.train.aggregation", "sum", "config.policy.train.aggregation"),
     # smollm2_cpu parks the idle moments on disk; offloading them too is contradictory.
     ("memory.offload_idle_optimizer", True, "config.memory.offload_idle_optimizer"),
+    ("policy.reward", "length", "config.policy.reward"),
+    ("policy.reward_max_words", 0, "config.policy.reward_max_words"),
 ])
 def test_config_validation_names_the_field(field, value, message):
     c = get_config("")

@@ -240,3 +240,39 @@ def test_flat_group_fraction_counts_groups_whose_advantage_is_zero(run):
     step = phases.generator_rollout(full, jax.random.PRNGKey(1), run.data.train_anchors[:1])
     assert np.any(step.advantages != 0) and step.metrics["flat_group_fraction"] == 0.0
     assert step.metrics["r_anchor_std"] > 0 and step.metrics["r_disc_std"] == 0.0
+
+
+def test_rule_reward_phase_advantages_and_group_means_by_hand(run):
+    """Plain GRPO (config.policy.reward = word_limit): the rule's rewards of the sampled
+    responses, their Eq. 21 advantages, and each prompt group's mean reward."""
+    from drubric_jax import rule_rewards
+
+    ctx = _ctx(run, "full")
+    items = run.data.prompts[:2]
+    key = jax.random.PRNGKey(3)
+    rule = rule_rewards.word_limit_reward(3)
+    step = phases.rule_policy_rollout(ctx, key, items, rule)
+    k = ctx.config.policy.num_responses
+    _, responses = phases.sample_responses(ctx, key, [x.prompt for x in items],
+                                           [list(x.history) for x in items], k,
+                                           phases.Timer())
+    r = [rule(None, y) for y in responses]
+    want = np.concatenate([advantages(r[i * k:(i + 1) * k]) for i in range(2)])
+    np.testing.assert_allclose(step.advantages, want, atol=1e-5)
+    np.testing.assert_allclose(step.metrics["policy_reward"], np.mean(r), atol=1e-6)
+    np.testing.assert_allclose(step.metrics["group_mean_rewards"],
+                               [np.mean(r[:k]), np.mean(r[k:])], atol=1e-6)
+    assert step.trace[0]["scores"] == pytest.approx(r[:k])
+
+
+def test_group_mean_rewards_skip_unscorable_rows():
+    """A non-finite reward is unscorable (METHOD 11): left out of its group's mean; a group
+    with none scorable has mean nan."""
+    scores = np.array([1.0, np.nan, 0.0, np.nan, np.inf, 3.0], np.float32)
+    ids = np.array([0, 0, 0, 1, 1, 2], np.int32)
+    adv, m = phases._policy_advantages(scores, ids, 3)
+    np.testing.assert_allclose(m["group_mean_rewards"][:1], [0.5])
+    assert np.isnan(m["group_mean_rewards"][1]) and m["group_mean_rewards"][2] == 3.0
+    assert m["unscorable_fraction"] == pytest.approx(0.5)
+    assert m["policy_reward"] == pytest.approx(4.0 / 3.0)
+    assert np.all(np.isfinite(adv)) and adv[1] == adv[3] == adv[4] == adv[5] == 0.0

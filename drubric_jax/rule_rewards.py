@@ -1,0 +1,62 @@
+"""Rule rewards for plain (rule-based) GRPO: the baseline of the paper's cost table and the
+"does GRPO learn at all" check (METHOD 6, 10).
+
+`config.policy.reward` picks the policy's reward:
+    rubric       DynamicRubric: Eq. 12 scores of the generator's list and the verifier
+                 (`phases.policy_rollout`); not a rule, listed for the config check
+    word_limit   1 when the response has 1..N words (N = `config.policy.reward_max_words`),
+                 N / words when it has more, 0 when it is empty. Graded above N so that a
+                 group of over-long answers still has a spread (Eq. 21 needs one); empty
+                 answers get 0 so that stopping at once is no way to satisfy the limit.
+    exact_match  1 when the response equals the prompt's reference answer (case and
+                 surrounding space ignored), 0 otherwise or without a reference.
+A rule reward is a host function (prompt item, response text) -> float; the policy phase
+turns the K rewards of a prompt into advantages exactly as it does rubric scores (Eq. 21,
+`phases.rule_policy_rollout`). A non-finite value marks the row unscorable (METHOD 11).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+RUBRIC = "rubric"
+RULES = ("word_limit", "exact_match")
+REWARDS = (RUBRIC,) + RULES  # the values of config.policy.reward
+
+
+def word_limit_reward(max_words: int) -> Callable[[object, str], float]:
+    """The `word_limit` rule for N = max_words (module docstring).
+
+    Raises:
+        ValueError: max_words < 1.
+    """
+    if max_words < 1:
+        raise ValueError(f"max_words must be >= 1, got {max_words}")
+
+    def reward(item, response: str) -> float:
+        del item
+        n = len(response.split())  # whitespace-separated words
+        if n == 0:
+            return 0.0
+        return 1.0 if n <= max_words else max_words / n
+
+    return reward
+
+
+def exact_match_reward(item, response: str) -> float:
+    """The `exact_match` rule: `item.reference` (stripped, lower-cased) == the response."""
+    ref = (getattr(item, "reference", None) or "").strip().lower()
+    return float(bool(ref) and response.strip().lower() == ref)
+
+
+def from_config(policy_config) -> Callable[[object, str], float]:
+    """The rule of `config.policy` (`reward`, `reward_max_words`).
+
+    Raises:
+        ValueError: `reward` is not a rule (names the field and the choices).
+    """
+    name = policy_config.reward
+    if name == "word_limit":
+        return word_limit_reward(int(policy_config.reward_max_words))
+    if name == "exact_match":
+        return exact_match_reward
+    raise ValueError(f"config.policy.reward={name!r} is not a rule reward (one of {RULES})")

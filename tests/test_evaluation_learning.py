@@ -1,0 +1,77 @@
+"""Rule rewards of plain GRPO and the learning-curve summary (last minus first steps with
+a bootstrap CI over prompt groups), by hand."""
+import json
+
+import ml_collections
+import numpy as np
+import pytest
+
+from drubric_jax import rule_rewards
+from drubric_jax.evaluation import learning
+from drubric_jax.run_logging import MetricsWriter
+
+
+def test_word_limit_reward_values():
+    r = rule_rewards.word_limit_reward(3)
+    assert r(None, "") == 0.0 and r(None, "   \n") == 0.0  # stopping at once earns nothing
+    assert r(None, "Paris.") == 1.0 and r(None, "one two  three") == 1.0
+    assert r(None, "a b c d e f") == pytest.approx(0.5)  # graded above N: 3 / 6
+    with pytest.raises(ValueError, match="max_words"):
+        rule_rewards.word_limit_reward(0)
+
+
+def test_exact_match_reward_and_from_config():
+    class Item:
+        reference = " Paris "
+
+    assert rule_rewards.exact_match_reward(Item(), "paris") == 1.0
+    assert rule_rewards.exact_match_reward(Item(), "Paris, France") == 0.0
+    assert rule_rewards.exact_match_reward(object(), "") == 0.0  # no reference: 0
+    p = ml_collections.ConfigDict({"reward": "word_limit", "reward_max_words": 2})
+    assert rule_rewards.from_config(p)(None, "a b c d") == 0.5
+    p.reward = "rubric"
+    with pytest.raises(ValueError, match="config.policy.reward='rubric'"):
+        rule_rewards.from_config(p)
+
+
+def test_first_last_difference_by_hand():
+    groups = [[0.0, 0.2], [0.1], [0.5, 0.5], [0.6, 1.0]]
+    out = learning.first_last_difference(groups, first=2, last=2, n_boot=2000, seed=3)
+    assert out["first_mean"] == pytest.approx(0.1) and out["last_mean"] == pytest.approx(0.65)
+    assert out["difference"] == pytest.approx(0.55)
+    lo, hi = out["ci"]
+    # Resampled means stay inside [min, max] of each window: the difference inside
+    # [0.5 - 0.2, 1.0 - 0.0]; the point estimate sits inside its interval.
+    assert 0.3 - 1e-12 <= lo <= 0.55 <= hi <= 1.0 + 1e-12
+    assert not out["zero_inside_ci"] and (out["first_groups"], out["last_groups"]) == (3, 4)
+    assert learning.first_last_difference(groups, 2, 2, 2000, 3) == out  # seeded
+    flat = learning.first_last_difference([[0.5, 0.5]] * 4, 2, 2, 100, 0)
+    assert flat["difference"] == 0.0 and flat["ci"] == [0.0, 0.0] and flat["zero_inside_ci"]
+    with pytest.raises(ValueError, match="first \\+ last"):
+        learning.first_last_difference(groups, 3, 2)
+    with pytest.raises(ValueError, match="no scorable"):
+        learning.first_last_difference([[], [1.0]], 1, 1)
+
+
+def test_policy_curve_reads_policy_rows_and_drops_nan_groups(tmp_path):
+    w = MetricsWriter(str(tmp_path), tensorboard=False)
+    w.write(1, {"kind": "train", "phase": "generator", "round": 0, "step": 0,
+                "global_step": 1, "r_disc": 0.1})
+    for s, groups in enumerate([[0.25, float("nan")], [0.5, 0.75]]):
+        w.write(2 + s, {"kind": "train", "phase": "policy", "round": 0, "step": s,
+                        "global_step": 2 + s, "policy_reward": float(np.nanmean(groups)),
+                        "group_mean_rewards": np.asarray(groups)})
+    w.close()
+    steps, rewards, groups = learning.policy_curve(str(tmp_path / "metrics.jsonl"))
+    assert steps.tolist() == [2, 3] and rewards.tolist() == [0.25, 0.625]
+    assert groups == [[0.25], [0.5, 0.75]]
+    summary = learning.summarize_parts({"rule": str(tmp_path)}, 1, 1, 100, 0)
+    table = learning.markdown_table(summary, "t", "cmd", {"rule": 90.0})
+    assert "| rule | 2 | 0.250 | 0.625 | +0.375" in table and "1.5 min" in table
+    json.dumps(summary)  # what summary.json holds
+    learning.plot_curves(summary, str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").stat().st_size > 0
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no policy training rows"):
+        learning.policy_curve(str(tmp_path / "empty" / "metrics.jsonl"))
