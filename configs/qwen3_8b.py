@@ -2,7 +2,7 @@ r"""Paper-scale run: Qwen3-8B policy and generator, for GPU/TPU hosts and pods.
 
     python -m experiments.run --config=configs/qwen3_8b.py \
         --config.model.policy=/ckpt/Qwen3-8B --config.model.generator=/ckpt/Qwen3-8B \
-        --config.model.verifier=/ckpt/Qwen3-8B --workdir=gs://bucket/run
+        --config.model.verifier=/ckpt/Qwen3-30B-A3B --workdir=gs://bucket/run
     python -m experiments.run --config=configs/qwen3_8b.py:lora ...      # one accelerator
     python -m experiments.run --config=configs/qwen3_8b.py:local --workdir=runs/q3local
 
@@ -11,14 +11,15 @@ Switches after ':':
              AdamW moments offloaded to pinned host memory between phases; parameters and
              moments split over mesh.fsdp = 8 (8 x 80 GB accelerators)
     lora     LoRA (Hu et al. 2021) rank 64 (`lora=R` for another rank), alpha = 2 r, on all
-             seven matrices of every layer, over one frozen bfloat16 base that the verifier
-             and both references share; the mesh takes every device on fsdp (one 141 GB
-             H200 is enough). The learning rates stay the paper's full fine-tuning ones;
-             LoRA usually wants larger ones.
+             seven matrices of every layer, over one frozen bfloat16 base that both
+             references share; the mesh takes every device on fsdp (one 141 GB H200 holds
+             the three roles, the 61 GB verifier included). The learning rates stay the
+             paper's full fine-tuning ones; LoRA usually wants larger ones.
     local    every paper setting that does not depend on size (K, G, beta, lambda, learning
-             rates, variants) but a tiny random-weight Qwen3-architecture model (q/k-norm,
-             untied head) on the packaged demo data with CPU-size lengths: a smoke run of
-             this config's code path on a laptop in a couple of minutes.
+             rates, variants) but tiny random-weight Qwen3-architecture models (q/k-norm,
+             untied head; the verifier a tiny Qwen3 mixture of experts) on the packaged
+             demo data with CPU-size lengths: a smoke run of this config's code path on a
+             laptop in a couple of minutes.
 Memory: `python -m experiments.plan --config=configs/qwen3_8b.py:lora --devices=1
 --device_memory_gb=141 --attention=blockwise` (README "Memory plan") prints what each
 device holds per step of a round and the rollout and update micro-batches that fit; the
@@ -28,9 +29,10 @@ Settings from the paper (METHOD sections 4 and 10): K = 8, beta = 0.01, learning
 5e-6 (generator) and 1e-6 (policy), global batch 256 responses, lengths 8K/8K (policy)
 and 24K/8K (generator). The model paths are Hugging Face directories (config.json +
 safetensors); on a multi-host pod start one process per host (jax.distributed).
-Verifier: the paper's is Qwen3-30B-A3B, a mixture-of-experts model this package's decoder
-does not implement yet. Until the multi-host issue adds it, the verifier is Qwen3-8B, the
-same source as the policy and generator, so it shares their one frozen base.
+Verifier: the paper's, Qwen3-30B-A3B (a mixture of 128 experts, 8 per token;
+`models.qwen3_moe`), 61 GB in bfloat16, its own frozen weights. `--config.model.verifier=
+Qwen/Qwen3-8B` (or its directory) makes the verifier the policy's backbone instead, which
+then shares the one frozen base with both references.
 """
 from configs.base import base_config, parse_switches
 
@@ -40,7 +42,7 @@ def get_config(arg: str = ""):
     c = base_config()
     c.model.policy = "Qwen/Qwen3-8B"
     c.model.generator = "Qwen/Qwen3-8B"
-    c.model.verifier = "Qwen/Qwen3-8B"
+    c.model.verifier = "Qwen/Qwen3-30B-A3B"  # the paper's verifier (mixture of experts)
     c.model.dtype = "bfloat16"
     c.data.name = "custom"
     c.data.anchor_paths = ("hf:berkeley-nest/Nectar",)
@@ -81,17 +83,19 @@ def get_config(arg: str = ""):
         c.lora.rank = 64 if opts["lora"] is True else int(opts["lora"])
         c.lora.alpha = 2.0 * c.lora.rank
         c.mesh.data, c.mesh.fsdp = 1, -1
-        # The planner's picks on one 141 GB device (blockwise attention): 4 policy rows and
-        # 2 rubric lists per gradient pass. Adapters and their moments are small: no offload.
-        c.policy.train.micro_batch_size = 4
-        c.generator.train.micro_batch_size = 2
-        # And per sampler call (the KV cache): 16 responses, 8 rubric lists.
-        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 16, 8
+        # The planner's picks on one 141 GB device beside the 61 GB verifier: 2 policy rows
+        # and 1 rubric list per gradient pass. Adapters and their moments are small: no
+        # offload.
+        c.policy.train.micro_batch_size = 2
+        c.generator.train.micro_batch_size = 1
+        # And per sampler call (the KV cache): 4 responses, 2 rubric lists.
+        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 4, 2
         c.memory.offload_idle_optimizer = False
     else:  # the planner's picks for full fine-tuning on 8 x 80 GB: per sampler call
         c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 8, 4
     if opts.get("local"):
-        c.model.policy = c.model.generator = c.model.verifier = "tiny_qwen3"
+        c.model.policy = c.model.generator = "tiny_qwen3"
+        c.model.verifier = "tiny_qwen3_moe"
         c.model.dtype = "float32"
         c.data.name = "demo"
         c.data.min_responses, c.data.min_prompt_chars, c.data.min_top_response_chars = 2, 0, 0

@@ -55,6 +55,9 @@ def check_config(tiny: bool):
     from configs import qwen3_8b
 
     c = qwen3_8b.get_config("lora")
+    # The verifier at Qwen3-8B shapes too, sharing the frozen base (the FLOP count below is
+    # a dense model's; the 61 GB Qwen3-30B-A3B verifier is planned, not timed, here).
+    c.model.verifier = c.model.policy
     c.policy.prompts_per_step, c.policy.num_responses = 8, 8
     c.policy.max_prompt_tokens = c.policy.max_new_tokens = 1024
     c.generator.anchors_per_step, c.generator.num_lists = 1, 8

@@ -35,7 +35,7 @@ class ModelConfig:
         num_heads: H, query heads.
         num_kv_heads: Hkv, key/value heads (grouped-query attention; H % Hkv == 0).
         head_dim: Dh.
-        hidden_dim: SwiGLU inner width F.
+        hidden_dim: SwiGLU inner width F (of each expert, in a mixture of experts).
         rope_theta: RoPE base.
         rope_scaling: optional Llama-3.1 frequency scaling.
         norm_eps: RMSNorm epsilon.
@@ -55,6 +55,11 @@ class ModelConfig:
             blockwise when a row's T * S scores pass 2^20. Same numbers, other memory.
         attention_block_q, attention_block_kv: blockwise query / key block lengths
             (tokens, slots).
+        num_experts: E, experts per layer of a mixture-of-experts FFN (0 = dense;
+            family "qwen3_moe").
+        num_experts_per_tok: k, experts each token is routed to (top-k of the router).
+        norm_topk_prob: the k routing weights are renormalised to sum to 1 (Qwen3-MoE's
+            config field of that name).
     """
 
     vocab_size: int
@@ -80,6 +85,9 @@ class ModelConfig:
     # 512 x 512 blocks: 1 MiB of float32 scores per (row, head) and block pair.
     attention_block_q: int = 512
     attention_block_kv: int = 512
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
@@ -96,6 +104,9 @@ class ModelConfig:
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"ModelConfig.attention must be one of "
                              f"{ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok} "
+                             f"must be in 1..num_experts={self.num_experts}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"ModelConfig.{name} must be 'float32' or 'bfloat16', "
@@ -123,7 +134,9 @@ class ModelConfig:
         # wq, wo: D x H*Dh each; wk, wv: D x Hkv*Dh each; then SwiGLU's three D x F matrices,
         # two RMSNorm scales and, for Qwen3, the q / k norms.
         attn = d * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
-        per_layer = attn + 3 * d * f + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        # A mixture of experts: E SwiGLU experts of width F and a [D, E] router.
+        ffn = 3 * d * f * self.num_experts + d * self.num_experts if self.num_experts else 3 * d * f
+        per_layer = attn + ffn + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + l * per_layer + d + head
 
@@ -156,6 +169,14 @@ TINY_QWEN3 = TINY.replace(qk_norm=True, tie_embeddings=False, norm_eps=1e-6)
 # A 64-token original context, so the scaled RoPE bands matter at test lengths.
 TINY_LLAMA31 = TINY.replace(rope_scaling=RopeScaling(
         factor=8.0, original_max_position_embeddings=64), tie_embeddings=False)
+# Qwen/Qwen3-30B-A3B (the paper's verifier): 48 layers of 128 experts, 8 per token.
+QWEN3_30B_A3B = ModelConfig(
+        vocab_size=151936, dim=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+        head_dim=128, hidden_dim=768, rope_theta=1000000.0, norm_eps=1e-6,
+        tie_embeddings=False, qk_norm=True, max_seq_len=40960, dtype="bfloat16",
+        param_dtype="bfloat16", family="qwen3_moe", num_experts=128, num_experts_per_tok=8)
+TINY_QWEN3_MOE = TINY_QWEN3.replace(family="qwen3_moe", hidden_dim=32, num_experts=4,
+                                    num_experts_per_tok=2)
 
 PRESETS = {
         "smollm2_135m": SMOLLM2_135M,
@@ -164,6 +185,8 @@ PRESETS = {
         "tiny": TINY,
         "tiny_qwen3": TINY_QWEN3,
         "tiny_llama31": TINY_LLAMA31,
+        "qwen3_30b_a3b": QWEN3_30B_A3B,
+        "tiny_qwen3_moe": TINY_QWEN3_MOE,
 }
 
 

@@ -44,8 +44,15 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     when `tokenizer` (a PreTrainedTokenizerFast) is given, its tokenizer files.
 
     Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly.
+
+    Raises:
+        NotImplementedError: a mixture-of-experts model (only trainees are exported, and
+            the one such family here, `qwen3_moe`, is the frozen verifier).
     """
     from safetensors.flax import save_file
+
+    if cfg.num_experts:
+        raise NotImplementedError(f"export of the {cfg.family!r} family is not implemented")
 
     os.makedirs(directory, exist_ok=True)
     tensors = {}

@@ -176,8 +176,15 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return out.astype(x.dtype)
 
 
-def _layer(cfg, p, x, positions, inv_freq, start, kv_fn):
-    """One pre-norm transformer block.
+def swiglu_mlp(cfg: ModelConfig, p: dict, h: jax.Array) -> jax.Array:
+    """The dense SwiGLU MLP of one layer: (silu(h W_gate) * h W_up) W_down, [B, T, D]."""
+    gate = jax.nn.silu(lora.linear(p, "w_gate", h, cfg))
+    return lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
+
+
+def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
+    """One pre-norm transformer block; `mlp(cfg, p, h)` is its feed-forward part
+    (`swiglu_mlp`, or a mixture of experts: `models.qwen3_moe`).
 
     `kv_fn(k, v)` gets this call's keys and values [B, T, Hkv, Dh] and returns
     `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S];
@@ -197,17 +204,14 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn):
     k = apply_rope(k, positions, inv_freq)
     k_all, v_all, valid, extra = kv_fn(k, v)
     x = x + lora.linear(p, "wo", attend(cfg, q, k_all, v_all, valid, start), cfg)
-    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    # SwiGLU MLP: (silu(h W_gate) * h W_up) W_down.
-    gate = jax.nn.silu(lora.linear(p, "w_gate", h, cfg))
-    x = x + lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
+    x = x + mlp(cfg, p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
     return x, extra
 
 
 def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
                    token_mask: Optional[jax.Array] = None,
-                   cache: Optional[KVCache] = None,
-                   remat: bool = False) -> tuple[jax.Array, Optional[KVCache]]:
+                   cache: Optional[KVCache] = None, remat: bool = False,
+                   mlp=swiglu_mlp) -> tuple[jax.Array, Optional[KVCache]]:
     """Runs the decoder and returns the final-norm hidden states.
 
     Args:
@@ -225,6 +229,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         remat: recompute each layer in the backward pass (`jax.checkpoint`) instead of
             storing its activations; the training forward uses it (without a cache), so
             backward memory is one layer's intermediates plus [L, B, T, D] layer inputs.
+        mlp: the feed-forward part of every layer (`swiglu_mlp`; `models.qwen3_moe` passes
+            its mixture of experts).
 
     Returns:
         (hidden [B, T, D] in the compute dtype, updated cache or None).
@@ -245,7 +251,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         def body(x, p):
             # No cache: the keys are this call's tokens; token_mask hides the padding ones.
             x, _ = _layer(cfg, p, x, positions, inv_freq, None,
-                          lambda k, v: (_heads_first(k), _heads_first(v), token_mask, None))
+                          lambda k, v: (_heads_first(k), _heads_first(v), token_mask, None),
+                          mlp)
             return x, None
 
         x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
@@ -270,7 +277,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                                   (0, 0, start, 0))
                 return kc, vc, valid, (kc, vc)
 
-            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn)
+            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp)
             k_new.append(kc)
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=start + t)
@@ -288,7 +295,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             # The whole stacked cache is the scan carry; this layer attends over its own slice.
             return kc[i], vc[i], valid, (kc, vc)
 
-        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn)
+        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp)
         return (x, k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(

@@ -29,15 +29,16 @@ import jax
 import jax.numpy as jnp
 
 from drubric_jax.models import cache as cache_lib
-from drubric_jax.models import llama
+from drubric_jax.models import llama, qwen3_moe
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
 FAMILIES: dict[str, types.ModuleType] = {
     "llama": llama,  # Llama 2/3/3.1, SmolLM2, dense Qwen3 (cfg.qk_norm)
+    "qwen3_moe": qwen3_moe,  # Qwen3 mixture of experts (Qwen3-30B-A3B)
 }
 # Dense Qwen3 is a Llama with q/k-norm (`cfg.qk_norm`): both model types map to `llama`.
-HF_MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen3": "llama"}
+HF_MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen3": "llama", "qwen3_moe": "qwen3_moe"}
 
 
 def family(cfg: ModelConfig) -> types.ModuleType:

@@ -9,11 +9,11 @@ full copy of the model.
 
 Sources followed: the GGUF format and `gguf` reader of llama.cpp (tensor names, the Q/K
 row permutation done by llama.cpp's `convert_hf_to_gguf.py` for the `llama` architecture),
-and the Hugging Face `LlamaForCausalLM` / `Qwen3ForCausalLM` parameter names.
+and the Hugging Face `LlamaForCausalLM` / `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`
+parameter names (a mixture of experts: one tensor per expert, stacked on an E axis here).
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Optional, Union
 
@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from drubric_jax.models import registry
+from drubric_jax.models.safetensors_files import (json_file, open_safetensors,
+                                                  safetensors_files)
 from drubric_jax.models.config import ModelConfig, RopeScaling
 
 # A pytree of shardings matching the params, or a callable (path, shape) -> sharding with
@@ -30,8 +32,9 @@ Shardings = Union[None, dict, Callable[[str, tuple], Optional[jax.sharding.Shard
 
 
 def _to_ours(fam, key: str, w: np.ndarray) -> np.ndarray:
-    """Checkpoint linear weights are [out, in]; ours are [in, out] (`fam.TRANSPOSED`)."""
-    return np.ascontiguousarray(w.T) if key in fam.TRANSPOSED else w
+    """Checkpoint linear weights are [..., out, in] (a leading E axis for stacked experts);
+    ours are [..., in, out] (`fam.TRANSPOSED`)."""
+    return np.ascontiguousarray(np.swapaxes(w, -1, -2)) if key in fam.TRANSPOSED else w
 
 
 def _sharding_for(shardings: Shardings, path: str, shape: tuple):
@@ -70,7 +73,8 @@ def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], tuple[str, 
     def checked(key, layer):
         name, w = read(key, layer)
         shape = want[key].shape if layer is None else want["layers"][key].shape[1:]
-        shape = shape[::-1] if key in fam.TRANSPOSED else shape  # checkpoint: [out, in]
+        if key in fam.TRANSPOSED:  # checkpoint: [..., out, in]
+            shape = shape[:-2] + shape[-2:][::-1]
         if w.shape != shape:
             raise ValueError(f"{source}: tensor {name!r} has shape {w.shape}, the config "
                              f"expects {shape}: the file is corrupt or its config is wrong")
@@ -270,7 +274,7 @@ def _hf_field(hf: dict, name: str, kind: type, default=None, where: str = "confi
 
 
 def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
-    """ModelConfig from a Hugging Face `config.json` dict (Llama or Qwen3).
+    """ModelConfig from a Hugging Face `config.json` dict (Llama, Qwen3 or Qwen3-MoE).
 
     Raises:
         ValueError: unsupported `model_type` or rope scaling type; a required field absent or
@@ -288,15 +292,18 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
     if rope_type not in ("default", "llama3"):
         raise ValueError(f"config.json rope_scaling type {rope_type!r} is not supported")
     field = lambda name, kind, default=None: _hf_field(hf, name, kind, default)  # noqa: E731
+    fam = registry.FAMILIES[registry.HF_MODEL_TYPES[model_type]]
+    # Fields a family adds to the dense ones (a mixture of experts: E, k, expert width).
+    extra = fam.hf_config_fields(hf, field) if hasattr(fam, "hf_config_fields") else {}
     rope = lambda name, kind: _hf_field(scaling, name, kind,  # noqa: E731
                                         where="config.json rope_scaling")
     dim, heads = field("hidden_size", int), field("num_attention_heads", int)
-    return ModelConfig(
+    return ModelConfig(**{**dict(
         vocab_size=field("vocab_size", int), dim=dim,
         num_layers=field("num_hidden_layers", int), num_heads=heads,
         num_kv_heads=field("num_key_value_heads", int, heads),
         head_dim=field("head_dim", int, dim // heads),
-        hidden_dim=field("intermediate_size", int),
+        hidden_dim=extra.get("hidden_dim") or field("intermediate_size", int),
         rope_theta=field("rope_theta", float, _hf_field(scaling, "rope_theta", float, 1e4)),
         rope_scaling=RopeScaling(
             factor=rope("factor", float), low_freq_factor=rope("low_freq_factor", float),
@@ -307,56 +314,7 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
         norm_eps=field("rms_norm_eps", float, 1e-6),
         tie_embeddings=field("tie_word_embeddings", bool, False), qk_norm=model_type == "qwen3",
         max_seq_len=field("max_position_embeddings", int, 8192),
-        dtype=dtype, param_dtype=dtype, family=registry.HF_MODEL_TYPES[model_type])
-
-
-def _json(path: str):
-    """The parsed JSON file; ValueError naming the file when it is not valid JSON."""
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON: {e}") from e
-
-
-def _safetensors_files(directory: str) -> list[str]:
-    """Paths of the weight files: the shards of model.safetensors.index.json, or
-    model.safetensors."""
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index):
-        weight_map = _json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
-        # Every shard the index names must exist: checked before any is opened.
-        missing = sorted({n for n in weight_map.values()
-                          if not os.path.isfile(os.path.join(directory, n))})
-        if missing:
-            raise FileNotFoundError(f"{index} lists missing weight files: {', '.join(missing)}")
-        return [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
-    if os.path.exists(os.path.join(directory, "model.safetensors")):
-        return [os.path.join(directory, "model.safetensors")]
-    raise FileNotFoundError(f"{directory}: no model.safetensors or index")
-
-
-def _open_safetensors(path: str):
-    """`safe_open(path)`. Raises ValueError naming a truncated or corrupt file, its size and,
-    when its header is readable, the size the header gives."""
-    from safetensors import safe_open
-
-    try:
-        return safe_open(path, framework="flax")
-    except Exception as e:  # SafetensorError: the header and the file's size disagree
-        sizes = f"{os.path.getsize(path)} bytes"
-        try:  # layout: header length (8 bytes, little-endian), JSON header, tensor data
-            with open(path, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                ends = [v["data_offsets"][1] for k, v in json.loads(f.read(n)).items()
-                        if k != "__metadata__"]
-            sizes += f", its header says {8 + n + max(ends, default=0)}"
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            pass  # the header itself is cut or garbled
-        raise ValueError(f"{path}: safetensors file is truncated or corrupt ({sizes}): {e}") \
-            from e
+        dtype=dtype, param_dtype=dtype, family=registry.HF_MODEL_TYPES[model_type]), **extra})
 
 
 def load_hf_dir(directory: str, dtype: str = "float32",
@@ -372,24 +330,29 @@ def load_hf_dir(directory: str, dtype: str = "float32",
     cfg_path = os.path.join(directory, "config.json")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"{directory}: config.json not found")
-    hf = _json(cfg_path)
+    hf = json_file(cfg_path)
     try:
         cfg = config_from_hf(hf, dtype)
     except ValueError as e:
         raise ValueError(f"{cfg_path}: {e}") from e
-    files = _safetensors_files(directory)
+    files = safetensors_files(directory)
     # All shards opened (and checked) before any tensor is read.
-    handles = [_open_safetensors(path) for path in files]
+    handles = [open_safetensors(path) for path in files]
     # Tensor name -> the open shard that holds it.
     where = {k: h for h in handles for k in h.keys()}
     fam = registry.family(cfg)
 
-    def read(key, layer):
-        name = (fam.TOP_WEIGHT_NAMES[key][0] if layer is None
-                else f"model.layers.{layer}.{fam.LAYER_WEIGHT_NAMES[key][0]}")
+    def get(name):
         if name not in where:
             raise ValueError(f"{directory}: tensor {name!r} missing from "
                              f"{', '.join(os.path.basename(p) for p in files)}")
-        return name, np.asarray(where[name].get_tensor(name).astype(jnp.float32))
+        return np.asarray(where[name].get_tensor(name).astype(jnp.float32))
+
+    def read(key, layer):
+        name = (fam.TOP_WEIGHT_NAMES[key][0] if layer is None
+                else f"model.layers.{layer}.{fam.LAYER_WEIGHT_NAMES[key][0]}")
+        if "{e}" in name:  # one tensor per expert, stacked on a leading E axis
+            return name, np.stack([get(name.format(e=e)) for e in range(cfg.num_experts)])
+        return name, get(name)
 
     return cfg, _assemble(cfg, read, shardings, directory)

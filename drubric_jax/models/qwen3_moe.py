@@ -1,0 +1,156 @@
+"""Qwen3 mixture-of-experts decoder (Qwen3-30B-A3B, the paper's verifier), as pure functions.
+
+The same pre-norm blocks as the `llama` family with Qwen3's q/k-norm (attention, RoPE, KV
+cache, per-layer decode form: `models.llama`), except that each layer's feed-forward part is
+a mixture of E SwiGLU experts, following transformers' `Qwen3MoeSparseMoeBlock`:
+
+    p = softmax(h W_router)                      float32[N, E], one row per token
+    (w, e) = top-k of p                          k = cfg.num_experts_per_tok
+    w = w / sum(w)                               when cfg.norm_topk_prob
+    y = sum_j w_j * SwiGLU_{e_j}(h)
+
+The k (token, expert) pairs of every token are sorted by expert and each expert's rows go
+through its matrices with one grouped matmul (`jax.lax.ragged_dot`), so no token passes
+through an expert it was not routed to and no [N, E, F] tensor exists. Every layer is
+sparse (Qwen3-30B-A3B: `decoder_sparse_step` 1, no `mlp_only_layers`; other layouts are
+refused when the config is read). Only the forward pass is needed: the verifier is frozen.
+
+Axis legend (docs/CONVENTIONS.md): N tokens of a call (B * T), E experts, k experts per
+token, D width, F expert width, L layers.
+
+Parameter tree: the `llama` one with q/k norms, and instead of w_gate / w_up / w_down:
+    layers/router [L, D, E]
+    layers/we_gate, we_up [L, E, D, F]           layers/we_down [L, E, F, D]
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from drubric_jax.models import llama
+from drubric_jax.models.cache import KVCache
+from drubric_jax.models.config import ModelConfig
+
+_EXPERT = "mlp.experts.{e}."
+# ours -> (Hugging Face suffix under model.layers.{i}. ("{e}": one tensor per expert,
+# stacked on the E axis), GGUF name: none, this family loads from safetensors only)
+LAYER_WEIGHT_NAMES = {
+    **{k: v for k, v in llama.LAYER_WEIGHT_NAMES.items()
+       if k not in ("w_gate", "w_up", "w_down")},
+    "router": ("mlp.gate.weight", None),
+    "we_gate": (_EXPERT + "gate_proj.weight", None),
+    "we_up": (_EXPERT + "up_proj.weight", None),
+    "we_down": (_EXPERT + "down_proj.weight", None),
+}
+TOP_WEIGHT_NAMES = llama.TOP_WEIGHT_NAMES
+# Experts over fsdp (each device holds E / fsdp experts of every layer), their width F over
+# tensor; attention as in `llama`.
+PARAM_SPECS = {
+    **{k: v for k, v in llama.PARAM_SPECS.items() if not k.startswith(("w_gate", "w_up",
+                                                                         "w_down"))},
+    "router": P(None, "fsdp", None),                # [L, D, E]
+    "we_gate": P(None, "fsdp", None, "tensor"),     # [L, E, D, F]
+    "we_up": P(None, "fsdp", None, "tensor"),       # [L, E, D, F]
+    "we_down": P(None, "fsdp", "tensor", None),     # [L, E, F, D]
+}
+# Checkpoints store [out, in] per matrix (per expert); ours are [in, out].
+TRANSPOSED = frozenset({"wq", "wk", "wv", "wo", "router", "we_gate", "we_up", "we_down",
+                        "lm_head"})
+unstack_layers = llama.unstack_layers
+logits_from_hidden = llama.logits_from_hidden
+
+
+def layer_keys(cfg: ModelConfig) -> list[str]:
+    """Names of the stacked per-layer leaves."""
+    return ["attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm", "mlp_norm", "router",
+            "we_gate", "we_up", "we_down"]
+
+
+def top_keys(cfg: ModelConfig) -> list[str]:
+    return llama.top_keys(cfg)
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    """Random parameters (normal, std 0.02; norms at 1) in `cfg.param_dtype`: tiny test
+    models and the shape template of the loaders."""
+    k_dense, k_moe = jax.random.split(key)
+    dense = llama.init_params(cfg.replace(qk_norm=True, family="llama"), k_dense)
+    layers = {k: v for k, v in dense["layers"].items() if k not in ("w_gate", "w_up", "w_down")}
+    l, d, f, e = cfg.num_layers, cfg.dim, cfg.hidden_dim, cfg.num_experts
+    keys = iter(jax.random.split(k_moe, 4))
+
+    def normal(shape):
+        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(
+            cfg.weight_dtype)
+
+    layers.update(router=normal((l, d, e)), we_gate=normal((l, e, d, f)),
+                  we_up=normal((l, e, d, f)), we_down=normal((l, e, f, d)))
+    return {**dense, "layers": layers}
+
+
+def route(cfg: ModelConfig, router: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Top-k routing of tokens x [N, D] (module docstring): (weights [N, k] in x's dtype,
+    expert ids int32[N, k]). The softmax is over all E experts in float32, as transformers
+    computes it; the weights are then cast to the hidden dtype, as it does."""
+    logits = jnp.einsum("nd,de->ne", x, router.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), cfg.num_experts_per_tok)
+    if cfg.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights.astype(x.dtype), experts.astype(jnp.int32)
+
+
+def moe_mlp(cfg: ModelConfig, p: dict, h: jax.Array) -> jax.Array:
+    """The mixture-of-experts feed-forward part of one layer, h [B, T, D] -> [B, T, D]."""
+    b, t, d = h.shape
+    x = h.reshape(b * t, d)
+    weights, experts = route(cfg, p["router"], x)
+    k = cfg.num_experts_per_tok
+    # The N * k (token, expert) pairs sorted by expert: each expert's rows are contiguous.
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token = order // k                                       # the token of each sorted row
+    sizes = jnp.bincount(flat, length=cfg.num_experts).astype(jnp.int32)   # rows per expert
+    xs = jnp.take(x, token, axis=0)                          # [N * k, D]
+    dt = cfg.compute_dtype
+
+    def grouped(lhs, w):  # row r times the matrix of the expert it belongs to
+        return jax.lax.ragged_dot(lhs, w.astype(dt), sizes,
+                                  preferred_element_type=jnp.float32).astype(dt)
+
+    act = jax.nn.silu(grouped(xs, p["we_gate"])) * grouped(xs, p["we_up"])
+    y = grouped(act, p["we_down"]) * jnp.take(weights.reshape(-1), order)[:, None]
+    # Each token sums its k expert outputs (index_add in transformers), in float32.
+    out = jnp.zeros((b * t, d), jnp.float32).at[token].add(y.astype(jnp.float32))
+    return out.astype(h.dtype).reshape(b, t, d)
+
+
+def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
+                   token_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
+                   remat: bool = False) -> tuple[jax.Array, Optional[KVCache]]:
+    """`llama.forward_hidden` (same arguments, cache and outputs) with `moe_mlp` as every
+    layer's feed-forward part."""
+    return llama.forward_hidden(params, cfg, tokens, positions, token_mask, cache,
+                                remat=remat, mlp=moe_mlp)
+
+
+def hf_config_fields(hf: dict, field) -> dict:
+    """The ModelConfig fields of a Hugging Face `qwen3_moe` config.json beyond the dense
+    ones; `field(name, kind, default)` reads and checks one (`weights._hf_field`).
+
+    Raises:
+        ValueError: a layout with dense layers (`mlp_only_layers`, `decoder_sparse_step`
+            other than 1), which this family does not implement.
+    """
+    if hf.get("mlp_only_layers") or field("decoder_sparse_step", int, 1) != 1:
+        raise ValueError("config.json: qwen3_moe with dense layers (mlp_only_layers, "
+                         "decoder_sparse_step != 1) is not supported; every layer must be "
+                         "sparse")
+    # transformers 5 writes num_local_experts; the Qwen checkpoints say num_experts.
+    experts = field("num_experts", int, hf.get("num_local_experts"))
+    return dict(hidden_dim=field("moe_intermediate_size", int), num_experts=experts,
+                num_experts_per_tok=field("num_experts_per_tok", int),
+                norm_topk_prob=field("norm_topk_prob", bool, False), qk_norm=True)

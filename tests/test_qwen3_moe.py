@@ -1,0 +1,170 @@
+"""The Qwen3 mixture-of-experts family (`models.qwen3_moe`): routing and grouped experts by
+hand, loading a Hugging Face directory, and parity with transformers' Qwen3MoeForCausalLM
+on a tiny random checkpoint (torch is a test-only extra: those tests skip without it).
+
+Tolerance of the parity checks: 1e-4 on float32 logits of size ~1 (the issue's bound): two
+float32 implementations of the same 2-layer network sum in different orders (XLA vs
+torch's kernels), which moves logits by ~1e-6; a wrong routing, RoPE or norm moves them
+by >= 1e-2.
+"""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from drubric_jax import sharding
+from drubric_jax.models import qwen3_moe, registry
+from drubric_jax.models.config import PRESETS, ModelConfig
+from drubric_jax.models.export import export_hf_dir
+from drubric_jax.models.weights import config_from_hf, load_hf_dir
+
+CFG = PRESETS["tiny_qwen3_moe"]
+
+
+def _naive_moe(cfg, p, h):
+    """The mixture of experts as transformers' loop over experts writes it, in numpy."""
+    x = np.asarray(h, np.float64).reshape(-1, cfg.dim)
+    logits = x @ np.asarray(p["router"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for n in range(x.shape[0]):
+        top = np.argsort(-probs[n], kind="stable")[:cfg.num_experts_per_tok]
+        w = probs[n, top] / (probs[n, top].sum() if cfg.norm_topk_prob else 1.0)
+        for e, we in zip(top, w):
+            g = x[n] @ np.asarray(p["we_gate"][e], np.float64)
+            u = x[n] @ np.asarray(p["we_up"][e], np.float64)
+            out[n] += we * ((g / (1 + np.exp(-g))) * u) @ np.asarray(p["we_down"][e], np.float64)
+    return out.reshape(np.shape(h))
+
+
+@pytest.mark.parametrize("norm_topk", [True, False])
+def test_moe_mlp_equals_the_loop_over_experts(norm_topk):
+    cfg = CFG.replace(norm_topk_prob=norm_topk)
+    params = registry.init_params(cfg, jax.random.PRNGKey(0))
+    p = {k: v[0] for k, v in params["layers"].items()}
+    # Larger router weights than init's: tokens then differ clearly in their top-k experts.
+    p["router"] = p["router"] * 50
+    h = jax.random.normal(jax.random.PRNGKey(1), (3, 5, cfg.dim), jnp.float32)
+    got = jax.jit(lambda p, h: qwen3_moe.moe_mlp(cfg, p, h))(p, h)
+    np.testing.assert_allclose(np.asarray(got), _naive_moe(cfg, p, h), atol=1e-5, rtol=1e-4)
+    weights, experts = qwen3_moe.route(cfg, p["router"], h.reshape(-1, cfg.dim))
+    assert experts.shape == (15, 2) and len(np.unique(np.asarray(experts))) > 2
+    if norm_topk:
+        np.testing.assert_allclose(np.asarray(weights.sum(-1)), 1.0, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_cache_decode_equals_full_forward():
+    params = registry.init_params(CFG, jax.random.PRNGKey(2))
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 9), 0, CFG.vocab_size)
+    pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    full, _ = registry.apply(params, CFG, tokens, pos)
+    cache = registry.init_cache(CFG, 2, 16)
+    _, cache = registry.apply(params, CFG, tokens[:, :6], pos[:, :6], cache)
+    steps = []
+    for t in range(6, 9):
+        logits, cache = registry.apply(params, CFG, tokens[:, t:t + 1], pos[:, t:t + 1], cache)
+        steps.append(logits[:, 0])
+    np.testing.assert_allclose(np.stack(steps, 1), full[:, 6:], atol=1e-5)
+
+
+def test_30b_a3b_preset_size_and_hf_config_rules():
+    shapes = jax.eval_shape(lambda k: registry.init_params(PRESETS["qwen3_30b_a3b"], k),
+                            jax.random.PRNGKey(0))
+    gb = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes)) / 1e9
+    assert 60.5 < gb < 61.5, gb  # 30.5B bfloat16 parameters
+    hf = {"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 16,
+          "intermediate_size": 32, "moe_intermediate_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+          "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True}
+    cfg = config_from_hf(hf)
+    assert (cfg.family, cfg.hidden_dim, cfg.num_experts, cfg.qk_norm) == ("qwen3_moe", 8, 4,
+                                                                           True)
+    # transformers 5 writes num_local_experts instead of num_experts.
+    alt = {k: v for k, v in hf.items() if k != "num_experts"}
+    assert config_from_hf({**alt, "num_local_experts": 4}).num_experts == 4
+    with pytest.raises(ValueError, match="num_experts"):
+        config_from_hf(alt)
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        config_from_hf({**hf, "mlp_only_layers": [0]})
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig(**{**CFG.__dict__, "num_experts_per_tok": 5})
+    with pytest.raises(NotImplementedError, match="qwen3_moe"):
+        export_hf_dir({}, CFG, "/nonexistent")
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+@pytest.fixture(scope="module")
+def hf_moe(tmp_path_factory):
+    """A tiny random Qwen3MoeForCausalLM written by transformers (per-expert tensors, as the
+    Qwen checkpoints store them) and the torch model itself."""
+    torch = pytest.importorskip("torch", reason="torch (test-only extra) is not installed")
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    hf_cfg = Qwen3MoeConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=256, rope_theta=10000.0)
+    model = Qwen3MoeForCausalLM(hf_cfg).eval()
+    with torch.no_grad():  # routers at init are near-uniform: spread them so top-k matters
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.mul_(30.0)
+    path = tmp_path_factory.mktemp("qwen3_moe")
+    model.save_pretrained(path)
+    return torch, model, str(path)
+
+
+def _torch_logits(torch, model, tokens):
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(tokens))).logits.float().numpy()
+
+
+def test_hf_directory_loads_with_per_expert_tensors(hf_moe):
+    _, _, path = hf_moe
+    names = json.load(open(f"{path}/config.json"))
+    assert names["model_type"] == "qwen3_moe"
+    cfg, params = load_hf_dir(path)
+    assert cfg.family == "qwen3_moe" and cfg.num_experts == 4 and cfg.hidden_dim == 16
+    assert params["layers"]["we_gate"].shape == (2, 4, 32, 16)
+    assert params["layers"]["we_down"].shape == (2, 4, 16, 32)
+    assert params["layers"]["router"].shape == (2, 32, 4)
+
+
+@pytest.mark.slow
+def test_logits_equal_transformers_with_and_without_cache(hf_moe):
+    torch, model, path = hf_moe
+    cfg, params = load_hf_dir(path)
+    tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 11), 0, cfg.vocab_size)
+    want = _torch_logits(torch, model, tokens)
+    pos = jnp.broadcast_to(jnp.arange(11), (2, 11))
+    full, _ = registry.apply(params, cfg, tokens, pos)
+    np.testing.assert_allclose(np.asarray(full), want, atol=1e-4)
+    cache = registry.init_cache(cfg, 2, 16)
+    _, cache = registry.apply(params, cfg, tokens[:, :7], pos[:, :7], cache)
+    for t in range(7, 11):
+        logits, cache = registry.apply(params, cfg, tokens[:, t:t + 1], pos[:, t:t + 1], cache)
+        np.testing.assert_allclose(np.asarray(logits[:, 0]), want[:, t], atol=1e-4)
+
+
+def test_logits_equal_transformers_with_experts_split_two_ways(hf_moe):
+    """The expert axis over fsdp = 2 (two of the fake CPU devices): each device holds 2 of
+    the 4 experts of every layer; the logits are the same."""
+    torch, model, path = hf_moe
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (tests/conftest.py sets 8 fake CPU devices)")
+    mesh = sharding.make_mesh(1, 2, 1, jax.devices()[:2])
+    cfg, params = load_hf_dir(path, shardings=sharding.leaf_sharder(mesh))
+    spec = params["layers"]["we_gate"].sharding.spec
+    assert spec[1] == "fsdp", spec  # [L, E, D, F]: experts split
+    tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 9), 0, cfg.vocab_size)
+    pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    logits, _ = jax.jit(lambda p, t, q: registry.apply(p, cfg, t, q))(params, tokens, pos)
+    np.testing.assert_allclose(np.asarray(logits), _torch_logits(torch, model, tokens),
+                               atol=1e-4)
