@@ -32,6 +32,14 @@ from typing import Any, Optional
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+
+def resolve_directory(directory: str | os.PathLike) -> epath.Path:
+    """A checkpoint root as an `etils.epath.Path`: a URL (gs://..., s3://...) as it is, a
+    local path made absolute (abspath of a URL would give "<cwd>/gs:/bucket/...")."""
+    directory = os.fspath(directory)
+    return epath.Path(directory if "://" in directory else os.path.abspath(directory))
 
 
 def _abstract(leaf):
@@ -39,7 +47,7 @@ def _abstract(leaf):
     sharding = getattr(leaf, "sharding", None)
     if sharding is None:
         # A host array or a struct without a sharding is restored onto device 0.
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
 
 
@@ -47,7 +55,10 @@ class Checkpointer:
     """Thin wrapper over `orbax.checkpoint.CheckpointManager` with items (state, meta).
 
     Args:
-        directory: checkpoint root (created if missing; made absolute).
+        directory: checkpoint root, a local path (made absolute) or a URL such as
+            gs://bucket/run/checkpoints (kept as it is; `etils.epath`); created if missing.
+            Under several processes every process constructs the Checkpointer and calls
+            save / restore with the same arguments (Orbax coordinates them).
         max_to_keep: newest checkpoints kept (None keeps all).
         save_interval: `save` writes only when step_id % save_interval == 0 (or force=True),
             and never for a step_id <= the newest checkpoint.
@@ -68,7 +79,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, save_decision_policy=policy, create=True,
             enable_async_checkpointing=async_save)
-        self.directory = os.path.abspath(os.fspath(directory))
+        self.directory = resolve_directory(directory)
         if inflight_gb <= 0:
             raise ValueError(f"inflight_gb must be > 0, got {inflight_gb}")
         # Bytes in flight capped at inflight_gb (module docstring): bounds a save's host peak.

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import models, sampling
+from drubric_jax import models, sampling, sharding
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -103,20 +103,21 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
     stop = np.asarray(stop_ids)
     constraint.reset(b)
     # One host buffer: it is refilled only after the sample that read it returned its tokens
-    # (`jnp.asarray` may alias it on CPU; a transfer to a GPU ends before the sample runs).
+    # (`sharding.put` may alias it on CPU; a transfer to a GPU ends before the sample runs).
     # -1 sets every bit: all tokens allowed until the first fill writes the rows' masks.
     mask = np.full((b, bitmask_words(state.logits.shape[-1])), -1, np.int32)
     layer_params = _decode_params(params, cfg)  # one copy per call, not one per step
     # The per-layer form on CPU, as `sampling.decode_loop` uses.
     state = state.replace(cache=_decode_cache(state.cache))
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill
+    rows = state.tokens.sharding  # the masks' rows go where the state's rows are
     for step in range(n):
-        state, tok, emitted = _sample(state, jnp.asarray(mask),
-                                      jnp.asarray(constraint.finished()), method, stop_ids,
-                                      pad_id)
+        state, tok, emitted = _sample(state, sharding.put(mask, rows),
+                                      sharding.put(constraint.finished(), rows), method,
+                                      stop_ids, pad_id)
         if step + 1 < n:  # dispatched before waiting for `tok`: runs while the host fills
             state = _forward(layer_params, cfg, state, tok, emitted)
-        tok, emitted = jax.device_get((tok, emitted))
+        tok, emitted = sharding.fetch((tok, emitted))
         constraint.advance(tok, emitted)  # the last token too: `finished()` sees it
         done = ~emitted | np.isin(tok, stop)  # = state.done (a row not emitting is done)
         if done.all() or step + 1 == n:

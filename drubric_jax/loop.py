@@ -18,6 +18,14 @@ them, so a resumed run neither repeats that evaluation nor loses the trace. A ru
 finished writes `finished.json`; running it again says so and changes nothing. Resuming
 with data whose fingerprint differs from the checkpoint's is refused unless
 config.checkpoint.allow_data_change.
+
+Several processes (`jax.distributed`, one per host): every process runs this loop on the
+same global batches (the iterators are seeded, so every process draws the same rows) and
+the device work is one program over the global mesh (`sharding.put` / `sharding.fetch`),
+so the numbers are those of one process with the same mesh. All processes save and restore
+the checkpoints (Orbax writes each array's shards from the process that holds them); only
+process 0 writes metrics, traces, plots, memory.json, the exports and the JSON markers. The
+workdir is a local path or a URL (`etils.epath`, e.g. gs://bucket/run).
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from typing import Optional
 import jax
 import ml_collections
 from absl import logging
+from etils import epath
 
 from drubric_jax import checkpoint as ckpt_lib
 from drubric_jax import (compilation, config_check, data, hostmem, phases, planner,
@@ -94,12 +103,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     compilation.enable_persistent_cache(config.compile.cache_dir)
     # Each step's seconds_compile metric reads this clock.
     compilation.CompileClock.install()
-    os.makedirs(workdir, exist_ok=True)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     c = config
-    # Each process reads its own disjoint shard of every batch (`data.host_shard`).
-    host, hosts = jax.process_index(), jax.process_count()
     check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load
+    # Every process reads whole global batches (host_id 0 of 1): the rows of a batch are a
+    # global value, as `sharding.put` expects, and a batch is what one process would read.
+    host, hosts = 0, 1
     loaded = data.load_data(c, num_hosts=hosts)
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
@@ -114,20 +124,35 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                        host_id=host, num_hosts=hosts, name="prompts"),
         # Synchronous saves: an async save keeps a host copy of both trainees' params and
         # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).
-        ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+        ckpt=ckpt_lib.Checkpointer(epath.Path(workdir) / "checkpoints",
                                    max_to_keep=c.checkpoint.max_to_keep, async_save=False),
-        writer=run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard))
+        writer=run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard,
+                                         enabled=is_primary()))
+
+
+def is_primary() -> bool:
+    """Whether this process writes the run's files (process 0 of a multi-process run)."""
+    return jax.process_index() == 0
 
 
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def _write_json(path: str, obj) -> None:
-    """Writes `obj` to `path` atomically (a kill leaves the old file or the new one)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+def _write_json(path, obj) -> None:
+    """Process 0 writes `obj` to `path` atomically (a kill leaves the old file or the new
+    one); the other processes write nothing."""
+    if not is_primary():
+        return
+    path = epath.Path(path)
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
+def _read_json(path) -> Optional[dict]:
+    """The JSON object at `path` (a path or URL), or None when there is no such file."""
+    path = epath.Path(path)
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def save(run: Run) -> None:
@@ -161,10 +186,8 @@ def restore(run: Run) -> bool:
     run.last_trace = meta.get("trace", [])
     run.anchor_iter.restore(meta["anchor_iter"])
     run.prompt_iter.restore(meta["prompt_iter"])
-    round_end = os.path.join(run.workdir, "round_end.json")
-    if os.path.exists(round_end):  # the round that ended after this checkpoint
-        with open(round_end) as f:
-            saved = json.load(f)
+    saved = _read_json(epath.Path(run.workdir) / "round_end.json")
+    if saved is not None:  # the round that ended after this checkpoint
         if saved["global_step"] == step:
             run.loop = LoopState(**saved["loop"])
     return True
@@ -273,15 +296,15 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
         _phase(run, Role.POLICY, c.rounds.policy_steps)
         # After the round: the generator it trained (held-out metrics never use the policy).
         _maybe_eval(run)
-        if run.last_trace:
+        if run.last_trace and is_primary():
             run_logging.write_round_trace(
-                os.path.join(run.workdir, "trace", f"round_{run.loop.round}.html"),
+                epath.Path(run.workdir) / "trace" / f"round_{run.loop.round}.html",
                 f"round {run.loop.round}: policy samples, rubrics and verdicts",
                 run.last_trace)
         run.loop.round, run.loop.phase, run.loop.step = (run.loop.round + 1,
                                                           Role.GENERATOR.value, 0)
         # Not a checkpoint: `restore` applies it only when its global_step is the newest one's.
-        _write_json(os.path.join(run.workdir, "round_end.json"),
+        _write_json(epath.Path(run.workdir) / "round_end.json",
                     {"global_step": run.loop.global_step, "loop": dataclasses.asdict(run.loop)})
     run.ckpt.wait()
     if run.loop.round >= c.rounds.num_rounds:
@@ -290,8 +313,10 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
 
 def finish(run: Run) -> None:
     """curves.png, memory.json (MiB per role measured, the peaks measured, and the memory
-    planner's figures under "planned") and the Hugging Face exports."""
-    run_logging.plot_curves(run.writer.path, os.path.join(run.workdir, "curves.png"))
+    planner's figures under "planned") and the Hugging Face exports (process 0 writes; every
+    process takes part in gathering the exported leaves)."""
+    if is_primary():
+        run_logging.plot_curves(run.writer.path, os.path.join(run.workdir, "curves.png"))
     # MiB, the unit of `planner.planned_role_mib` printed beside it.
     measured = {k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}
     _write_json(os.path.join(run.workdir, "memory.json"), {
@@ -313,11 +338,9 @@ def finish(run: Run) -> None:
 
 def finished(workdir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
     """The contents of workdir/finished.json when that run already did config's rounds."""
-    path = os.path.join(workdir, FINISHED)
-    if not os.path.exists(path):
+    done = _read_json(epath.Path(workdir) / FINISHED)
+    if done is None:
         return None
-    with open(path) as f:
-        done = json.load(f)
     # More rounds asked for than were run: not finished, the run continues from its checkpoint.
     return done if done["rounds"] >= config.rounds.num_rounds else None
 

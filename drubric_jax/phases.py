@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 
 from drubric_jax import advantages as adv_lib
-from drubric_jax import hostmem, rewards, sampling
+from drubric_jax import hostmem, rewards, sampling, sharding
 from drubric_jax import train_step as ts
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.roles import Roles
@@ -97,7 +97,7 @@ def verifier_budgets(cfg, fraction: float) -> dict:
     """The verifier's chunk budgets: `Verifier.budgets` for `fraction` of the first device's
     memory on an accelerator (bytes_limit in its memory_stats), the CPU defaults otherwise
     or with fraction 0."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     if fraction <= 0 or "bytes_limit" not in stats:
         return {}
     return Verifier.budgets(cfg, int(stats["bytes_limit"]), fraction)
@@ -200,8 +200,8 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     """
     rollout, advantages, timer = step.rollout, step.advantages, step.timer
     trainee = ctx.roles.trainee(role)
-    # Host numpy: the jitted step places it on the mesh through its in_shardings.
-    batch = ts.batch_from_rollout(rollout, advantages)
+    # Global arrays, rows over (data, fsdp) (jit refuses numpy under several processes).
+    batch = sharding.put_rows(ts.batch_from_rollout(rollout, advantages), ctx.mesh)
     hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
     with timer("update"):
         trainee.state, metrics = trainee.step_fn(trainee.state, batch,

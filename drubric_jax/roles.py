@@ -198,7 +198,10 @@ def make_trainee(role: Role, model: LoadedModel, cfg: ModelConfig, train_config:
     opt_shapes = jax.eval_shape(optimizer.init, params)
     opt_state = jax.jit(optimizer.init, out_shardings=sharding.param_shardings(
         opt_shapes, mesh))(params)
-    state = ts.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+    # The step counter on the mesh too (replicated): Orbax refuses a host-local array on
+    # several processes.
+    step = jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(mesh))
+    state = ts.TrainState(step=step, params=params, opt_state=opt_state)
     return Trainee(role, model, cfg, train_config, optimizer, step_fn, state)
 
 
@@ -230,7 +233,7 @@ class Roles:
         Raises:
             ValueError: the backend has no pinned host memory (names the config field).
         """
-        kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+        kinds = {m.kind for m in jax.local_devices()[0].addressable_memories()}
         if "pinned_host" not in kinds:
             raise ValueError("config.memory.offload_idle_optimizer: the "
                              f"{jax.default_backend()} backend has no pinned_host memory "

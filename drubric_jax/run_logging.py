@@ -14,6 +14,7 @@ import os
 from typing import Iterable, Sequence
 
 import numpy as np
+from etils import epath
 
 
 # Where this project's code lives: records from files under these folders pass the filter.
@@ -74,18 +75,25 @@ class MetricsWriter:
     apart (the later row wins).
     """
 
-    def __init__(self, workdir: str, tensorboard: bool = True):
-        os.makedirs(workdir, exist_ok=True)
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._tb = None
+    def __init__(self, workdir: str, tensorboard: bool = True, enabled: bool = True):
+        self.path = epath.Path(workdir) / "metrics.jsonl"  # a local path or a URL
+        self.enabled = enabled
+        self._file = self._tb = None
+        if not enabled:  # a process other than process 0 of a multi-process run
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Appending needs a filesystem that appends (local, NFS/Lustre, gcsfuse mounts).
+        self._file = self.path.open("a")
         if tensorboard:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, global_step: int, row: dict) -> None:
-        """Writes `row` (scalars, lists, nested dicts) for `global_step`."""
+        """Writes `row` (scalars, lists, nested dicts) for `global_step` (nothing when the
+        writer is not enabled)."""
+        if not self.enabled:
+            return
         row = _scalar(row)
         self._file.write(json.dumps(row, sort_keys=True) + "\n")
         # Flushed per row: a killed run loses at most the row being written.
@@ -99,7 +107,8 @@ class MetricsWriter:
                     self._tb.add_scalar(f"{prefix}/{k}", v, global_step)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 
@@ -107,7 +116,7 @@ class MetricsWriter:
 def read_metrics(path: str) -> list[dict]:
     """Rows of a metrics.jsonl, keeping the last row per (round, phase, step)."""
     rows = {}
-    with open(path, encoding="utf-8") as f:
+    with epath.Path(path).open("r") as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
@@ -138,7 +147,8 @@ def plot_curves(metrics_path: str, out_png: str,
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
+    with epath.Path(out_png).open("wb") as f:  # a local path or a URL
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
 
 
@@ -178,6 +188,6 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
         parts.append(f"<tr><th colspan=2>score E (Eq. 12)</th>{scores}</tr></table>")
         for k, r in enumerate(ex["responses"]):
             parts.append(f"<h3>R{k + 1} (score {ex['scores'][k]:.3f})</h3><pre>{esc(r)}</pre>")
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
+    path = epath.Path(path)  # a local path or a URL
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts), encoding="utf-8")

@@ -232,7 +232,7 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
 def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
             prompt_mask: np.ndarray) -> Rollout:
     # The results come back to the host in one transfer.
-    tokens, logprobs, mask, done, invalid = jax.device_get(
+    tokens, logprobs, mask, done, invalid = sharding.fetch(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
     tokens = np.where(mask, tokens, pad_id).astype(np.int32)  # steps skipped by an early exit
     lengths = mask.sum(-1).astype(np.int32)
@@ -288,7 +288,8 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     if mesh is not None:
         shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
         prompts = list(prompts) + [prompts[-1]] * (-n % shards)  # filler rows, dropped
-        put = functools.partial(jax.device_put, device=sharding.batch_sharding(mesh))
+        # Every process holds all rows (a global value); each sends its own shards.
+        put = functools.partial(sharding.put, target=sharding.batch_sharding(mesh))
     tokens, mask = left_pad(prompts, length, pad)
     # The prompts go to the device here; `_finish` brings the results back.
     state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh)

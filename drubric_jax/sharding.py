@@ -10,6 +10,14 @@ Mesh axes:
             (ZeRO-3 style; XLA all-gathers a layer's weights when it is used).
     tensor  Megatron-style model parallelism over heads (H*Dh), the MLP width F and V.
 
+Multi-process runs (`jax.distributed`, one process per host): every process runs the same
+host program on the same global batch (the data iterators are seeded, not split), so host
+values such as token ids are global values. `put` turns one into a global `jax.Array`
+(each process transfers only the shards its own devices hold) and `fetch` brings a global
+array back to every process as numpy. A numpy array handed straight to a jitted function
+with a non-replicated in_sharding is an error under several processes; these two are the
+crossing points.
+
 Axis legend (parameter shapes): V vocab, D model dim, L layers, H query heads, Hkv KV heads,
 Dh head dim, F MLP width, B batch rows. L is never sharded (layers run in a `lax.scan`).
 """
@@ -156,6 +164,52 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     """
     # Dim 0 split over data and fsdp jointly (data-major); the other dims replicated.
     return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def put(x, target: Optional[jax.sharding.Sharding]) -> jax.Array:
+    """A host value on the devices of `target` (None: the default device).
+
+    Args:
+        x: array-like holding the *global* value (every process passes the same one).
+        target: the array's sharding; under several processes it may span devices of
+            other processes, and each process then transfers only its own shards.
+
+    Returns:
+        jax.Array of x's shape and dtype with sharding `target`.
+    """
+    x = np.asarray(x)
+    if target is None:
+        return jax.numpy.asarray(x)
+    # jax.device_put accepts a global value for a multi-process sharding (every process
+    # gives the same x and sends its addressable slices only).
+    return jax.device_put(x, target)
+
+
+def put_rows(tree: Any, mesh: Mesh) -> Any:
+    """`put` of every leaf of a batch pytree (host values [B, ...]) with its rows split
+    over ("data", "fsdp") (`batch_sharding`)."""
+    rows = batch_sharding(mesh)
+    return jax.tree.map(lambda x: put(x, rows), tree)
+
+
+def fetch(tree: Any) -> Any:
+    """Host numpy of every array leaf of `tree`, the global value on every process.
+
+    Arrays whose shards all live on this process are read directly; a fully replicated
+    array is read from a local copy; any other multi-process array is gathered
+    (`multihost_utils.process_allgather`, a collective: every process must call `fetch`
+    on it at the same point of the program).
+    """
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.device_get(jax.tree.map(one, tree))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -334,7 +334,7 @@ def check_finite(metrics: dict, step: int) -> dict:
     Raises:
         FloatingPointError: "step S: metric NAME is nan" for the first bad metric.
     """
-    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    host = {k: float(v) for k, v in sharding.fetch(metrics).items()}
     for name, value in host.items():
         if not np.isfinite(value):
             raise FloatingPointError(f"step {step}: metric {name!r} is {value}")

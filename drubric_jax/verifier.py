@@ -129,7 +129,7 @@ class Verifier:
         """A pass input on the device(s): rows over ("data", "fsdp") with a mesh."""
         if self.mesh is None:
             return jnp.asarray(x)
-        return jax.device_put(x, sharding.batch_sharding(self.mesh))
+        return sharding.put(x, sharding.batch_sharding(self.mesh))
 
     # ------------------------------------------------------------------ text -> tokens
 
@@ -351,7 +351,7 @@ class Verifier:
                         slen[j, dm] = len(s)
                 if not slen.any():
                     continue
-                vals = np.asarray(passes.score_suffixes(
+                vals = sharding.fetch(passes.score_suffixes(
                     params, self.cfg, cache, plen, self._rows(suf), self._rows(slen),
                     self.yes_ids, self.no_ids))
                 for j, i in enumerate(chunk):
@@ -392,7 +392,7 @@ class Verifier:
                 tokens[j, t - len(ids):] = ids
                 mask[j, t - len(ids):] = True
             mask[len(chunk):, -1] = True
-            vals = np.asarray(passes.score_full(params, self.cfg, self._rows(tokens),
+            vals = sharding.fetch(passes.score_full(params, self.cfg, self._rows(tokens),
                                                 self._rows(mask), self.yes_ids, self.no_ids))
             # Filler rows (mesh padding) are dropped.
             out[chunk] = vals[:len(chunk)]

@@ -5,7 +5,14 @@ r"""Runs DynamicRubric co-evolution (Algorithm 1): generator and policy rounds.
         --config.rounds.num_rounds=1
 
 Running the same command on the same workdir resumes from its last checkpoint.
-Multi-host: pass --distributed to call jax.distributed.initialize() (one process per host).
+
+Multi-host: the same command on every host with --distributed, which calls
+jax.distributed.initialize() (one process per host). On a Cloud TPU slice and under SLURM
+or Open MPI it finds the coordinator, process count and id itself; elsewhere pass them:
+    python -m experiments.run --config=... --workdir=... --distributed \
+        --coordinator_address=10.0.0.1:12355 --num_processes=2 --process_id=0
+The workdir must be one place every host sees (a shared filesystem, or a gs:// URL for the
+checkpoints and files). See README "Multi-host runs".
 """
 import os
 
@@ -20,6 +27,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output and checkpoint directory.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize().")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (default: detected, or the "
+    "JAX_COORDINATOR_ADDRESS environment variable)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes (default: detected)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process (default: detected)")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_s", 100, "seconds without a heartbeat after which the other "
+    "processes of a multi-process run stop with an error (a host died)")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -32,7 +47,9 @@ def main(argv):
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)
     if _DISTRIBUTED.value:
-        jax.distributed.initialize()
+        jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                   _PROCESS_ID.value,
+                                   heartbeat_timeout_seconds=_HEARTBEAT.value)
     logging.info("JAX devices (process %d of %d): %s", jax.process_index(),
                  jax.process_count(), jax.devices())
     # Validates the config, then checks the data, before any weights load.

@@ -136,3 +136,26 @@ def test_latest_interval_and_max_to_keep(tmp_path):
             ckpt.save(8, {"x": jnp.ones(2)}, [1, 2])
     with pytest.raises(ValueError, match="save_interval"):
         Checkpointer(tmp_path, save_interval=0)
+
+
+def test_checkpoint_directory_keeps_urls_and_makes_local_paths_absolute(tmp_path,
+                                                                          monkeypatch):
+    """A gs:// workdir stays a URL (abspath once made it "<cwd>/gs:/bucket/run"); a
+    relative local path becomes absolute."""
+    from drubric_jax.checkpoint import resolve_directory
+
+    monkeypatch.chdir(tmp_path)
+    assert str(resolve_directory("gs://bucket/run/checkpoints")) == "gs://bucket/run/checkpoints"
+    assert str(resolve_directory("run/checkpoints")) == str(tmp_path / "run" / "checkpoints")
+
+
+def test_put_and_fetch_round_trip_on_a_mesh():
+    """`sharding.put` of a host batch onto rows over (data, fsdp) and `sharding.fetch`
+    back give the same values (one process; tests/test_multihost.py runs two)."""
+    mesh = sharding.make_mesh(2, 2, 2, jax.devices()[:8])
+    x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    tree = sharding.put_rows({"a": x, "b": x[:, 0] > 3}, mesh)
+    assert tree["a"].sharding.spec == P(sharding.BATCH_AXES)
+    back = sharding.fetch(tree)
+    np.testing.assert_array_equal(back["a"], x)
+    np.testing.assert_array_equal(back["b"], x[:, 0] > 3)

@@ -320,6 +320,37 @@ def test_hf_dir_round_trip(hf_dir):
     assert cfg == SMALL
 
 
+def test_hf_dir_sharded_load_reads_only_each_devices_blocks(hf_dir, monkeypatch):
+    """Loaded onto a (1, 2, 2) mesh (fsdp splits D, tensor heads / F / V), every leaf
+    equals the unsharded load, and no split tensor is read whole: each read is one
+    device's block (what a host of a multi-host run reads of a file)."""
+    from drubric_jax import sharding
+    from drubric_jax.models import safetensors_files as stf
+
+    reads = []
+    getitem = stf.LazyTensor.__getitem__
+
+    def counting(self, idx):
+        block = getitem(self, idx)
+        reads.append((self.shape, block.shape))
+        return block
+
+    monkeypatch.setattr(stf.LazyTensor, "__getitem__", counting)
+    mesh = sharding.make_mesh(1, 2, 2, jax.devices()[:4])
+    _, whole = models.load_hf_dir(str(hf_dir))
+    n_whole = len(reads)
+    reads.clear()
+    _, split = models.load_hf_dir(str(hf_dir), shardings=sharding.leaf_sharder(mesh))
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(not all(s is None for s in x.sharding.spec) for x in jax.tree.leaves(split))
+    assert n_whole  # the unsharded load reads through LazyTensor too
+    read_whole = sum(int(np.prod(t)) for t, _ in reads)  # had every device read it all
+    read_split = sum(int(np.prod(b)) for _, b in reads)
+    # 4 devices: the split matrices are read about once in all, only the small norms 4x.
+    assert any(t != b for t, b in reads) and read_split < 0.5 * read_whole
+
+
 def test_hf_truncated_safetensors_names_file_and_sizes(hf_dir):
     st = hf_dir / "model.safetensors"
     size = st.stat().st_size

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 
-import jax.numpy as jnp
+import jax
+import numpy as np
 
+from drubric_jax import sharding
 from drubric_jax.models import registry
 from drubric_jax.models.config import ModelConfig
 
@@ -44,32 +46,39 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     when `tokenizer` (a PreTrainedTokenizerFast) is given, its tokenizer files.
 
     Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly.
+    Under several processes every process must call it (each leaf is gathered to the host
+    in turn, a collective); only process 0 keeps the host copies and writes the files.
 
     Raises:
         NotImplementedError: a mixture-of-experts model (only trainees are exported, and
             the one such family here, `qwen3_moe`, is the frozen verifier).
     """
-    from safetensors.flax import save_file
+    from safetensors.numpy import save_file
 
     if cfg.num_experts:
         raise NotImplementedError(f"export of the {cfg.family!r} family is not implemented")
 
-    os.makedirs(directory, exist_ok=True)
+    writer = jax.process_index() == 0
     tensors = {}
     fam = registry.family(cfg)
     for key in fam.top_keys(cfg):
-        w = params[key]
+        w = sharding.fetch(params[key])  # one leaf at a time on the host
         # Checkpoints store linear weights [out, in]; ours are [in, out].
         tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
     for key in fam.layer_keys(cfg):
-        stacked = params["layers"][key]
+        stacked = sharding.fetch(params["layers"][key])
+        if not writer:
+            continue
         # Hugging Face names one tensor per layer: the stacked [L, ...] leaf is split.
         for i in range(cfg.num_layers):
             w = stacked[i]
             name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
             tensors[name] = w.T if key in fam.TRANSPOSED else w
+    if not writer:
+        return
+    os.makedirs(directory, exist_ok=True)
     # metadata "pt": the format tag transformers checks before it loads a safetensors file.
-    save_file({k: jnp.asarray(v) for k, v in tensors.items()},
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(hf_config_dict(cfg, bos_id, eos_id), f, indent=2)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 
 def json_file(path: str):
     """The parsed JSON file; ValueError naming the file when it is not valid JSON."""
@@ -41,7 +43,9 @@ def open_safetensors(path: str):
     from safetensors import safe_open
 
     try:
-        return safe_open(path, framework="flax")
+        # numpy (bfloat16 through ml_dtypes): tensors stay on the host until `_place` puts
+        # each device's slice; nothing passes through device 0.
+        return safe_open(path, framework="np")
     except Exception as e:  # SafetensorError: the header and the file's size disagree
         sizes = f"{os.path.getsize(path)} bytes"
         try:  # layout: header length (8 bytes, little-endian), JSON header, tensor data
@@ -54,3 +58,55 @@ def open_safetensors(path: str):
             pass  # the header itself is cut or garbled
         raise ValueError(f"{path}: safetensors file is truncated or corrupt ({sizes}): {e}") \
             from e
+
+
+def _slices(idx, ndim: int) -> tuple:
+    """`idx` (a slice tuple from `jax.make_array_from_callback`, possibly short) as ndim
+    slices."""
+    idx = tuple(idx) if isinstance(idx, tuple) else (idx,)
+    return idx + (slice(None),) * (ndim - len(idx))
+
+
+class LazyTensor:
+    """A tensor of an open safetensors file, read only where it is indexed: `shape`, and
+    `x[slices]` reads that block (safetensors' `get_slice`) as float32 numpy. A loader that
+    places each device's block on its own (`weights._place`) thus reads from disk only
+    what this process's devices hold.
+
+    Args:
+        part: `safe_open(...).get_slice(name)` (or anything indexable with slice tuples).
+        shape: the tensor's shape in `part`'s layout.
+        swapped: present the last two axes swapped (checkpoint [out, in] as our [in, out]).
+    """
+
+    def __init__(self, part, shape: tuple, swapped: bool = False):
+        self.part, self.swapped = part, swapped
+        self.shape = tuple(shape[:-2]) + tuple(shape[-2:][::-1]) if swapped else tuple(shape)
+
+    def swapaxes_last(self) -> "LazyTensor":
+        raw = self.shape[:-2] + self.shape[-2:][::-1] if self.swapped else self.shape
+        return LazyTensor(self.part, raw, not self.swapped)
+
+    def __getitem__(self, idx):
+        idx = _slices(idx, len(self.shape))
+        if self.swapped:  # read the block in the file's layout, then swap it
+            block = self.part[idx[:-2] + (idx[-1], idx[-2])]
+            return np.swapaxes(np.asarray(block, np.float32), -1, -2)
+        return np.asarray(self.part[idx], np.float32)
+
+
+class LazyStack:
+    """Equal-shaped lazy tensors stacked on a new leading axis (layers, experts); indexing
+    reads only the members and blocks asked for."""
+
+    def __init__(self, members: list):
+        self.members = list(members)
+        self.shape = (len(self.members),) + tuple(self.members[0].shape)
+
+    def swapaxes_last(self) -> "LazyStack":
+        return LazyStack([m.swapaxes_last() for m in self.members])
+
+    def __getitem__(self, idx):
+        idx = _slices(idx, len(self.shape))
+        rows = range(*idx[0].indices(len(self.members)))
+        return np.stack([np.asarray(self.members[i][idx[1:]], np.float32) for i in rows])

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from drubric_jax.models import registry
-from drubric_jax.models.safetensors_files import (json_file, open_safetensors,
-                                                  safetensors_files)
+from drubric_jax.models.safetensors_files import (LazyStack, LazyTensor, json_file,
+                                                  open_safetensors, safetensors_files)
 from drubric_jax.models.config import ModelConfig, RopeScaling
 
 # A pytree of shardings matching the params, or a callable (path, shape) -> sharding with
@@ -34,7 +34,11 @@ Shardings = Union[None, dict, Callable[[str, tuple], Optional[jax.sharding.Shard
 def _to_ours(fam, key: str, w: np.ndarray) -> np.ndarray:
     """Checkpoint linear weights are [..., out, in] (a leading E axis for stacked experts);
     ours are [..., in, out] (`fam.TRANSPOSED`)."""
-    return np.ascontiguousarray(np.swapaxes(w, -1, -2)) if key in fam.TRANSPOSED else w
+    if key not in fam.TRANSPOSED:
+        return w
+    if isinstance(w, (LazyTensor, LazyStack)):  # swapped as it is read
+        return w.swapaxes_last()
+    return np.ascontiguousarray(np.swapaxes(w, -1, -2))
 
 
 def _sharding_for(shardings: Shardings, path: str, shape: tuple):
@@ -48,10 +52,19 @@ def _sharding_for(shardings: Shardings, path: str, shape: tuple):
     return node
 
 
-def _place(arr: np.ndarray, dtype, shardings: Shardings, path: str) -> jax.Array:
-    # copy=False: no second host copy when the dtype already matches.
-    return jax.device_put(arr.astype(jnp.dtype(dtype), copy=False),
-                          _sharding_for(shardings, path, arr.shape))
+def _place(arr, dtype, shardings: Shardings, path: str) -> jax.Array:
+    """One leaf on its devices. `arr`: numpy, or a lazy HF tensor (`LazyTensor`,
+    `LazyStack`) that is read block by block."""
+    dt = jnp.dtype(dtype)
+    target = _sharding_for(shardings, path, arr.shape)
+    if target is None:
+        # copy=False: no second host copy when the dtype already matches.
+        whole = arr if isinstance(arr, np.ndarray) else arr[(slice(None),) * len(arr.shape)]
+        return jax.device_put(whole.astype(dt, copy=False))
+    # One device's slice at a time, converted on its own: a process sends only the slices
+    # its own devices hold (multi-host), and the full tensor never sits on one device.
+    return jax.make_array_from_callback(arr.shape, target,
+                                        lambda idx: arr[idx].astype(dt, copy=False))
 
 
 def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], tuple[str, np.ndarray]],
@@ -85,6 +98,10 @@ def _assemble(cfg: ModelConfig, read: Callable[[str, Optional[int]], tuple[str, 
         params[key] = _place(checked(key, None), dt, shardings, key)
     for key in fam.layer_keys(cfg):
         first = checked(key, 0)
+        if isinstance(first, (LazyTensor, LazyStack)):  # read block by block in `_place`
+            lazy = LazyStack([first] + [checked(key, i) for i in range(1, cfg.num_layers)])
+            params["layers"][key] = _place(lazy, dt, shardings, f"layers/{key}")
+            continue
         # One stacked leaf at a time on the host, placed and freed before the next is read.
         stacked = np.empty((cfg.num_layers,) + first.shape, np.float32)
         stacked[0] = first
@@ -346,13 +363,15 @@ def load_hf_dir(directory: str, dtype: str = "float32",
         if name not in where:
             raise ValueError(f"{directory}: tensor {name!r} missing from "
                              f"{', '.join(os.path.basename(p) for p in files)}")
-        return np.asarray(where[name].get_tensor(name).astype(jnp.float32))
+        # Nothing is read yet: each device's block is read when it is placed (`_place`).
+        part = where[name].get_slice(name)
+        return LazyTensor(part, tuple(part.get_shape()))
 
     def read(key, layer):
         name = (fam.TOP_WEIGHT_NAMES[key][0] if layer is None
                 else f"model.layers.{layer}.{fam.LAYER_WEIGHT_NAMES[key][0]}")
         if "{e}" in name:  # one tensor per expert, stacked on a leading E axis
-            return name, np.stack([get(name.format(e=e)) for e in range(cfg.num_experts)])
+            return name, LazyStack([get(name.format(e=e)) for e in range(cfg.num_experts)])
         return name, get(name)
 
     return cfg, _assemble(cfg, read, shardings, directory)

@@ -1,0 +1,76 @@
+"""One process of the multi-process loop test (tests/test_multihost.py); not a test itself.
+
+    python tests/multihost_driver.py WORKDIR --num_processes=2 --process_id=0 --port=P
+    python tests/multihost_driver.py WORKDIR --num_processes=1 --devices=8
+
+Runs one tiny round (the config of `test_loop._one_round_config`, hard verdicts from
+`test_phases.StubVerifier` so that groups are far from flat) on a (data, fsdp, tensor) =
+(2, 2, 2) mesh of all the processes' fake CPU devices, with the export on. With
+--num_processes > 1 it first joins `jax.distributed` on 127.0.0.1:PORT. --die_after_step=N
+makes process --die_process end abruptly (os._exit, no cleanup: a host that died) right
+after the checkpoint of optimizer step N is written.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdir")
+    ap.add_argument("--num_processes", type=int, default=1)
+    ap.add_argument("--process_id", type=int, default=0)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--devices", type=int, default=4, help="fake CPU devices per process")
+    ap.add_argument("--die_after_step", type=int, default=0)
+    ap.add_argument("--die_process", type=int, default=1)
+    ap.add_argument("--heartbeat_timeout_s", type=int, default=10)
+    args = ap.parse_args()
+    # Before JAX starts: this process's fake devices.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={args.devices}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]
+    import jax
+
+    if args.num_processes > 1:
+        jax.distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes,
+                                   args.process_id,
+                                   heartbeat_timeout_seconds=args.heartbeat_timeout_s,
+                                   shutdown_timeout_seconds=30)
+    from drubric_jax import loop
+    from test_loop import _one_round_config
+    from test_phases import StubVerifier
+
+    c = _one_round_config()
+    c.verifier.verdict = "hard"
+    c.policy.prompts_per_step, c.generator.num_lists = 2, 4  # 4 rows: data x fsdp
+    c.mesh.num_devices = 0  # every device of every process
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
+    c.memory.park_idle_optimizer = False  # refused on several processes (config_check)
+    c.export = True
+    if args.die_after_step:
+        save = loop.save
+
+        def save_then_die(run):
+            save(run)
+            if (jax.process_index() == args.die_process
+                    and run.loop.global_step >= args.die_after_step):
+                print(f"process {args.die_process}: dying after step "
+                      f"{run.loop.global_step}", flush=True)
+                os._exit(17)
+
+        loop.save = save_then_die
+    if loop.finished(args.workdir, c) is not None:
+        return
+    run = loop.setup(c, args.workdir)
+    run.ctx = dataclasses.replace(run.ctx, verifier=StubVerifier())
+    try:
+        loop.run_rounds(run)
+    finally:
+        loop.close(run)
+
+
+if __name__ == "__main__":
+    main()
