@@ -15,6 +15,7 @@ setup(
         "flax>=0.11,<0.13",
         "optax>=0.2.5,<0.3",
         "orbax-checkpoint>=0.11,<0.13",
+        "etils[epath]>=1.7,<2",  # workdirs that are paths or URLs (also an Orbax dependency)
         "chex>=0.1.90,<0.2",
         "ml-collections>=1.0,<2",
         "absl-py>=2.1,<3",
