@@ -107,10 +107,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     c = config
     check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load
-    # Every process reads whole global batches (host_id 0 of 1): the rows of a batch are a
-    # global value, as `sharding.put` expects, and a batch is what one process would read.
-    host, hosts = 0, 1
-    loaded = data.load_data(c, num_hosts=hosts)
+    # Every process reads whole global batches (the iterators' defaults, host 0 of 1): the
+    # rows of a batch are a global value, as `sharding.put` expects.
+    loaded = data.load_data(c)
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])
@@ -118,10 +117,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     return Run(
         config=c, workdir=workdir, ctx=phases.Context.build(c, roles, mesh), data=loaded,
         anchor_iter=data.EpochIterator(loaded.train_anchors, c.generator.anchors_per_step,
-                                       c.seed, host_id=host, num_hosts=hosts, name="anchors"),
+                                       c.seed, name="anchors"),
         # seed + 1: the prompt order is shuffled independently of the anchor order.
         prompt_iter=data.EpochIterator(loaded.prompts, c.policy.prompts_per_step, c.seed + 1,
-                                       host_id=host, num_hosts=hosts, name="prompts"),
+                                       name="prompts"),
         # Synchronous saves: an async save keeps a host copy of both trainees' params and
         # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).
         ckpt=ckpt_lib.Checkpointer(epath.Path(workdir) / "checkpoints",

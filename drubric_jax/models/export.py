@@ -63,8 +63,8 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     fam = registry.family(cfg)
     for key in fam.top_keys(cfg):
         w = sharding.fetch(params[key])  # one leaf at a time on the host
-        # Checkpoints store linear weights [out, in]; ours are [in, out].
-        tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
+        if writer:  # checkpoints store linear weights [out, in]; ours are [in, out]
+            tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
     for key in fam.layer_keys(cfg):
         stacked = sharding.fetch(params["layers"][key])
         if not writer:
