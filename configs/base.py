@@ -75,6 +75,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rounds.generator_steps = 2    # generator GRPO steps per round
     c.rounds.policy_steps = 2       # policy GRPO steps per round
     c.variant = "full"              # full | disc_only | anchor_only | static (METHOD section 6)
+    # Delta_gap / R_anchor on the held-out anchor lists before each round's generator phase
+    # and after its policy phase; experiments that score the held-out lists themselves
+    # (experiments/ablation.py) turn it off.
+    c.rounds.heldout_eval = True
 
     c.policy = ml_collections.ConfigDict()
     c.policy.prompts_per_step = 2   # prompts x per policy step

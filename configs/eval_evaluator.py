@@ -47,7 +47,7 @@ SHARED_CPU_RUN = dict(
     verifier_max_prefix_tokens=448,
     judge_max_tokens=512,
     calibration="contextual",
-    methods="dynamic,static,direct,random",
+    methods="dynamic,static,direct,direct_set,random",
 )
 """The `shared` switch: caps sized so all SHARED_FILES fit in under an hour on 2 busy CPU
 cores with SmolLM2-135M (measured 42.9 min, 37.8 s/row; README "Evaluator benchmark")."""

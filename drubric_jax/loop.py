@@ -219,10 +219,11 @@ def _log(run: Run, kind: str, metrics: dict) -> None:
 
 
 def _maybe_eval(run: Run) -> None:
-    """Held-out Delta_gap / R_anchor once per (round, phase boundary)."""
+    """Held-out Delta_gap / R_anchor once per (round, phase boundary), unless
+    config.rounds.heldout_eval is off."""
     # A list, not a tuple: `heldout_done` round-trips through the checkpoint's JSON meta.
     tag = [run.loop.round, run.loop.phase]
-    if tag in run.loop.heldout_done:
+    if tag in run.loop.heldout_done or not run.config.rounds.heldout_eval:
         return
     # Step 10**6: a key no training step uses, and the same one on a resumed run.
     metrics = phases.heldout_metrics(

@@ -166,6 +166,37 @@ def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer
     return verdicts_from_p_yes(p_yes, v.verdict)
 
 
+def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets,
+                         timer: Timer) -> tuple[np.ndarray, np.ndarray]:
+    """Verdicts of every response of each input's set on each of its G rubric lists, from
+    ONE verifier call: a response is judged on the concatenation of its input's G lists
+    (one shared prefix per response, `Verifier.p_yes`).
+
+    Args:
+        ctx: the phase context (its verifier and config.verifier settings, `verify`).
+        rb: the inputs' `RubricBatch` (weights int32[B, G, M], texts B x G x M strings).
+        prompts, histories: B prompts and history lists.
+        sets: B lists of responses, ragged (N_b responses for input b).
+        timer: gets the verifier's seconds under "verification".
+
+    Returns:
+        (verdicts float32[B, G, N_max, M], response_mask bool[B, N_max]); verdicts are 0 at
+        padded responses and items.
+    """
+    b, gl, m = rb.weights.shape
+    sizes = np.array([len(s) for s in sets])
+    n_max = int(sizes.max())
+    # Query rows are the real cells of a [B, N_max] grid.
+    real = np.arange(n_max)[None, :] < sizes[:, None]                       # [B, N]
+    flat_items = [[t for lst in rb.texts[i] for t in lst] for i in range(b)]
+    qb, qj = np.nonzero(real)  # input b and response j of each query row
+    v = verify(ctx, [prompts[i] for i in qb], [histories[i] for i in qb],
+               [sets[i][j] for i, j in zip(qb, qj)], [flat_items[i] for i in qb], timer)
+    grid = np.zeros((b, n_max, gl * m), np.float32)
+    grid[qb, qj, :v.shape[1]] = v
+    return grid.reshape(b, n_max, gl, m).transpose(0, 2, 1, 3), real
+
+
 def rubric_stats(weights, item_mask, list_valid, verdicts) -> dict:
     """Rubric statistics of one step: parse-valid rate, items per valid list, weight
     histogram (weights 1..5), mean yes-rate (mean verdict: the mean P(yes) for soft
@@ -240,23 +271,14 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     k = c.policy.num_responses
     _, sets, rb = _responses_and_rubrics(ctx, key, anchors, g.num_lists, g.temperature,
                                          False, timer)
-    prompts = [a.prompt for a in anchors]
-    hists = [list(a.history) for a in anchors]
     b, gl, m = rb.weights.shape
     n_anchor = np.array([len(a.responses) for a in anchors])  # A of each input (ragged)
     a_max = int(n_anchor.max())
-    # One verifier call: every response of C and of each anchor list is judged on the
-    # concatenation of its input's G lists (one shared prefix per response). Query rows
-    # are the real cells of a [B, K + A] grid (C first, then the anchor list).
-    real = np.arange(k + a_max)[None, :] < (k + n_anchor)[:, None]         # [B, K + A]
-    flat_items = [[t for lst in rb.texts[i] for t in lst] for i in range(b)]
-    qb, qj = np.nonzero(real)  # input b and column j of each query row
-    q_resp = [sets[i][j] if j < k else anchors[i].responses[j - k] for i, j in zip(qb, qj)]
-    v = verify(ctx, [prompts[i] for i in qb], [hists[i] for i in qb], q_resp,
-               [flat_items[i] for i in qb], timer)
-    grid = np.zeros((b, k + a_max, gl * m), np.float32)
-    grid[qb, qj, :v.shape[1]] = v
-    grid = grid.reshape(b, k + a_max, gl, m).transpose(0, 2, 1, 3)          # [B, G, K+A, M]
+    # Each input's C first, then its anchor list: one verifier call judges both.
+    grid, _ = verify_lists_on_sets(ctx, rb, [a.prompt for a in anchors],
+                                   [list(a.history) for a in anchors],
+                                   [list(cs) + list(a.responses) for cs, a in zip(sets, anchors)],
+                                   timer)                                   # [B, G, K+A, M]
     v_c, v_a = grid[:, :, :k], grid[:, :, k:]  # verdicts on C, on the anchor list
     anchor_mask = np.arange(a_max)[None, :] < n_anchor[:, None]             # [B, A]
     # Padded anchor slots are masked out of Eq. 15 (anchor_mask), whatever rank they hold.

@@ -276,3 +276,35 @@ def test_group_mean_rewards_skip_unscorable_rows():
     assert m["unscorable_fraction"] == pytest.approx(0.5)
     assert m["policy_reward"] == pytest.approx(4.0 / 3.0)
     assert np.all(np.isfinite(adv)) and adv[1] == adv[3] == adv[4] == adv[5] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_ablation_heldout_values_per_list_by_hand(run, mode):
+    """`evaluation.ablation.heldout_per_list`: per anchor list, Eq. 2 gap and Eq. 15
+    reward averaged over its G lists (an invalid list gets the floor), and the strict
+    pairwise counts (a tie is wrong) summed over them, for ragged anchor lists."""
+    from drubric_jax.evaluation import ablation
+
+    ctx = _ctx(run, "full", mode)
+    anchors = run.data.train_anchors[:3]
+    g = 2
+    got = ablation.heldout_per_list(ctx, jax.random.PRNGKey(0), anchors, g, 1.0)
+    assert ctx.generator.calls == [dict(n=3, num_lists=g, static=False)]
+    for i, a in enumerate(anchors):
+        gaps, ras, pairs, correct, ties, valid = [], [], 0, 0, 0, 0
+        for j in range(g):
+            it, w = ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4]
+            s = [score(y, it, w) for y in a.responses]
+            ordered = [(x, y) for x in range(len(s)) for y in range(len(s))
+                       if a.gold_ranks[x] < a.gold_ranks[y]]
+            gaps.append(np.mean([s[x] - s[y] for x, y in ordered]) if ordered else 0.0)
+            ras.append(r_anchor(s, list(a.gold_ranks), any(w)))
+            pairs += len(ordered)
+            correct += sum(s[x] > s[y] for x, y in ordered)
+            ties += sum(s[x] == s[y] for x, y in ordered)
+            valid += any(w)
+        np.testing.assert_allclose(got["delta_gap"][i], np.mean(gaps), atol=1e-6)
+        np.testing.assert_allclose(got["r_anchor"][i], np.mean(ras), rtol=1e-5)
+        assert (got["pairs"][i], got["correct"][i], got["ties"][i], got["valid"][i]) == (
+            pairs, correct, ties, valid)
+    assert got["ids"] == [a.id for a in anchors] and got["num_lists"] == g

@@ -1,0 +1,238 @@
+"""The generator-objective ablation (METHOD 6, Table 3): rubric generators scored on
+held-out anchor lists, with paired bootstrap intervals against the zero-shot generator.
+
+`heldout_per_list` samples `num_lists` rubric lists per held-out anchor list (x, C_anchor)
+from one generator, has the frozen verifier judge every anchor response on them (one
+verifier call, `phases.verify_lists_on_sets`), scores them with Eq. 12 and reduces each
+anchor list to
+
+    delta_gap   Eq. 2, the mean score gap over gold-ordered pairs, averaged over the lists
+    r_anchor    Eq. 15 (the METHOD 11 floor for an invalid list), averaged over the lists
+    pairs       gold-ordered pairs x lists; correct: those the scores order strictly right
+                (a tie is wrong, METHOD 11); ties: those tied; valid: valid lists
+
+`summarize` turns the per-list values of several generators into means with percentile
+bootstrap 95% CIs over held-out anchor lists. Every generator is scored on the same lists
+with the same resample weights and the same sampling key, so a difference between two
+generators is paired: its CI comes from the replicate-wise differences.
+
+Axis legend (docs/CONVENTIONS.md): U held-out anchor lists, G rubric lists per anchor list
+(num_lists), A anchor responses, M items, Bt bootstrap replicates.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from drubric_jax import rewards
+from drubric_jax.evaluation.intervals import percentile_interval, ratio, resample_weights
+from drubric_jax.evaluation.metrics import pairwise_counts
+from drubric_jax.rubric_generator import RubricInput
+from drubric_jax.types import Role
+
+METRICS = ("delta_gap", "r_anchor", "strict_acc")
+"""The reported statistics: means over lists of delta_gap and r_anchor, and the pooled
+strict pairwise accuracy (correct / pairs)."""
+
+
+def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
+                     static: bool = False) -> dict:
+    """Per held-out anchor list statistics of the context's current generator.
+
+    Args:
+        ctx: a `phases.Context` (generator params from its roles, verifier, config).
+        key: PRNG key of the rubric sampling (the same key for every generator compared).
+        anchors: U `AnchorList`s, never used in training (`LoadedData.heldout_anchors`).
+        num_lists: G rubric lists per anchor list (AVG@G).
+        temperature: generator sampling temperature (0 = greedy; the G lists then differ
+            only through the response order shown).
+        static: prompt-only lists (the RaR baseline of METHOD 6).
+
+    Returns:
+        {"delta_gap", "r_anchor": float64[U] (means over the G lists), "pairs", "correct",
+        "ties", "valid": float64[U] (sums over the G lists), "ids": U anchor ids,
+        "num_lists": G}.
+
+    Raises:
+        ValueError: no anchors.
+    """
+    from drubric_jax import phases  # phases imports evaluation-free modules only
+
+    if not anchors:
+        raise ValueError("no held-out anchor lists (config.data.heldout_anchor_rows = 0?)")
+    timer = phases.Timer()
+    rb = ctx.generator.generate_batch(
+        ctx.roles.params(Role.GENERATOR), key,
+        # The anchor list is the response set the generator sees (nothing is sampled).
+        [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
+        num_lists=num_lists, temperature=temperature, static=static)
+    v, real = phases.verify_lists_on_sets(ctx, rb, [a.prompt for a in anchors],
+                                          [list(a.history) for a in anchors],
+                                          [list(a.responses) for a in anchors], timer)
+    u, g, a_max, _ = v.shape                                               # [U, G, A, M]
+    gold = np.zeros((u, a_max), np.int32)
+    for i, a in enumerate(anchors):
+        gold[i, :len(a.gold_ranks)] = a.gold_ranks
+    gold_g = jnp.broadcast_to(gold[:, None], (u, g, a_max))
+    mask_g = jnp.broadcast_to(real[:, None], (u, g, a_max))
+    scores, valid = rewards.rubric_scores(v, rb.weights, rb.item_mask)     # [U, G, A]
+    gap, _ = rewards.delta_gap(scores, gold_g, mask_g)                     # [U, G]
+    r_anchor = rewards.anchor_reward_or_floor(scores, gold_g, mask_g,
+                                              np.asarray(valid) & rb.list_valid)
+    pairs, ties, correct = (np.asarray(x, np.float64).sum(axis=1)
+                            for x in pairwise_counts(scores, gold_g, mask_g))
+    return {"delta_gap": np.asarray(gap, np.float64).mean(axis=1),
+            "r_anchor": np.asarray(r_anchor, np.float64).mean(axis=1),
+            "pairs": pairs, "correct": correct, "ties": ties,
+            "valid": (np.asarray(valid) & rb.list_valid).sum(axis=1).astype(np.float64),
+            "ids": [a.id for a in anchors], "num_lists": g}
+
+
+def _replicates(per_list: dict, weights: np.ndarray) -> dict:
+    """{metric: float64[Bt]} of one generator under resample weights float64[Bt, U]."""
+    u = weights.shape[1]
+    return {"delta_gap": weights @ per_list["delta_gap"] / u,
+            "r_anchor": weights @ per_list["r_anchor"] / u,
+            "strict_acc": ratio(weights @ per_list["correct"], weights @ per_list["pairs"])}
+
+
+def _point(per_list: dict) -> dict:
+    return {"delta_gap": float(np.mean(per_list["delta_gap"])),
+            "r_anchor": float(np.mean(per_list["r_anchor"])),
+            "strict_acc": float(ratio(np.sum(per_list["correct"]),
+                                      np.sum(per_list["pairs"])))}
+
+
+def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed: int,
+              level: float = 0.95) -> dict:
+    """Means, CIs and paired differences of generators scored on the same held-out lists.
+
+    Args:
+        per_generator: {name: `heldout_per_list` output}, every entry over the same U
+            anchor lists in the same order.
+        baseline: the name differences are taken against (the zero-shot generator).
+        comparisons: (a, b) name pairs whose difference a - b is reported too (e.g.
+            ("full", "disc_only")).
+        n_boot: Bt replicates; seed: their numpy seed.
+
+    Returns:
+        {"n_lists": U, "generators": {name: {metric: {"mean", "ci"}, "tie_rate",
+        "valid_rate"}}, "vs_baseline": {name: {metric: {"diff", "ci", "zero_inside_ci"}}},
+        "comparisons": {"a - b": same}}.
+
+    Raises:
+        ValueError: generators scored on different anchor lists, or an unknown name.
+    """
+    names = list(per_generator)
+    ids = per_generator[names[0]]["ids"]
+    for name in names:
+        if per_generator[name]["ids"] != ids:
+            raise ValueError(f"generator {name!r} was scored on other anchor lists than "
+                             f"{names[0]!r}: paired differences need the same lists")
+    for a, b in [(n, baseline) for n in names] + list(comparisons):
+        if a not in per_generator or b not in per_generator:
+            raise ValueError(f"unknown generator in ({a!r}, {b!r}); have {names}")
+    weights = resample_weights(len(ids), n_boot, seed)
+    reps = {n: _replicates(per_generator[n], weights) for n in names}
+    points = {n: _point(per_generator[n]) for n in names}
+
+    def diff(a, b):
+        out = {}
+        for m in METRICS:
+            lo, hi = percentile_interval(reps[a][m] - reps[b][m], level)
+            out[m] = {"diff": points[a][m] - points[b][m], "ci": [lo, hi],
+                      "zero_inside_ci": bool(lo <= 0.0 <= hi)}
+        return out
+
+    generators = {}
+    for n in names:
+        p = per_generator[n]
+        generators[n] = {m: {"mean": points[n][m],
+                             "ci": percentile_interval(reps[n][m], level)} for m in METRICS}
+        generators[n]["tie_rate"] = float(ratio(np.sum(p["ties"]), np.sum(p["pairs"])))
+        # Parse-valid rubric lists among the G sampled per anchor list.
+        generators[n]["valid_rate"] = float(np.sum(p["valid"]) / (len(ids) * p["num_lists"]))
+    return {"n_lists": len(ids), "level": level, "n_bootstrap": n_boot,
+            "generators": generators,
+            "vs_baseline": {n: diff(n, baseline) for n in names if n != baseline},
+            "comparisons": {f"{a} - {b}": diff(a, b) for a, b in comparisons}}
+
+
+def _ci(x: dict, key: str = "mean") -> str:
+    """"mean [lo, hi]"; differences (key "diff") carry their sign."""
+    lo, hi = x["ci"]
+    f = "{:+.3f}" if key == "diff" else "{:.3f}"
+    return f"{f.format(x[key])} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def review_verdict(summary: dict, full: str = "full",
+                   ablations=("disc_only", "anchor_only")) -> str:
+    """One sentence answering the review's falsifier: does `full` raise Delta_gap (Eq. 2)
+    more than each ablation? "yes" only when every paired CI of full - ablation lies above
+    0; a CI holding 0 is stated as inside its CI."""
+    parts, above = [], []
+    for ab in ablations:
+        d = summary["comparisons"].get(f"{full} - {ab}")
+        if d is None:
+            continue
+        lo, hi = d["delta_gap"]["ci"]
+        above.append(lo > 0)
+        where = "above 0" if lo > 0 else ("below 0" if hi < 0 else "0 inside the CI")
+        parts.append(f"{full} - {ab} = {_ci(d['delta_gap'], 'diff')} ({where})")
+    if not parts:
+        return "no full-vs-ablation comparison was run"
+    answer = "yes" if all(above) else "no (not shown at this size)"
+    return (f"Does {full} raise held-out Delta_gap more than the ablations? {answer}: "
+            + "; ".join(parts) + ".")
+
+
+def markdown_table(summary: dict, command: str, wall_s: dict, heldout_note: str) -> str:
+    """results.md of the ablation: one row per generator with 95% CIs, the paired
+    differences to the baseline, the full-vs-ablation differences and `review_verdict`."""
+    level = int(round(100 * summary["level"]))
+    lines = ["# Generator objective ablation (Table 3)", "", f"- command: `{command}`",
+             f"- held-out anchor lists: {summary['n_lists']} ({heldout_note})"]
+    lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in wall_s.items()]
+    lines += ["", f"| generator | Delta_gap [{level}% CI] | R_anchor [{level}% CI] | "
+              f"strict pairwise acc [{level}% CI] | tie rate | valid lists |",
+              "|---|---|---|---|---|---|"]
+    for name, g in summary["generators"].items():
+        lines.append(f"| {name} | {_ci(g['delta_gap'])} | {_ci(g['r_anchor'])} | "
+                     f"{_ci(g['strict_acc'])} | {g['tie_rate']:.2f} | {g['valid_rate']:.2f} |")
+    for title, block in (("Paired difference to the baseline", summary["vs_baseline"]),
+                         ("Full objective minus each ablation", summary["comparisons"])):
+        if not block:
+            continue
+        lines += ["", f"## {title}", "", "| difference | Delta_gap | R_anchor | strict acc | "
+                  "0 inside the CI (Delta_gap / R_anchor / acc) |", "|---|---|---|---|---|"]
+        for name, d in block.items():
+            inside = " / ".join("yes" if d[m]["zero_inside_ci"] else "no" for m in METRICS)
+            lines.append(f"| {name} | {_ci(d['delta_gap'], 'diff')} | "
+                         f"{_ci(d['r_anchor'], 'diff')} | {_ci(d['strict_acc'], 'diff')} | "
+                         f"{inside} |")
+    lines += ["", review_verdict(summary), "",
+              f"CIs: percentile bootstrap over held-out anchor lists ({summary['n_bootstrap']} "
+              "replicates); differences are paired (same lists, same replicates, same "
+              "rubric-sampling key).", ""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict, out_png: str) -> None:
+    """Each generator's three metrics with their CIs, one panel per metric (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary["generators"])
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4.5 * len(METRICS), 3.5))
+    for ax, m in zip(axes, METRICS):
+        means = np.array([summary["generators"][n][m]["mean"] for n in names])
+        cis = np.array([summary["generators"][n][m]["ci"] for n in names])
+        err = np.abs(cis.T - means[None])
+        ax.errorbar(np.arange(len(names)), means, yerr=err, fmt="o", capsize=4)
+        ax.set_xticks(np.arange(len(names)), names, rotation=20)
+        ax.set_title(m)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

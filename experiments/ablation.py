@@ -1,0 +1,141 @@
+r"""Generator objective ablation (Table 3, METHOD 6; issue 13): full vs disc_only vs
+anchor_only vs the zero-shot generator, on held-out anchor lists.
+
+    python -m experiments.ablation --config=configs/ablation.py --workdir=runs/ablation
+
+configs/ablation.py says what each variant runs and what is held out. Writes, under the
+workdir: `<variant>/` (each variant's loop run: metrics.jsonl, checkpoints),
+`<generator>/heldout.json` (per held-out anchor list values of that generator, written
+once: a rerun reads them back), `summary.json` (means with bootstrap 95% CIs, the paired
+differences to the zero-shot generator and full minus each ablation), `results.md` and
+`ablation.png`, and prints the table. Running the command again resumes an unfinished
+variant from its last checkpoint and skips what is done (wall times of earlier commands
+are read from summary.json).
+"""
+import gc
+import json
+import os
+import shlex
+import sys
+import time
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/ablation.py[:switches]",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the variants' runs.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (any constant)
+
+
+def _scored(path: str):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _score(run, c, path: str, name: str) -> dict:
+    """The held-out values of the generator `run` holds now, saved to `path`."""
+    import jax
+    import numpy as np
+
+    from drubric_jax.evaluation import ablation
+
+    e = c.experiment
+    key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_KEY)  # same for every generator
+    t0 = time.perf_counter()
+    out = ablation.heldout_per_list(run.ctx, key, run.data.heldout_anchors, e.eval_lists,
+                                    e.eval_temperature, static=c.variant == "static")
+    record = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in out.items()}
+    record["generator"], record["seconds"] = name, time.perf_counter() - t0
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)  # a kill leaves no half-written file
+    return record
+
+
+def main(argv):
+    del argv
+    import numpy as np
+
+    from drubric_jax import hostmem, loop, run_logging
+    from drubric_jax.evaluation import ablation
+
+    run_logging.quiet_third_party_logs(not _VERBOSE.value)
+    c, workdir = _CONFIG.value, _WORKDIR.value
+    e = c.experiment
+    variants = [v.strip() for v in e.variants.split(",") if v.strip()]
+    for v in variants:
+        if v not in ("full", "disc_only", "anchor_only"):
+            raise ValueError(f"config.experiment.variants: {v!r} is not full, disc_only or "
+                             "anchor_only")
+    if c.data.heldout_anchor_rows < 1:
+        raise ValueError("config.data.heldout_anchor_rows must be >= 1: the ablation is "
+                         "scored on held-out anchor lists")
+    summary_path = os.path.join(workdir, "summary.json")
+    wall = (_scored(summary_path) or {}).get("wall_s", {})
+    scored, heldout_ids = {}, None
+    for v in variants:
+        cfg = c.copy_and_resolve_references()
+        cfg.variant = v
+        run_dir = os.path.join(workdir, v)
+        need_zero = e.baseline not in scored and not os.path.exists(
+            os.path.join(workdir, e.baseline, "heldout.json"))
+        done = _scored(os.path.join(run_dir, "heldout.json"))
+        if done is not None and not need_zero:
+            scored[v] = done
+            continue
+        t0 = time.perf_counter()
+        run = loop.setup(cfg, run_dir)
+        try:
+            heldout_ids = [a.id for a in run.data.heldout_anchors]
+            if need_zero:  # G_0: scored before any step (setup restores nothing)
+                scored[e.baseline] = _score(run, cfg, os.path.join(
+                    workdir, e.baseline, "heldout.json"), e.baseline)
+            if done is None:
+                if loop.finished(run_dir, cfg) is None:
+                    loop.run_rounds(run)
+                else:
+                    loop.restore(run)
+                done = _score(run, cfg, os.path.join(run_dir, "heldout.json"), v)
+            scored[v] = done
+        finally:
+            loop.close(run)
+            del run
+            gc.collect()
+            hostmem.release_free_memory()
+        wall[v] = wall.get(v, 0.0) + time.perf_counter() - t0
+    if e.baseline not in scored:
+        scored[e.baseline] = _scored(os.path.join(workdir, e.baseline, "heldout.json"))
+    per = {name: {k: (np.asarray(x, np.float64) if k not in ("ids", "generator") and
+                      isinstance(x, list) else x) for k, x in scored[name].items()}
+           for name in [e.baseline] + variants}
+    comparisons = [("full", ab) for ab in ("disc_only", "anchor_only")
+                   if "full" in variants and ab in variants]
+    summary = ablation.summarize(per, e.baseline, comparisons, e.n_bootstrap, c.seed)
+    command = shlex.join(["python", "-m", "experiments.ablation"] + sys.argv[1:])
+    note = (f"the first data.heldout_anchor_rows = {c.data.heldout_anchor_rows} of the seeded "
+            f"shuffle (seed {c.seed}) of the anchor rows, never trained on; ids in "
+            "summary.json")
+    with open(summary_path, "w") as f:
+        json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
+                   "heldout_ids": per[e.baseline]["ids"] if heldout_ids is None else heldout_ids,
+                   "generator_steps": int(c.rounds.generator_steps),
+                   "eval_lists": int(e.eval_lists), **summary}, f, indent=2)
+    table = ablation.markdown_table(summary, command, wall, note)
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(table)
+    ablation.plot(summary, os.path.join(workdir, "ablation.png"))
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,108 @@
+"""The generator-objective ablation (issue 13, Table 3): the paired bootstrap summary by
+hand, and `experiments/ablation.py` end to end on tiny random-weight models."""
+import json
+
+import numpy as np
+import pytest
+
+from drubric_jax.evaluation import ablation
+from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+
+
+def _per_list(seed, u=12, g=2):
+    rng = np.random.default_rng(seed)
+    pairs = rng.integers(1, 7, u).astype(np.float64) * g
+    correct = np.floor(pairs * rng.uniform(0, 1, u))
+    return {"delta_gap": rng.normal(0.05, 0.1, u), "r_anchor": rng.normal(-2, 0.3, u),
+            "pairs": pairs, "correct": correct, "ties": pairs - correct,
+            "valid": np.full(u, float(g)), "ids": [f"a{i}" for i in range(u)],
+            "num_lists": g}
+
+
+def test_summary_means_cis_and_paired_differences_by_hand():
+    per = {"zero_shot": _per_list(0), "full": _per_list(1), "disc_only": _per_list(2)}
+    s = ablation.summarize(per, "zero_shot", [("full", "disc_only")], n_boot=300, seed=4)
+    w = resample_weights(12, 300, 4)  # the replicates summarize must use
+    for name, p in per.items():
+        g = s["generators"][name]
+        assert g["delta_gap"]["mean"] == pytest.approx(p["delta_gap"].mean())
+        assert g["strict_acc"]["mean"] == pytest.approx(p["correct"].sum() / p["pairs"].sum())
+        assert g["tie_rate"] == pytest.approx(p["ties"].sum() / p["pairs"].sum())
+        assert g["valid_rate"] == 1.0
+        assert g["r_anchor"]["ci"] == pytest.approx(percentile_interval(w @ p["r_anchor"] / 12))
+    # Paired: the replicate-wise difference, not two independent intervals.
+    d = w @ (per["full"]["delta_gap"] - per["zero_shot"]["delta_gap"]) / 12
+    got = s["vs_baseline"]["full"]["delta_gap"]
+    assert got["ci"] == pytest.approx(percentile_interval(d))
+    assert got["diff"] == pytest.approx(per["full"]["delta_gap"].mean()
+                                        - per["zero_shot"]["delta_gap"].mean())
+    acc = s["comparisons"]["full - disc_only"]["strict_acc"]
+    ra = (w @ per["full"]["correct"]) / (w @ per["full"]["pairs"])
+    rb = (w @ per["disc_only"]["correct"]) / (w @ per["disc_only"]["pairs"])
+    assert acc["ci"] == pytest.approx(percentile_interval(ra - rb))
+    assert set(s["vs_baseline"]) == {"full", "disc_only"}
+
+
+def test_a_generator_against_itself_differs_by_exactly_zero():
+    p = _per_list(3)
+    s = ablation.summarize({"zero_shot": p, "full": dict(p)}, "zero_shot", [], 200, 0)
+    for m in ablation.METRICS:
+        d = s["vs_baseline"]["full"][m]
+        assert d["diff"] == 0.0 and d["ci"] == [0.0, 0.0] and d["zero_inside_ci"]
+
+
+def test_summary_refuses_generators_scored_on_other_lists():
+    a, b = _per_list(0), _per_list(1)
+    b["ids"] = list(reversed(b["ids"]))
+    with pytest.raises(ValueError, match="other anchor lists"):
+        ablation.summarize({"zero_shot": a, "full": b}, "zero_shot", [], 100, 0)
+    with pytest.raises(ValueError, match="unknown generator"):
+        ablation.summarize({"zero_shot": a}, "zero_shot", [("full", "zero_shot")], 100, 0)
+
+
+def test_review_verdict_says_yes_only_when_every_ci_is_above_zero():
+    def summary(lo1, lo2):
+        return {"comparisons": {
+            "full - disc_only": {"delta_gap": {"diff": lo1 + 0.1, "ci": [lo1, lo1 + 0.2]}},
+            "full - anchor_only": {"delta_gap": {"diff": lo2 + 0.1, "ci": [lo2, lo2 + 0.2]}}}}
+
+    assert ablation.review_verdict(summary(0.01, 0.02)).split("? ")[1].startswith("yes")
+    text = ablation.review_verdict(summary(0.01, -0.1))
+    assert "? no" in text and "0 inside the CI" in text and "above 0" in text
+
+
+@pytest.mark.slow
+def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
+    """configs/ablation.py:tiny through `python -m experiments.ablation`: three variants
+    from the same start see the same first rollout; every generator is scored on the
+    held-out lists (none of them trained on); a second command changes nothing."""
+    from configs import ablation as cfg_lib
+    from drubric_jax import data
+    from drubric_jax.run_logging import read_metrics
+    from tests.test_experiments import _run
+
+    args = ("experiments.ablation", "--config=configs/ablation.py:tiny",
+            f"--workdir={tmp_path}", "--config.log.progress=False")
+    out = _run(*args, timeout=900)
+    assert "Does full raise held-out Delta_gap more than the ablations?" in out, out
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert set(s["generators"]) == {"zero_shot", "full", "disc_only", "anchor_only"}
+    assert set(s["comparisons"]) == {"full - disc_only", "full - anchor_only"}
+    c = cfg_lib.get_config("tiny")
+    loaded = data.load_data(c)
+    assert s["heldout_ids"] == [a.id for a in loaded.heldout_anchors]
+    assert s["n_lists"] == c.data.heldout_anchor_rows
+    assert not {a.id for a in loaded.train_anchors} & set(s["heldout_ids"])
+    # Same start, same anchor batch and policy samples: step 0's rewards agree across
+    # variants (only the advantage weights differ).
+    first = {v: [r for r in read_metrics(str(tmp_path / v / "metrics.jsonl"))
+                 if r["kind"] == "train"] for v in ("full", "disc_only", "anchor_only")}
+    assert all(len(rows) == c.rounds.generator_steps for rows in first.values()), first
+    for key in ("r_disc", "r_anchor", "yes_rate", "parse_valid_rate"):
+        assert len({rows[0][key] for rows in first.values()}) == 1, key
+    assert (tmp_path / "ablation.png").exists() and (tmp_path / "results.md").exists()
+    before = {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]}
+    _run(*args, timeout=300)
+    assert {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]} == before
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["generators"] == s["generators"] and again["wall_s"] == s["wall_s"]
