@@ -80,6 +80,11 @@ def main(argv):
     if c.data.heldout_anchor_rows < 1:
         raise ValueError("config.data.heldout_anchor_rows must be >= 1: the ablation is "
                          "scored on held-out anchor lists")
+    if c.rounds.generator_steps % c.checkpoint.every_steps:
+        # A finished variant is read back from its last checkpoint: it must hold the end.
+        raise ValueError(f"config.rounds.generator_steps={c.rounds.generator_steps} must be "
+                         f"a multiple of config.checkpoint.every_steps="
+                         f"{c.checkpoint.every_steps}")
     summary_path = os.path.join(workdir, "summary.json")
     wall = (_scored(summary_path) or {}).get("wall_s", {})
     scored, heldout_ids = {}, None

@@ -6,7 +6,7 @@ they are written for; configs/eval_evaluator.py has its own `validate`.
 """
 import pytest
 
-from configs import eval_evaluator, grpo_learns, qwen3_8b, smollm2_cpu
+from configs import ablation, eval_evaluator, grpo_learns, qwen3_8b, smollm2_cpu
 from drubric_jax import config_check
 
 SMOLLM2_SWITCHES = ["", "data=shared", "variant=full", "variant=disc_only",
@@ -56,6 +56,22 @@ def test_grpo_learns_config_validates_for_both_parts(arg, device_count):
         config_check.validate(config, device_count=device_count, process_count=1)
     with pytest.raises(ValueError, match="scale"):
         grpo_learns.get_config("scale=gpt2")
+
+
+@pytest.mark.parametrize("arg,device_count", [
+    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1)])
+def test_ablation_config_validates_for_every_variant(arg, device_count):
+    config = ablation.get_config(arg)
+    # Generator phase only, scored by the experiment on lists it never trains on.
+    assert config.rounds.policy_steps == 0 and config.rounds.generator_steps >= 1
+    assert config.data.heldout_anchor_rows >= 1 and not config.rounds.heldout_eval
+    # One save at the end of a variant's steps at least (the experiment restores it).
+    assert config.rounds.generator_steps % config.checkpoint.every_steps == 0
+    for variant in config.experiment.variants.split(","):
+        config.variant = variant
+        config_check.validate(config, device_count=device_count, process_count=1)
+    with pytest.raises(ValueError, match="scale"):
+        ablation.get_config("scale=gpt2")
 
 
 def test_mesh_larger_than_device_count_is_a_config_error():
