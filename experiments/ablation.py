@@ -64,8 +64,6 @@ def _score(run, c, path: str, name: str) -> dict:
 
 def main(argv):
     del argv
-    import numpy as np
-
     from drubric_jax import hostmem, loop, run_logging
     from drubric_jax.evaluation import ablation
 
@@ -87,7 +85,7 @@ def main(argv):
                          f"{c.checkpoint.every_steps}")
     summary_path = os.path.join(workdir, "summary.json")
     wall = (_scored(summary_path) or {}).get("wall_s", {})
-    scored, heldout_ids = {}, None
+    scored = {}
     for v in variants:
         cfg = c.copy_and_resolve_references()
         cfg.variant = v
@@ -101,7 +99,6 @@ def main(argv):
         t0 = time.perf_counter()
         run = loop.setup(cfg, run_dir)
         try:
-            heldout_ids = [a.id for a in run.data.heldout_anchors]
             if need_zero:  # G_0: scored before any step (setup restores nothing)
                 scored[e.baseline] = _score(run, cfg, os.path.join(
                     workdir, e.baseline, "heldout.json"), e.baseline)
@@ -118,24 +115,20 @@ def main(argv):
             gc.collect()
             hostmem.release_free_memory()
         wall[v] = wall.get(v, 0.0) + time.perf_counter() - t0
-    if e.baseline not in scored:
-        scored[e.baseline] = _scored(os.path.join(workdir, e.baseline, "heldout.json"))
-    per = {name: {k: (np.asarray(x, np.float64) if k not in ("ids", "generator") and
-                      isinstance(x, list) else x) for k, x in scored[name].items()}
-           for name in [e.baseline] + variants}
+    names = [e.baseline] + variants
+    per = ablation.load_heldout(workdir, names)  # what the files hold: a rerun reads the same
     comparisons = [("full", ab) for ab in ("disc_only", "anchor_only")
                    if "full" in variants and ab in variants]
     summary = ablation.summarize(per, e.baseline, comparisons, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.ablation"] + sys.argv[1:])
-    note = (f"the first data.heldout_anchor_rows = {c.data.heldout_anchor_rows} of the seeded "
-            f"shuffle (seed {c.seed}) of the anchor rows, never trained on; ids in "
-            "summary.json")
     with open(summary_path, "w") as f:
         json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
-                   "heldout_ids": per[e.baseline]["ids"] if heldout_ids is None else heldout_ids,
+                   "baseline": e.baseline, "variants": variants,
+                   "heldout_ids": per[e.baseline]["ids"],
                    "generator_steps": int(c.rounds.generator_steps),
                    "eval_lists": int(e.eval_lists), **summary}, f, indent=2)
-    table = ablation.markdown_table(summary, command, wall, note)
+    summary["seed"] = int(c.seed)
+    table = ablation.markdown_table(summary, command, wall, ablation.heldout_note(summary))
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)
     ablation.plot(summary, os.path.join(workdir, "ablation.png"))

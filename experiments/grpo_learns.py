@@ -59,7 +59,8 @@ def main(argv):
                                        c.seed)
     command = shlex.join(["python", "-m", "experiments.grpo_learns"] + sys.argv[1:])
     with open(summary_path, "w") as f:
-        json.dump({"command": command, "wall_s": wall, "parts": summary}, f, indent=2)
+        json.dump({"command": command, "wall_s": wall, "n_bootstrap": int(e.n_bootstrap),
+                   "seed": int(c.seed), "parts": summary}, f, indent=2)
     table = learning.markdown_table(summary, "GRPO learns: reward curves", command, wall)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

@@ -101,6 +101,12 @@ def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     for key in ("r_disc", "r_anchor", "yes_rate", "parse_valid_rate"):
         assert len({rows[0][key] for rows in first.values()}) == 1, key
     assert (tmp_path / "ablation.png").exists() and (tmp_path / "results.md").exists()
+    # experiments.report recomputes the same table from the run directory's files.
+    out = tmp_path / "results"
+    _run("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
+    assert (out / f"ablation-{tmp_path.name}.md").read_text() == (
+        tmp_path / "results.md").read_text()
+    assert "ablation" in (out / "README.md").read_text()
     before = {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]}
     _run(*args, timeout=300)
     assert {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]} == before

@@ -83,3 +83,8 @@ def test_grpo_learns_tiny_writes_curves_and_resumes(tmp_path, smollm2_gguf):
     _run(*args, timeout=300)
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["parts"] == summary["parts"] and again["wall_s"] == summary["wall_s"]
+    # experiments.report reads the curves again from each part's metrics.jsonl.
+    out = tmp_path / "results"
+    _run("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
+    assert (out / f"grpo_learns-{tmp_path.name}.md").read_text() == (
+        tmp_path / "results.md").read_text()

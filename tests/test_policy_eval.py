@@ -105,3 +105,7 @@ def test_eval_policy_tiny_end_to_end(tmp_path, smollm2_gguf):
     rows = [json.loads(x) for x in (tmp_path / "answers.jsonl").read_text().splitlines()]
     assert [r["task"] for r in rows] == ["winrate"] * 3 + ["humaneval"] * 2
     assert all(0 <= r["p_policy_first"] <= 1 for r in rows if r["task"] == "winrate")
+    out = tmp_path / "results"
+    _run("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
+    assert (out / f"eval_policy-{tmp_path.name}.md").read_text() == (
+        tmp_path / "results.md").read_text()

@@ -236,3 +236,32 @@ def plot(summary: dict, out_png: str) -> None:
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
+
+
+def load_heldout(workdir: str, names) -> dict:
+    """{name: `heldout_per_list`-style values} read from `<workdir>/<name>/heldout.json`
+    (written by experiments/ablation.py), arrays as float64.
+
+    Raises:
+        FileNotFoundError: a generator was not scored (names the file).
+    """
+    import json
+    import os
+
+    out = {}
+    for name in names:
+        path = os.path.join(workdir, name, "heldout.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: generator {name!r} has not been scored")
+        with open(path) as f:
+            rec = json.load(f)
+        out[name] = {k: (np.asarray(v, np.float64) if isinstance(v, list) and k != "ids"
+                         else v) for k, v in rec.items()}
+    return out
+
+
+def heldout_note(summary: dict) -> str:
+    """Which lists were held out, for the results header."""
+    return (f"the first {summary['n_lists']} anchor lists of the seeded shuffle (seed "
+            f"{summary.get('seed', 0)}) of the anchor rows, never trained on; ids in "
+            "summary.json")
