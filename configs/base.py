@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
     # and after its policy phase; experiments that score the held-out lists themselves
     # (experiments/ablation.py) turn it off.
     c.rounds.heldout_eval = True
+    # Rounds whose generator phase trains: the first `generator_rounds` (-1 = every round).
+    # 1 keeps G_1 from round 1 on: the stale-evaluator arm of experiments/coevolution.py.
+    c.rounds.generator_rounds = -1
 
     c.policy = ml_collections.ConfigDict()
     c.policy.prompts_per_step = 2   # prompts x per policy step

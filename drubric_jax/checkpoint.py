@@ -43,7 +43,10 @@ def resolve_directory(directory: str | os.PathLike) -> epath.Path:
 
 
 def _abstract(leaf):
-    """ShapeDtypeStruct with a sharding (the restore target of one leaf)."""
+    """ShapeDtypeStruct with a sharding (the restore target of one leaf); Orbax's
+    PLACEHOLDER stays as it is (that leaf is not read)."""
+    if leaf is ocp.PLACEHOLDER:
+        return leaf
     sharding = getattr(leaf, "sharding", None)
     if sharding is None:
         # A host array or a struct without a sharding is restored onto device 0.
@@ -126,7 +129,9 @@ class Checkpointer:
             step: checkpoint id or None.
             target: pytree like the saved state: arrays (their shape, dtype and sharding
                 are used, values ignored) or `jax.ShapeDtypeStruct`s (give them a
-                `sharding`, else device 0 is used).
+                `sharding`, else device 0 is used). A leaf that is
+                `orbax.checkpoint.PLACEHOLDER` is skipped (not read, left as the
+                placeholder): e.g. the AdamW moments when only the params are wanted.
 
         Returns:
             (state with target's structure and shardings, meta dict).

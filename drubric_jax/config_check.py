@@ -147,6 +147,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(c.rounds.generator_steps >= 0, "rounds.generator_steps", "must be >= 0")
     need(c.rounds.policy_steps >= 0, "rounds.policy_steps", "must be >= 0")
     need(isinstance(c.rounds.heldout_eval, bool), "rounds.heldout_eval", "must be True or False")
+    need(c.rounds.generator_rounds >= -1, "rounds.generator_rounds",
+         "must be -1 (every round) or >= 0")
     p, g = c.policy, c.generator
     need(p.prompts_per_step >= 1, "policy.prompts_per_step", "must be >= 1")
     need(p.num_responses >= 2, "policy.num_responses", "K must be >= 2 for GRPO groups")

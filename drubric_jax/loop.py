@@ -282,9 +282,11 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
     drills) after that many completed rounds, with a checkpoint."""
     c = run.config
     restore(run)
-    # The static (RaR) baseline never trains its generator (METHOD 6).
-    gen_steps = 0 if c.variant == "static" else c.rounds.generator_steps
     while run.loop.round < c.rounds.num_rounds:
+        # The static (RaR) baseline never trains its generator (METHOD 6); after
+        # rounds.generator_rounds rounds it is frozen (the stale-evaluator arm).
+        frozen = 0 <= c.rounds.generator_rounds <= run.loop.round
+        gen_steps = 0 if c.variant == "static" or frozen else c.rounds.generator_steps
         if stop_after_rounds is not None and run.loop.round >= stop_after_rounds:
             break
         # A run resumed in the policy phase goes straight to it.

@@ -129,15 +129,17 @@ def policy_prompt_ids(tokenizer, prompt: str, history: Sequence[dict], budget: i
 
 
 def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: int,
-                     timer: Timer) -> tuple[Rollout, list]:
-    """K policy responses per prompt: (Rollout of B*K rows grouped by prompt, texts)."""
+                     timer: Timer, params=None) -> tuple[Rollout, list]:
+    """K policy responses per prompt: (Rollout of B*K rows grouped by prompt, texts), from
+    the current policy or from `params` (another state of it, e.g. in an evaluation)."""
     model, p = ctx.roles.policy.model, ctx.config.policy
     stop = ctx.policy_stop_ids
     ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens)
            for x, h in zip(prompts, histories)]
     with timer("sampling"):
         out = sampling.generate_chunked(
-            ctx.roles.params(Role.POLICY), model.cfg, [i for i in ids for _ in range(k)],
+            ctx.roles.params(Role.POLICY) if params is None else params, model.cfg,
+            [i for i in ids for _ in range(k)],
             p.rollout_micro_batch, key=key, max_new_tokens=p.max_new_tokens,
             method=sampling.method_from_flags(p.temperature, top_p=p.top_p), stop_ids=stop,
             pad_id=ctx.policy_pad_id, min_bucket=p.min_prompt_bucket, mesh=ctx.mesh)

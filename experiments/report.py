@@ -10,6 +10,8 @@ files in it (nothing is copied from a previous results/):
                   part's metrics.jsonl (`evaluation.learning.summarize_parts`)
     ablation      summary.json with "generators": the CIs are recomputed from each
                   generator's heldout.json (`evaluation.ablation.summarize`)
+    coevolution   summary.json with "r_disc": recomputed from eval.json
+                  (`experiments.coevolution.summarize`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
     evaluator     report.json with "macro" (the evaluator benchmark,
                   `evaluation.results.results_markdown`)
@@ -32,7 +34,7 @@ def _read(path: str):
 
 
 def kind_of(run_dir: str) -> str:
-    """"grpo_learns" | "ablation" | "eval_policy" | "evaluator".
+    """"grpo_learns" | "ablation" | "coevolution" | "eval_policy" | "evaluator".
 
     Raises:
         ValueError: the directory holds none of them (names what was looked for).
@@ -43,6 +45,8 @@ def kind_of(run_dir: str) -> str:
         return "grpo_learns"
     if "generators" in summary:
         return "ablation"
+    if "r_disc" in summary:
+        return "coevolution"
     if "winrate" in report or "humaneval" in report:
         return "eval_policy"
     if "macro" in report:
@@ -77,6 +81,14 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         text = ablation.markdown_table(fresh, s["command"], s.get("wall_s", {}),
                                        ablation.heldout_note(fresh))
         ablation.plot(fresh, out_stem + ".png")
+        command = s["command"]
+    elif kind == "coevolution":
+        from drubric_jax.evaluation import coevolution as co
+        from experiments import coevolution as exp
+
+        s = _read(os.path.join(run_dir, "summary.json"))
+        fresh = exp.summarize(run_dir, s["n_bootstrap"], s["seed"])
+        text = co.markdown(fresh, s["command"], s.get("wall_s", {}), s["eval_note"])
         command = s["command"]
     elif kind == "eval_policy":
         from experiments.eval_policy import results_md

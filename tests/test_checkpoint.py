@@ -118,6 +118,27 @@ def test_restore_onto_sharded_target(tmp_path):
     assert len(plain.params["embed"].sharding.device_set) == 1
 
 
+def test_params_only_restore_skips_placeholder_leaves(tmp_path):
+    """Placeholder leaves (the AdamW moments) are not read: the params come back sharded
+    as the target asks, the placeholders stay placeholders (experiments/coevolution.py)."""
+    import orbax.checkpoint as ocp
+
+    cfg = config.TINY.replace(vocab_size=256)
+    optimizer = train_config.make_optimizer(train_config.TrainConfig())
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    saved = ts.shard_train_state(
+        ts.init_train_state(init_params(cfg, jax.random.PRNGKey(0)), optimizer), mesh)
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(3, {"policy": saved}, {"step": 3})
+        target = {"policy": saved.replace(opt_state=jax.tree.map(lambda _: ocp.PLACEHOLDER,
+                                                                  saved.opt_state))}
+        got, _ = ckpt.restore(3, target)
+    for a, b in zip(jax.tree.leaves(got["policy"].params), jax.tree.leaves(saved.params)):
+        close(a, b, atol=0)
+        assert a.sharding == b.sharding
+    assert all(x is ocp.PLACEHOLDER for x in jax.tree.leaves(got["policy"].opt_state))
+
+
 def test_latest_interval_and_max_to_keep(tmp_path):
     with Checkpointer(tmp_path, max_to_keep=2, save_interval=2) as ckpt:
         assert ckpt.latest() is None

@@ -6,7 +6,8 @@ they are written for; configs/eval_evaluator.py has its own `validate`.
 """
 import pytest
 
-from configs import ablation, eval_evaluator, grpo_learns, qwen3_8b, smollm2_cpu
+from configs import (ablation, coevolution, eval_evaluator, eval_policy, grpo_learns, qwen3_8b,
+                     smollm2_cpu)
 from drubric_jax import config_check
 
 SMOLLM2_SWITCHES = ["", "data=shared", "variant=full", "variant=disc_only",
@@ -72,6 +73,31 @@ def test_ablation_config_validates_for_every_variant(arg, device_count):
         config_check.validate(config, device_count=device_count, process_count=1)
     with pytest.raises(ValueError, match="scale"):
         ablation.get_config("scale=gpt2")
+
+
+@pytest.mark.parametrize("arg,device_count", [
+    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1)])
+def test_coevolution_config_validates_for_both_arms(arg, device_count):
+    config = coevolution.get_config(arg)
+    assert config.rounds.num_rounds == 2 and config.rounds.generator_rounds == -1
+    config_check.validate(config, device_count=device_count, process_count=1)
+    config.rounds.generator_rounds = 1  # the stale arm
+    config_check.validate(config, device_count=device_count, process_count=1)
+    config.rounds.generator_rounds = -2
+    with pytest.raises(config_check.ConfigError, match="rounds.generator_rounds"):
+        config_check.validate(config, device_count=device_count, process_count=1)
+
+
+def test_eval_policy_config_validates_and_names_bad_fields():
+    eval_policy.validate(eval_policy.get_config("tiny"))
+    c = eval_policy.get_config("tiny")
+    c.tasks = "winrate,bogus"
+    with pytest.raises(ValueError, match="config.tasks"):
+        eval_policy.validate(c)
+    c = eval_policy.get_config("tiny")
+    c.winrate_data = "/no/such/file.jsonl"
+    with pytest.raises(ValueError, match="config.winrate_data: file not found"):
+        eval_policy.validate(c)
 
 
 def test_mesh_larger_than_device_count_is_a_config_error():

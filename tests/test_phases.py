@@ -308,3 +308,20 @@ def test_ablation_heldout_values_per_list_by_hand(run, mode):
         assert (got["pairs"][i], got["correct"][i], got["ties"][i], got["valid"][i]) == (
             pairs, correct, ties, valid)
     assert got["ids"] == [a.id for a in anchors] and got["num_lists"] == g
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_coevolution_rdisc_on_fixed_samples_by_hand(run, mode):
+    """`evaluation.coevolution.rdisc_per_prompt`: Eq. 13 of each of the G lists on a given
+    response set (ragged sets: padded responses count for nothing), averaged per prompt."""
+    from drubric_jax.evaluation import coevolution as co
+
+    ctx = _ctx(run, "full", mode)
+    sets = [["a short answer", "a long answer with a list", "no"], ["yes", "maybe"]]
+    prompts, hists = ["q1", "q2"], [[], []]
+    g = 2
+    got = co.rdisc_per_prompt(ctx, None, jax.random.PRNGKey(0), prompts, hists, sets, g, 1.0)
+    for i, cs in enumerate(sets):
+        want = [r_disc(cs, ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4]) for j in range(g)]
+        np.testing.assert_allclose(got["r_disc"][i], np.mean(want), atol=1e-6)
+        assert got["valid"][i] == sum(any(WEIGHTS[(i * g + j) % 4]) for j in range(g))

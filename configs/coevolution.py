@@ -1,0 +1,77 @@
+r"""Co-evolved vs stale evaluator (Figure 2; METHOD 5-6): does re-adapting the generator to
+the current policy matter?
+
+    python -m experiments.coevolution --config=configs/coevolution.py --workdir=runs/coevo
+    python -m experiments.coevolution --config=configs/coevolution.py:tiny --workdir=/tmp/co
+    python -m experiments.coevolution --config=configs/coevolution.py:scale=qwen3_8b ...
+
+Stages, each a run of the co-evolution loop (resumable) under the experiment's workdir:
+    round0/     round 0 of Algorithm 1: G_0 -> G_1 on P_0's samples, P_0 -> P_1 with G_1
+    coevolved/  a copy of round0/ continued for round 1: G_1 -> G_2 on P_1's samples,
+                P_1 -> P_2 with G_2
+    stale/      a copy of round0/ continued for round 1 with the generator frozen
+                (rounds.generator_rounds = 1): P_1 -> ~P_2 with G_1
+Both arms start from the same checkpoint and use the same seeds, so they differ only in
+the generator's round-1 phase. Evaluation, on `experiment.eval_prompts` prompts that no
+policy step used (rows after the first data.max_prompt_rows of `experiment.eval_file`,
+a seeded subset): R_disc (Eq. 13) of G_1 and G_2 on the samples of P_1, P_2 and ~P_2
+(paired: the same samples for both generators), and the win rate of P_0, P_1, P_2 and
+~P_2 against the file's reference answers with the verifier as pairwise judge (paired:
+the same prompts), all with bootstrap 95% CIs over prompts.
+Switches after ':':
+    scale=smollm2_cpu (default) | qwen3_8b   the base config (configs/<scale>.py)
+    tiny                                     random-weight tiny models (tests, smoke runs)
+CPU size (the default): SmolLM2-135M in every role on the shared data (policy prompts:
+the first 64 AlpacaEval rows; evaluation: 16 of the rows after them), 2 generator and 2
+policy steps per round as the default run, soft verdicts, answers of <= 128 tokens.
+"""
+import importlib
+import os
+
+from configs.base import parse_switches
+
+SCALES = ("smollm2_cpu", "qwen3_8b")
+
+
+def get_config(arg: str = ""):
+    opts = parse_switches(arg, {"scale", "tiny"})
+    scale = opts.get("scale", "smollm2_cpu")
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} not in {SCALES}")
+    base = importlib.import_module(f"configs.{scale}")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if scale == "smollm2_cpu":
+        c = base.get_config("tiny" if opts.get("tiny") else "data=shared")
+    else:
+        c = base.get_config("local" if opts.get("tiny") else "")
+    c.experiment = dict(
+        # Prompts with reference answers for the evaluation; its first
+        # data.max_prompt_rows rows are skipped (the policy's training pool).
+        eval_file=os.path.normpath(os.path.join(repo, "..", "shared", "data", "alpaca_eval",
+                                                "eval.jsonl")),
+        eval_prompts=16,        # a seeded subset of the remaining rows
+        num_lists=2,            # G rubric lists per prompt in the R_disc evaluation
+        list_temperature=1.0,   # their sampling temperature
+        answer_tokens=128,      # answer budget of the win-rate evaluation, tokens
+        judge_max_tokens=1024,  # pairwise judge prompt budget, tokens
+        n_bootstrap=1000,       # replicates of every 95% CI (prompts resampled)
+    )
+    c.rounds.num_rounds = 2
+    c.rounds.heldout_eval = False
+    c.export = False
+    if opts.get("tiny"):
+        c.rounds.generator_steps = c.rounds.policy_steps = 1
+        c.experiment.eval_file = os.path.join(repo, "drubric_jax", "demo_data",
+                                              "anchors.jsonl")
+        c.data.max_prompt_rows = 0
+        c.experiment.eval_prompts = 3
+        c.experiment.answer_tokens = 16
+        c.experiment.judge_max_tokens = 384
+        c.experiment.n_bootstrap = 200
+    elif scale == "qwen3_8b":
+        c.experiment.eval_file = ""  # set it: a JSONL of prompts with "reference" answers
+        c.experiment.eval_prompts = 256
+        c.experiment.num_lists = 4
+        c.experiment.answer_tokens = 2048
+        c.experiment.judge_max_tokens = 8192
+    return c

@@ -1,0 +1,135 @@
+"""Co-evolved vs stale evaluator (Figure 2, METHOD 5-6; issue 13): how well generators
+split the samples of policies they were or were not adapted to, and paired comparisons of
+policies and generators over the same prompts.
+
+`rdisc_per_prompt`: for each evaluation prompt, K responses of one policy state (sampled
+once, `phases.sample_responses`), then G rubric lists of each generator state on that
+same set, every response judged on every list in one verifier call; R_disc (Eq. 13) per
+list, averaged over the G lists. Two generators scored on the same samples give a paired
+difference.
+
+`paired_summary`: means of per-prompt values with percentile-bootstrap 95% CIs over
+prompts, and the paired differences named in `comparisons`.
+
+Axis legend (docs/CONVENTIONS.md): U evaluation prompts, K responses per prompt, G rubric
+lists per (x, C), M items, Bt bootstrap replicates.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from drubric_jax import rewards
+from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from drubric_jax.rubric_generator import RubricInput
+
+
+def policy_samples(ctx, policy_params, key, prompts, histories) -> list:
+    """K responses per prompt from `policy_params` (config.policy sampling settings).
+
+    Returns:
+        U lists of K response strings.
+    """
+    from drubric_jax import phases
+
+    k = ctx.config.policy.num_responses
+    _, texts = phases.sample_responses(ctx, key, prompts, histories, k, phases.Timer(),
+                                       params=policy_params)
+    return [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+
+def rdisc_per_prompt(ctx, generator_params, key, prompts, histories, sets,
+                     num_lists: int, temperature: float) -> dict:
+    """R_disc (Eq. 13) of one generator state on fixed response sets.
+
+    Args:
+        ctx: a `phases.Context` (its generator, verifier and verdict settings).
+        generator_params: the generator state to score.
+        key: PRNG key of the rubric sampling (use the same one for every generator).
+        prompts, histories: U prompts and history lists; sets: U lists of responses.
+        num_lists: G lists per prompt; temperature: their sampling temperature.
+
+    Returns:
+        {"r_disc": float64[U] (mean over the G lists; an invalid list scores 0),
+        "valid": float64[U] (valid lists of the G)}.
+    """
+    from drubric_jax import phases
+
+    rb = ctx.generator.generate_batch(
+        generator_params, key,
+        [RubricInput(p, tuple(c), tuple(h)) for p, c, h in zip(prompts, sets, histories)],
+        num_lists=num_lists, temperature=temperature)
+    v, real = phases.verify_lists_on_sets(ctx, rb, prompts, histories, sets, phases.Timer())
+    r = np.asarray(rewards.discriminability_reward(
+        v, rb.weights, rb.item_mask, np.broadcast_to(real[:, None], v.shape[:3])), np.float64)
+    return {"r_disc": r.mean(axis=1),
+            "valid": np.asarray(rb.list_valid, np.float64).sum(axis=1)}
+
+
+def paired_summary(values: dict, comparisons, n_boot: int, seed: int,
+                   level: float = 0.95) -> dict:
+    """Means with CIs of per-prompt values, and paired differences.
+
+    Args:
+        values: {name: float[U]}, every entry over the same U prompts in the same order.
+        comparisons: (a, b) name pairs; a - b is reported.
+        n_boot: Bt replicates (prompts resampled); seed: their numpy seed.
+
+    Returns:
+        {"n": U, "means": {name: {"mean", "ci"}}, "differences": {"a - b": {"diff", "ci",
+        "zero_inside_ci"}}}.
+
+    Raises:
+        ValueError: values of different lengths, or a comparison naming an unknown entry.
+    """
+    sizes = {k: len(v) for k, v in values.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"paired values need the same prompts: sizes {sizes}")
+    u = next(iter(sizes.values()))
+    w = resample_weights(u, n_boot, seed)
+    reps = {k: w @ np.asarray(v, np.float64) / u for k, v in values.items()}
+    out = {"n": u, "means": {k: {"mean": float(np.mean(v)),
+                                 "ci": percentile_interval(reps[k], level)}
+                             for k, v in values.items()}, "differences": {}}
+    for a, b in comparisons:
+        if a not in values or b not in values:
+            raise ValueError(f"unknown entry in ({a!r}, {b!r}); have {list(values)}")
+        lo, hi = percentile_interval(reps[a] - reps[b], level)
+        out["differences"][f"{a} - {b}"] = {
+            "diff": float(np.mean(values[a]) - np.mean(values[b])), "ci": [lo, hi],
+            "zero_inside_ci": bool(lo <= 0.0 <= hi)}
+    return out
+
+
+def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
+    """results.md of the co-evolution experiment: R_disc of each (generator, policy
+    samples) pair and the policies' win rates, with CIs and paired differences."""
+    def ci(x, key="mean", sign=False):
+        f = "{:+.3f}" if sign else "{:.3f}"
+        lo, hi = x["ci"]
+        return f"{f.format(x[key])} [{f.format(lo)}, {f.format(hi)}]"
+
+    lines = ["# Co-evolved vs stale evaluator (Figure 2)", "", f"- command: `{command}`",
+             f"- evaluation prompts: {eval_note}"]
+    lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in wall_s.items()]
+    for title, key, what in (
+            ("R_disc (Eq. 13) of each generator on each policy's samples", "r_disc",
+             "generator | policy samples"),
+            ("Win rate against the reference answers (both orders, ties = 1/2)", "win_rate",
+             "policy"),
+            ("Soft preference over the reference answers (mean of both orders)",
+             "preference", "policy")):
+        block = summary.get(key)
+        if not block:
+            continue
+        lines += ["", f"## {title}", "", f"| {what} | mean [95% CI] |", "|---|---|"]
+        lines += [f"| {k} | {ci(v)} |" for k, v in block["means"].items()]
+        if block["differences"]:
+            lines += ["", "| paired difference | diff [95% CI] | 0 inside the CI |",
+                      "|---|---|---|"]
+            lines += [f"| {k} | {ci(d, 'diff', True)} | "
+                      f"{'yes' if d['zero_inside_ci'] else 'no'} |"
+                      for k, d in block["differences"].items()]
+    lines += ["", "CIs: percentile bootstrap over evaluation prompts; differences are "
+              "paired (same prompts, same samples or answers where the policy is the "
+              "same, same rubric-sampling key).", ""]
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+r"""Co-evolved vs stale evaluator (Figure 2; issue 13).
+
+    python -m experiments.coevolution --config=configs/coevolution.py --workdir=runs/coevo
+
+configs/coevolution.py says what each stage runs and what is evaluated. Writes, under the
+workdir: `round0/`, `coevolved/`, `stale/` (loop runs: metrics.jsonl, checkpoints),
+`eval.json` (per-prompt values of every evaluation, written once: a rerun reads it back),
+`summary.json` (means with bootstrap 95% CIs and the paired differences), `results.md`,
+and prints the table. Running the command again resumes an unfinished stage from its last
+checkpoint and skips what is done.
+"""
+import gc
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/coevolution.py[:switches]",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the stages' runs.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+SAMPLE_KEY, LIST_KEY, ANSWER_KEY = 31, 37, 41  # fold_in constants of the evaluation keys
+
+
+def branch(src: str, dst: str) -> None:
+    """Copies a finished stage's run directory to start another from its last checkpoint:
+    everything but the older checkpoints and parked/, written to dst + ".tmp" and renamed
+    (a kill leaves no half copy)."""
+    from drubric_jax import checkpoint as ckpt_lib
+
+    with ckpt_lib.Checkpointer(os.path.join(src, "checkpoints")) as ck:
+        latest = ck.latest()
+    if latest is None:
+        raise FileNotFoundError(f"{src}: no checkpoint to branch from")
+    tmp = dst + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    def ignore(directory, names):
+        if os.path.normpath(directory) == os.path.normpath(os.path.join(src, "checkpoints")):
+            return [n for n in names if n.isdigit() and int(n) != latest]
+        return ["parked"] if os.path.normpath(directory) == os.path.normpath(src) else []
+
+    shutil.copytree(src, tmp, ignore=ignore)
+    os.replace(tmp, dst)
+
+
+def eval_rows(c) -> list:
+    """The evaluation prompts: a seeded subset of eval_file's rows after the first
+    data.max_prompt_rows (the policy's training pool when it is the same file)."""
+    import numpy as np
+
+    from drubric_jax.evaluation import policy_eval
+
+    e = c.experiment
+    if not e.eval_file:
+        raise ValueError("config.experiment.eval_file: give a JSONL of prompts with "
+                         "'reference' answers")
+    rows = policy_eval.load_prompt_rows(e.eval_file, 0, c.seed)[c.data.max_prompt_rows:]
+    if len(rows) < e.eval_prompts:
+        raise ValueError(f"config.experiment.eval_file: {e.eval_file} has {len(rows)} rows "
+                         f"after the first data.max_prompt_rows = {c.data.max_prompt_rows}, "
+                         f"fewer than experiment.eval_prompts = {e.eval_prompts}")
+    keep = np.random.default_rng(c.seed).choice(len(rows), e.eval_prompts, replace=False)
+    return [rows[i] for i in sorted(keep.tolist())]
+
+
+def evaluate(c, workdir: str) -> dict:
+    """Per-prompt R_disc and win-rate values of every (generator, policy) state."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from drubric_jax import checkpoint as ckpt_lib
+    from drubric_jax import loop
+    from drubric_jax.evaluation import coevolution as co
+    from drubric_jax.evaluation import policy_eval
+    from drubric_jax.types import Role
+
+    e = c.experiment
+    rows = eval_rows(c)
+    prompts, hists = [r.prompt for r in rows], [list(r.history) for r in rows]
+    run = loop.setup(c, os.path.join(workdir, "coevolved"))
+    try:
+        loop.restore(run)
+        roles = run.ctx.roles
+
+        def restored(stage):
+            # Params only: the AdamW moments are left on disk (PLACEHOLDER leaves).
+            def params_only(state):
+                return state.replace(opt_state=jax.tree.map(lambda _: ocp.PLACEHOLDER,
+                                                            state.opt_state))
+
+            target = {"policy": params_only(roles.policy.state),
+                      "generator": params_only(roles.generator.state)}
+            with ckpt_lib.Checkpointer(os.path.join(workdir, stage, "checkpoints")) as ck:
+                state, _ = ck.restore(None, target)
+            return state
+
+        def params_of(trainee, state):
+            # A trainee's forward params from a state (LoRA: adapters on the shared base).
+            keep = trainee.state
+            trainee.state = state
+            try:
+                return trainee.params
+            finally:
+                trainee.state = keep
+
+        stale, first = restored("stale"), restored("round0")
+        policies = {"P0": roles.params("policy_ref"),
+                    "P1": params_of(roles.policy, first["policy"]),
+                    "P2": roles.params(Role.POLICY),
+                    "~P2": params_of(roles.policy, stale["policy"])}
+        generators = {"G1": params_of(roles.generator, stale["generator"]),
+                      "G2": roles.params(Role.GENERATOR)}
+        base = jax.random.PRNGKey(c.seed)
+        out = {"ids": [r.id for r in rows], "r_disc": {}, "win_rate": {}, "preference": {}}
+        for p in ("P1", "P2", "~P2"):
+            # One set of samples per policy, shared by both generators (paired).
+            sets = co.policy_samples(run.ctx, policies[p], jax.random.fold_in(base, SAMPLE_KEY),
+                                     prompts, hists)
+            for g, gp in generators.items():
+                r = co.rdisc_per_prompt(run.ctx, gp, jax.random.fold_in(base, LIST_KEY),
+                                        prompts, hists, sets, e.num_lists, e.list_temperature)
+                out["r_disc"][f"{g} | {p}"] = r["r_disc"].tolist()
+        tok, cfg = roles.policy.model.tokenizer, roles.policy.model.cfg
+        refs = [policy_eval.reference_of(r) for r in rows]
+        for p, pp in policies.items():
+            answers, _ = policy_eval.answers(
+                cfg, pp, tok, prompts, key=jax.random.fold_in(base, ANSWER_KEY),
+                max_prompt_tokens=c.policy.max_prompt_tokens, max_new_tokens=e.answer_tokens,
+                temperature=0.0, histories=hists, mesh=run.ctx.mesh)
+            a, b = policy_eval.judge_pairs(run.ctx.verifier, roles.params("verifier"), prompts,
+                                           answers, refs, e.judge_max_tokens, hists)
+            win1, win2 = a > 0.5, b > 0.5
+            out["win_rate"][p] = ((win1 & win2) + (win1 != win2) / 2).astype(float).tolist()
+            out["preference"][p] = ((a + b) / 2).tolist()
+        return out
+    finally:
+        loop.close(run)
+        del run
+        gc.collect()
+
+
+COMPARISONS = {
+    # The adapted generator against the stale one on the same samples, first of the policy
+    # it was adapted to (P1), then of the policy trained with it (P2); and the stale
+    # generator on the stale arm's policy against the policy it was adapted to.
+    "r_disc": [("G2 | P1", "G1 | P1"), ("G2 | P2", "G1 | P2"), ("G1 | ~P2", "G1 | P1")],
+    # The co-evolved policy against the stale arm's, and each round against the last.
+    "win_rate": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
+    "preference": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
+}
+
+
+def summarize(workdir: str, n_boot: int, seed: int) -> dict:
+    """Means, CIs and the COMPARISONS' paired differences from `<workdir>/eval.json`."""
+    from drubric_jax.evaluation import coevolution as co
+
+    with open(os.path.join(workdir, "eval.json")) as f:
+        values = json.load(f)
+    out = {key: co.paired_summary(values[key], pairs, n_boot, seed)
+           for key, pairs in COMPARISONS.items()}
+    out["ids"] = values["ids"]
+    return out
+
+
+def eval_note(eval_file: str, skipped: int, seed: int, n: int) -> str:
+    return f"{n} rows of {eval_file} after its first {skipped} (seed {seed}; ids in eval.json)"
+
+
+def main(argv):
+    del argv
+    from drubric_jax import loop, run_logging
+    from drubric_jax.evaluation import coevolution as co
+
+    run_logging.quiet_third_party_logs(not _VERBOSE.value)
+    c, workdir = _CONFIG.value, _WORKDIR.value
+    e = c.experiment
+    if c.rounds.num_rounds != 2:
+        raise ValueError("config.rounds.num_rounds must be 2 (round 0, then the two arms' "
+                         f"round 1), got {c.rounds.num_rounds}")
+    eval_rows(c)  # a bad evaluation file fails before any training
+    summary_path = os.path.join(workdir, "summary.json")
+    wall = {}
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            wall = json.load(f).get("wall_s", {})
+    first = c.copy_and_resolve_references()
+    first.rounds.num_rounds = 1
+    stages = [("round0", first, None)]
+    for arm in ("coevolved", "stale"):
+        cfg = c.copy_and_resolve_references()
+        if arm == "stale":
+            cfg.rounds.generator_rounds = 1  # G_1 kept from round 1 on
+        stages.append((arm, cfg, "round0"))
+    for name, cfg, parent in stages:
+        d = os.path.join(workdir, name)
+        if loop.finished(d, cfg) is not None:
+            continue
+        t0 = time.perf_counter()
+        if parent is not None and not os.path.exists(d):
+            branch(os.path.join(workdir, parent), d)
+        loop.run(cfg, d)
+        gc.collect()
+        wall[name] = wall.get(name, 0.0) + time.perf_counter() - t0
+    eval_path = os.path.join(workdir, "eval.json")
+    if not os.path.exists(eval_path):
+        t0 = time.perf_counter()
+        values = evaluate(c, workdir)
+        with open(eval_path + ".tmp", "w") as f:
+            json.dump(values, f)
+        os.replace(eval_path + ".tmp", eval_path)
+        wall["evaluation"] = time.perf_counter() - t0
+    summary = summarize(workdir, e.n_bootstrap, c.seed)
+    command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
+    note = eval_note(e.eval_file, c.data.max_prompt_rows, c.seed, len(summary["ids"]))
+    with open(summary_path, "w") as f:
+        json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
+                   "n_bootstrap": int(e.n_bootstrap), "eval_note": note, **summary}, f,
+                  indent=2)
+    table = co.markdown(summary, command, wall, note)
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(table)
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
