@@ -46,6 +46,9 @@ def get_config(arg: str = ""):
     c.judge_max_tokens = 1024  # pairwise judge prompt budget, tokens (texts cut to it)
     c.timeout_s = 5.0          # seconds a HumanEval test run may take
     c.rows_per_call = 0        # sampler micro-batch (0 = all rows in one call)
+    # Mesh of both models (sharding.make_mesh; -1 = the remaining devices): by default the
+    # params are split over every device on fsdp and the rows over the same devices.
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.seed = 0                 # row subsets, sampling key and bootstrap
     c.n_bootstrap = 1000       # replicates of every 95% CI
     c.jax_cache_dir = "~/.cache/drubric_jax/xla"  # persistent XLA compilation cache ("" = off)

@@ -70,7 +70,7 @@ def main(argv):
     import numpy as np
 
     from configs import eval_policy as cfg_lib
-    from drubric_jax import models
+    from drubric_jax import models, sharding
     from drubric_jax.evaluation import code_exec, policy_eval
     from drubric_jax.verifier import Verifier
 
@@ -89,7 +89,10 @@ def main(argv):
     problems = problems[:c.humaneval_problems or None]
     os.makedirs(workdir, exist_ok=True)
     t_start = time.time()
-    pcfg, pparams, ptok = models.load_model(c.policy_model, c.dtype)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+    # Each tensor goes straight to its shards on the mesh (no full copy on device 0).
+    pcfg, pparams, ptok = models.load_model(c.policy_model, c.dtype,
+                                            shardings=sharding.leaf_sharder(mesh))
     report = {"command": shlex.join(["python", "-m", "experiments.eval_policy"] + sys.argv[1:]),
               "config": c.to_dict(), "seconds": {}}
     key = policy_eval.eval_key(c.seed)
@@ -101,14 +104,15 @@ def main(argv):
             pcfg, pparams, ptok, [r.prompt for r in rows], key=key,
             max_prompt_tokens=c.max_prompt_tokens, max_new_tokens=c.max_new_tokens,
             temperature=c.temperature, rows_per_call=c.rows_per_call,
-            histories=[r.history for r in rows])
+            histories=[r.history for r in rows], mesh=mesh)
         report["seconds"]["winrate_answers"] = time.time() - t0
         t0 = time.time()
         if c.judge_model == c.policy_model:
             jcfg, jparams, jtok = pcfg, pparams, ptok  # one set of weights for both
         else:
-            jcfg, jparams, jtok = models.load_model(c.judge_model, c.dtype)
-        judge = Verifier(jcfg, jtok)
+            jcfg, jparams, jtok = models.load_model(c.judge_model, c.dtype,
+                                                    shardings=sharding.leaf_sharder(mesh))
+        judge = Verifier(jcfg, jtok, mesh=mesh)
         refs = [policy_eval.reference_of(r) for r in rows]
         p1, p2 = policy_eval.judge_pairs(judge, jparams, [r.prompt for r in rows], texts,
                                          refs, c.judge_max_tokens,
@@ -136,7 +140,7 @@ def main(argv):
             pcfg, pparams, ptok, [code_exec.humaneval_request(p) for p in problems],
             key=jax.random.fold_in(key, 1), max_prompt_tokens=c.max_prompt_tokens,
             max_new_tokens=c.humaneval_max_new_tokens, temperature=c.temperature,
-            rows_per_call=c.rows_per_call)
+            rows_per_call=c.rows_per_call, mesh=mesh)
         report["seconds"]["humaneval_answers"] = time.time() - t0
         t0 = time.time()
         results = [code_exec.check(p, code_exec.completion_from_answer(y, p), c.timeout_s)
