@@ -27,23 +27,11 @@ is for 8B models over 100 steps; 3 steps barely move a 135M model at it), soft v
 on 2 CPU cores, so it can only show large effects. The qwen3_8b scale keeps that config's
 settings (100 generator steps, 256 held-out Nectar lists, hard verdicts).
 """
-import importlib
-
-from configs.base import parse_switches
-
-SCALES = ("smollm2_cpu", "qwen3_8b")
+from configs.base import experiment_base
 
 
 def get_config(arg: str = ""):
-    opts = parse_switches(arg, {"scale", "tiny"})
-    scale = opts.get("scale", "smollm2_cpu")
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} not in {SCALES}")
-    base = importlib.import_module(f"configs.{scale}")
-    if scale == "smollm2_cpu":
-        c = base.get_config("tiny" if opts.get("tiny") else "data=shared")
-    else:
-        c = base.get_config("local" if opts.get("tiny") else "")
+    c, opts, scale = experiment_base(arg, "shared")
     c.experiment = dict(
         variants="full,disc_only,anchor_only",  # trained one after another, DIR/<variant>
         baseline="zero_shot",  # G_0, scored too; differences are taken against it

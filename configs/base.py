@@ -22,6 +22,32 @@ def parse_switches(arg: str, allowed) -> dict:
     return out
 
 
+EXPERIMENT_SCALES = ("smollm2_cpu", "qwen3_8b")
+
+
+def experiment_base(arg: str, cpu_data: str = "demo"):
+    """(run config, switches, scale) of an experiment config (configs/grpo_learns.py,
+    ablation.py, coevolution.py): the switches `scale=smollm2_cpu|qwen3_8b` (the base
+    config, configs/<scale>.py) and `tiny` (its tiny-model switch: `tiny` or `local`);
+    `cpu_data` is the smollm2_cpu data switch (demo | shared) when not tiny.
+
+    Raises:
+        ValueError: an unknown switch or scale.
+    """
+    import importlib
+
+    opts = parse_switches(arg, {"scale", "tiny"})
+    scale = opts.get("scale", "smollm2_cpu")
+    if scale not in EXPERIMENT_SCALES:
+        raise ValueError(f"scale={scale!r} not in {EXPERIMENT_SCALES}")
+    base = importlib.import_module(f"configs.{scale}")
+    if scale == "smollm2_cpu":
+        c = base.get_config("tiny" if opts.get("tiny") else f"data={cpu_data}")
+    else:
+        c = base.get_config("local" if opts.get("tiny") else "")
+    return c, opts, scale
+
+
 def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     """GRPO optimiser and loss settings for one trainable role (METHOD section 4)."""
     c = ml_collections.ConfigDict()

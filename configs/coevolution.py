@@ -25,25 +25,14 @@ CPU size (the default): SmolLM2-135M in every role on the shared data (policy pr
 the first 64 AlpacaEval rows; evaluation: 16 of the rows after them), 2 generator and 2
 policy steps per round as the default run, soft verdicts, answers of <= 128 tokens.
 """
-import importlib
 import os
 
-from configs.base import parse_switches
-
-SCALES = ("smollm2_cpu", "qwen3_8b")
+from configs.base import experiment_base
 
 
 def get_config(arg: str = ""):
-    opts = parse_switches(arg, {"scale", "tiny"})
-    scale = opts.get("scale", "smollm2_cpu")
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} not in {SCALES}")
-    base = importlib.import_module(f"configs.{scale}")
+    c, opts, scale = experiment_base(arg, "shared")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if scale == "smollm2_cpu":
-        c = base.get_config("tiny" if opts.get("tiny") else "data=shared")
-    else:
-        c = base.get_config("local" if opts.get("tiny") else "")
     c.experiment = dict(
         # Prompts with reference answers for the evaluation; its first
         # data.max_prompt_rows rows are skipped (the policy's training pool).

@@ -20,23 +20,11 @@ tokens per step, 30 steps per part, policy learning rate 1e-5 (the paper's 1e-6 
 model), N = 16 words. Held-out evaluation and export are off: the generator never trains.
 The qwen3_8b scale keeps that config's settings (K = 8, 256 responses per step, lr 1e-6).
 """
-import importlib
-
-from configs.base import parse_switches
-
-SCALES = ("smollm2_cpu", "qwen3_8b")
+from configs.base import experiment_base
 
 
 def get_config(arg: str = ""):
-    opts = parse_switches(arg, {"scale", "tiny"})
-    scale = opts.get("scale", "smollm2_cpu")
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} not in {SCALES}")
-    base = importlib.import_module(f"configs.{scale}")
-    if scale == "smollm2_cpu":
-        c = base.get_config("tiny" if opts.get("tiny") else "")
-    else:
-        c = base.get_config("local" if opts.get("tiny") else "")
+    c, opts, scale = experiment_base(arg, "demo")
     c.experiment = dict(
         parts="rule,rubric",   # comma-separated, run in this order, each in DIR/<part>
         policy_steps=30,       # policy GRPO steps per part
