@@ -150,33 +150,6 @@ def evaluate(c, workdir: str) -> dict:
         gc.collect()
 
 
-COMPARISONS = {
-    # The adapted generator against the stale one on the same samples, first of the policy
-    # it was adapted to (P1), then of the policy trained with it (P2); and the stale
-    # generator on the stale arm's policy against the policy it was adapted to.
-    "r_disc": [("G2 | P1", "G1 | P1"), ("G2 | P2", "G1 | P2"), ("G1 | ~P2", "G1 | P1")],
-    # The co-evolved policy against the stale arm's, and each round against the last.
-    "win_rate": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
-    "preference": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
-}
-
-
-def summarize(workdir: str, n_boot: int, seed: int) -> dict:
-    """Means, CIs and the COMPARISONS' paired differences from `<workdir>/eval.json`."""
-    from drubric_jax.evaluation import coevolution as co
-
-    with open(os.path.join(workdir, "eval.json")) as f:
-        values = json.load(f)
-    out = {key: co.paired_summary(values[key], pairs, n_boot, seed)
-           for key, pairs in COMPARISONS.items()}
-    out["ids"] = values["ids"]
-    return out
-
-
-def eval_note(eval_file: str, skipped: int, seed: int, n: int) -> str:
-    return f"{n} rows of {eval_file} after its first {skipped} (seed {seed}; ids in eval.json)"
-
-
 def main(argv):
     del argv
     from drubric_jax import loop, run_logging
@@ -220,9 +193,9 @@ def main(argv):
             json.dump(values, f)
         os.replace(eval_path + ".tmp", eval_path)
         wall["evaluation"] = time.perf_counter() - t0
-    summary = summarize(workdir, e.n_bootstrap, c.seed)
+    summary = co.summarize(workdir, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
-    note = eval_note(e.eval_file, c.data.max_prompt_rows, c.seed, len(summary["ids"]))
+    note = co.eval_note(e.eval_file, c.data.max_prompt_rows, c.seed, len(summary["ids"]))
     with open(summary_path, "w") as f:
         json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
                    "n_bootstrap": int(e.n_bootstrap), "eval_note": note, **summary}, f,

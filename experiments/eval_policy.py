@@ -30,40 +30,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _fmt(x: dict) -> str:
-    lo, hi = x["ci"]
-    return f"{x['value']:.3f} [{lo:.3f}, {hi:.3f}]"
-
-
-def results_md(report: dict) -> str:
-    """results.md: the win-rate table (per file) and the HumanEval line."""
-    c = report["config"]
-    lines = ["# Policy evaluation", "", f"- command: `{report['command']}`",
-             f"- policy: `{c['policy_model']}`; judge: `{c['judge_model']}` (pairwise "
-             "yes/no question, both orders); answers at temperature "
-             f"{c['temperature']} (0 = greedy), seed {c['seed']}",
-             f"- wall time: {report['wall_s'] / 60:.1f} min"]
-    if "winrate" in report:
-        lines += ["", "| prompts | n | win rate | policy first | policy second | tie rate | "
-                  "preference | length-controlled | answer / reference chars |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for name, s in report["winrate"].items():
-            lines.append(
-                f"| {name} | {s['n']} | {_fmt(s['win_rate'])} | {_fmt(s['win_rate_first'])} | "
-                f"{_fmt(s['win_rate_second'])} | {_fmt(s['tie_rate'])} | "
-                f"{_fmt(s['preference'])} | {_fmt(s['lc_win_rate'])} | "
-                f"{s['mean_answer_chars']:.0f} / {s['mean_reference_chars']:.0f} |")
-        lines += ["", "Win: both orders prefer the policy; tie: the orders disagree. 95% CIs: "
-                  "percentile bootstrap over prompts."]
-    if "humaneval" in report:
-        h = report["humaneval"]
-        lines += ["", f"HumanEval pass@1: {_fmt(h['pass_at_1'])} ({h['passed']} of {h['n']} "
-                  f"problems, the first {h['n']} of 164; greedy answers of <= "
-                  f"{c['humaneval_max_new_tokens']} tokens, {c['timeout_s']} s per test run, "
-                  f"sandbox isolation: {h['isolation']})."]
-    return "\n".join(lines) + "\n"
-
-
 def main(argv):
     del argv
     import jax
@@ -157,7 +123,7 @@ def main(argv):
     report["wall_s"] = time.time() - t_start
     with open(os.path.join(workdir, "report.json"), "w") as f:
         json.dump(report, f, indent=2)
-    table = results_md(report)
+    table = policy_eval.results_markdown(report)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)
     logging.info("wrote %s", os.path.join(workdir, "report.json"))

@@ -11,7 +11,7 @@ files in it (nothing is copied from a previous results/):
     ablation      summary.json with "generators": the CIs are recomputed from each
                   generator's heldout.json (`evaluation.ablation.summarize`)
     coevolution   summary.json with "r_disc": recomputed from eval.json
-                  (`experiments.coevolution.summarize`)
+                  (`evaluation.coevolution.summarize`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
     evaluator     report.json with "macro" (the evaluator benchmark,
                   `evaluation.results.results_markdown`)
@@ -84,17 +84,16 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         command = s["command"]
     elif kind == "coevolution":
         from drubric_jax.evaluation import coevolution as co
-        from experiments import coevolution as exp
 
         s = _read(os.path.join(run_dir, "summary.json"))
-        fresh = exp.summarize(run_dir, s["n_bootstrap"], s["seed"])
+        fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
         text = co.markdown(fresh, s["command"], s.get("wall_s", {}), s["eval_note"])
         command = s["command"]
     elif kind == "eval_policy":
-        from experiments.eval_policy import results_md
+        from drubric_jax.evaluation import policy_eval
 
         r = _read(os.path.join(run_dir, "report.json"))
-        text, command = results_md(r), r["command"]
+        text, command = policy_eval.results_markdown(r), r["command"]
     else:
         r = _read(os.path.join(run_dir, "report.json"))
         text = results.results_markdown({run_dir: r})

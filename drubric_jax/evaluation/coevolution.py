@@ -133,3 +133,32 @@ def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
               "paired (same prompts, same samples or answers where the policy is the "
               "same, same rubric-sampling key).", ""]
     return "\n".join(lines)
+
+
+COMPARISONS = {
+    # The adapted generator against the stale one on the same samples, first of the policy
+    # it was adapted to (P1), then of the policy trained with it (P2); and the stale
+    # generator on the stale arm's policy against the policy it was adapted to.
+    "r_disc": [("G2 | P1", "G1 | P1"), ("G2 | P2", "G1 | P2"), ("G1 | ~P2", "G1 | P1")],
+    # The co-evolved policy against the stale arm's, and each round against the last.
+    "win_rate": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
+    "preference": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
+}
+
+
+def summarize(workdir: str, n_boot: int, seed: int) -> dict:
+    """Means, CIs and the COMPARISONS' paired differences from `<workdir>/eval.json`."""
+    import json
+    import os
+
+    with open(os.path.join(workdir, "eval.json")) as f:
+        values = json.load(f)
+    out = {key: paired_summary(values[key], pairs, n_boot, seed)
+           for key, pairs in COMPARISONS.items()}
+    out["ids"] = values["ids"]
+    return out
+
+
+def eval_note(eval_file: str, skipped: int, seed: int, n: int) -> str:
+    """Which prompts were evaluated, for the results header."""
+    return f"{n} rows of {eval_file} after its first {skipped} (seed {seed}; ids in eval.json)"
