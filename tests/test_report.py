@@ -1,0 +1,51 @@
+"""`python -m experiments.report` over run directories of different kinds in one command
+(the results are recomputed from each directory's files)."""
+import json
+
+import numpy as np
+
+from drubric_jax.evaluation import coevolution as co
+from drubric_jax.evaluation import policy_eval
+
+
+def _coevolution_dir(d):
+    rng = np.random.default_rng(0)
+    names = {"r_disc": [f"{g} | {p}" for g in ("G1", "G2") for p in ("P1", "P2", "~P2")],
+             "win_rate": ["P0", "P1", "P2", "~P2"], "preference": ["P0", "P1", "P2", "~P2"]}
+    values = {k: {n: rng.uniform(0, 1, 5).tolist() for n in v} for k, v in names.items()}
+    values["ids"] = [f"r{i}" for i in range(5)]
+    d.mkdir()
+    (d / "eval.json").write_text(json.dumps(values))
+    s = co.summarize(str(d), 100, 0)
+    (d / "summary.json").write_text(json.dumps({
+        "command": "python -m experiments.coevolution ...", "wall_s": {"round0": 60.0},
+        "seed": 0, "n_bootstrap": 100, "eval_note": "5 rows", **s}))
+
+
+def _eval_policy_dir(d):
+    s = policy_eval.win_rate_summary([0.6, 0.4, 0.7], [0.7, 0.6, 0.2], [10, 20, 30],
+                                     [15, 15, 15], 100, 0)
+    d.mkdir()
+    (d / "report.json").write_text(json.dumps({
+        "command": "python -m experiments.eval_policy ...", "wall_s": 30.0,
+        "config": {"policy_model": "p", "judge_model": "j", "temperature": 0.0, "seed": 0,
+                   "humaneval_max_new_tokens": 16, "timeout_s": 5.0},
+        "winrate": {"all": {**s, "mean_answer_chars": 20.0, "mean_reference_chars": 15.0}},
+        "humaneval": {**policy_eval.pass_at_1_summary([1, 0], 100, 0),
+                      "isolation": "netns"}}))
+
+
+def test_report_renders_several_kinds_in_one_command(tmp_path):
+    from tests.test_experiments import _run
+
+    _coevolution_dir(tmp_path / "coevo")
+    _eval_policy_dir(tmp_path / "evalp")
+    out = tmp_path / "results"
+    _run("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
+         f"--out={out}", timeout=120)
+    coevo = (out / "coevolution-coevo.md").read_text()
+    assert "G2 | P2 - G1 | P2" in coevo and "| P2 - ~P2 |" in coevo
+    evalp = (out / "eval_policy-evalp.md").read_text()
+    assert "| all | 3 |" in evalp and "HumanEval pass@1: 0.500" in evalp
+    index = (out / "README.md").read_text()
+    assert "coevolution-coevo.md" in index and "eval_policy-evalp.md" in index
