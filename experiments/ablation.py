@@ -85,30 +85,27 @@ def main(argv):
                          f"{c.checkpoint.every_steps}")
     summary_path = os.path.join(workdir, "summary.json")
     wall = (_scored(summary_path) or {}).get("wall_s", {})
-    scored = {}
     for v in variants:
         cfg = c.copy_and_resolve_references()
         cfg.variant = v
         run_dir = os.path.join(workdir, v)
-        need_zero = e.baseline not in scored and not os.path.exists(
-            os.path.join(workdir, e.baseline, "heldout.json"))
+        # The zero-shot file exists once G_0 is scored (the first variant's setup does it).
+        need_zero = not os.path.exists(os.path.join(workdir, e.baseline, "heldout.json"))
         done = _scored(os.path.join(run_dir, "heldout.json"))
         if done is not None and not need_zero:
-            scored[v] = done
             continue
         t0 = time.perf_counter()
         run = loop.setup(cfg, run_dir)
         try:
             if need_zero:  # G_0: scored before any step (setup restores nothing)
-                scored[e.baseline] = _score(run, cfg, os.path.join(
-                    workdir, e.baseline, "heldout.json"), e.baseline)
+                _score(run, cfg, os.path.join(workdir, e.baseline, "heldout.json"),
+                       e.baseline)
             if done is None:
                 if loop.finished(run_dir, cfg) is None:
                     loop.run_rounds(run)
                 else:
                     loop.restore(run)
-                done = _score(run, cfg, os.path.join(run_dir, "heldout.json"), v)
-            scored[v] = done
+                _score(run, cfg, os.path.join(run_dir, "heldout.json"), v)
         finally:
             loop.close(run)
             del run
