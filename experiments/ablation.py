@@ -10,7 +10,7 @@ once: a rerun reads them back), `summary.json` (means with bootstrap 95% CIs, th
 differences to the zero-shot generator and full minus each ablation), `results.md` and
 `ablation.png`, and prints the table. Running the command again resumes an unfinished
 variant from its last checkpoint and skips what is done (wall times of earlier commands
-are read from summary.json).
+are read from wall_s.json, written after each variant).
 """
 import gc
 import json
@@ -84,7 +84,8 @@ def main(argv):
                          f"a multiple of config.checkpoint.every_steps="
                          f"{c.checkpoint.every_steps}")
     summary_path = os.path.join(workdir, "summary.json")
-    wall = (_scored(summary_path) or {}).get("wall_s", {})
+    wall_path = os.path.join(workdir, "wall_s.json")  # kept per variant: a kill loses none
+    wall = _scored(wall_path) or (_scored(summary_path) or {}).get("wall_s", {})
     for v in variants:
         cfg = c.copy_and_resolve_references()
         cfg.variant = v
@@ -112,6 +113,9 @@ def main(argv):
             gc.collect()
             hostmem.release_free_memory()
         wall[v] = wall.get(v, 0.0) + time.perf_counter() - t0
+        with open(wall_path + ".tmp", "w") as f:
+            json.dump(wall, f)
+        os.replace(wall_path + ".tmp", wall_path)
     names = [e.baseline] + variants
     per = ablation.load_heldout(workdir, names)  # what the files hold: a rerun reads the same
     comparisons = [("full", ab) for ab in ("disc_only", "anchor_only")

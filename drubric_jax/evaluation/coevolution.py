@@ -103,17 +103,27 @@ def paired_summary(values: dict, comparisons, n_boot: int, seed: int,
 def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
     """results.md of the co-evolution experiment: R_disc of each (generator, policy
     samples) pair and the policies' win rates, with CIs and paired differences."""
-    def ci(x, key="mean", sign=False):
-        f = "{:+.3f}" if sign else "{:.3f}"
+    def decimals(block) -> int:
+        # 3 decimals, more when the block's values are small (R_disc of soft verdicts is
+        # ~1e-3 at 135M) so that each mean shows 3 significant digits.
+        vals = [abs(v) for x in block["means"].values() for v in (x["mean"], *x["ci"])]
+        top = max(vals, default=0.0)
+        return 3 if top == 0 else int(min(8, max(3, 2 - np.floor(np.log10(top)))))
+
+    def ci(x, digits, key="mean", sign=False):
+        f = "{:+.%df}" % digits if sign else "{:.%df}" % digits
         lo, hi = x["ci"]
         return f"{f.format(x[key])} [{f.format(lo)}, {f.format(hi)}]"
+
+    def cell(name):  # keys are "G1 | P1" (generator | policy samples): no "|" in a table
+        return name.replace(" | ", " on ")
 
     lines = ["# Co-evolved vs stale evaluator (Figure 2)", "", f"- command: `{command}`",
              f"- evaluation prompts: {eval_note}"]
     lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in wall_s.items()]
     for title, key, what in (
             ("R_disc (Eq. 13) of each generator on each policy's samples", "r_disc",
-             "generator | policy samples"),
+             "generator on policy samples"),
             ("Win rate against the reference answers (both orders, ties = 1/2)", "win_rate",
              "policy"),
             ("Soft preference over the reference answers (mean of both orders)",
@@ -122,11 +132,12 @@ def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
         if not block:
             continue
         lines += ["", f"## {title}", "", f"| {what} | mean [95% CI] |", "|---|---|"]
-        lines += [f"| {k} | {ci(v)} |" for k, v in block["means"].items()]
+        digits = decimals(block)
+        lines += [f"| {cell(k)} | {ci(v, digits)} |" for k, v in block["means"].items()]
         if block["differences"]:
             lines += ["", "| paired difference | diff [95% CI] | 0 inside the CI |",
                       "|---|---|---|"]
-            lines += [f"| {k} | {ci(d, 'diff', True)} | "
+            lines += [f"| {cell(k)} | {ci(d, digits, 'diff', True)} | "
                       f"{'yes' if d['zero_inside_ci'] else 'no'} |"
                       for k, d in block["differences"].items()]
     lines += ["", "CIs: percentile bootstrap over evaluation prompts; differences are "
