@@ -191,3 +191,27 @@ def write_round_trace(path: str, title: str, examples: Iterable[dict]) -> None:
     path = epath.Path(path)  # a local path or a URL
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts), encoding="utf-8")
+
+
+WALL_FILE = "wall_s.json"
+
+
+def wall_times(workdir: str) -> dict:
+    """{stage: seconds} an experiment's commands have spent on its finished stages, read
+    from `<workdir>/wall_s.json` ({} when absent)."""
+    path = epath.Path(workdir) / WALL_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def add_wall_time(workdir: str, stage: str, seconds: float) -> dict:
+    """Adds `seconds` to `stage` in `<workdir>/wall_s.json` (written to a temporary file and
+    renamed) and returns the whole dict. Experiments call it when a stage ends, so a
+    command killed later keeps the times of the stages it finished; the time a killed
+    stage had spent is lost, and its resumed run counts from its restart."""
+    wall = wall_times(workdir)
+    wall[stage] = wall.get(stage, 0.0) + float(seconds)
+    path = epath.Path(workdir) / WALL_FILE
+    tmp = path.parent / (WALL_FILE + ".tmp")
+    tmp.write_text(json.dumps(wall, indent=1))
+    tmp.replace(path)  # overwrites (rename refuses an existing target)
+    return wall

@@ -9,8 +9,8 @@ workdir: `<variant>/` (each variant's loop run: metrics.jsonl, checkpoints),
 once: a rerun reads them back), `summary.json` (means with bootstrap 95% CIs, the paired
 differences to the zero-shot generator and full minus each ablation), `results.md` and
 `ablation.png`, and prints the table. Running the command again resumes an unfinished
-variant from its last checkpoint and skips what is done (wall times of earlier commands
-are read from wall_s.json, written after each variant).
+variant from its last checkpoint and skips what is done (`wall_s.json` keeps the wall
+time of each variant, written when it ends: `run_logging.add_wall_time`).
 """
 import gc
 import json
@@ -84,8 +84,6 @@ def main(argv):
                          f"a multiple of config.checkpoint.every_steps="
                          f"{c.checkpoint.every_steps}")
     summary_path = os.path.join(workdir, "summary.json")
-    wall_path = os.path.join(workdir, "wall_s.json")  # kept per variant: a kill loses none
-    wall = _scored(wall_path) or (_scored(summary_path) or {}).get("wall_s", {})
     for v in variants:
         cfg = c.copy_and_resolve_references()
         cfg.variant = v
@@ -112,10 +110,8 @@ def main(argv):
             del run
             gc.collect()
             hostmem.release_free_memory()
-        wall[v] = wall.get(v, 0.0) + time.perf_counter() - t0
-        with open(wall_path + ".tmp", "w") as f:
-            json.dump(wall, f)
-        os.replace(wall_path + ".tmp", wall_path)
+        run_logging.add_wall_time(workdir, v, time.perf_counter() - t0)
+    wall = run_logging.wall_times(workdir)
     names = [e.baseline] + variants
     per = ablation.load_heldout(workdir, names)  # what the files hold: a rerun reads the same
     comparisons = [("full", ab) for ab in ("disc_only", "anchor_only")

@@ -163,10 +163,6 @@ def main(argv):
                          f"round 1), got {c.rounds.num_rounds}")
     eval_rows(c)  # a bad evaluation file fails before any training
     summary_path = os.path.join(workdir, "summary.json")
-    wall = {}
-    if os.path.exists(summary_path):
-        with open(summary_path) as f:
-            wall = json.load(f).get("wall_s", {})
     first = c.copy_and_resolve_references()
     first.rounds.num_rounds = 1
     stages = [("round0", first, None)]
@@ -184,7 +180,7 @@ def main(argv):
             branch(os.path.join(workdir, parent), d)
         loop.run(cfg, d)
         gc.collect()
-        wall[name] = wall.get(name, 0.0) + time.perf_counter() - t0
+        run_logging.add_wall_time(workdir, name, time.perf_counter() - t0)
     eval_path = os.path.join(workdir, "eval.json")
     if not os.path.exists(eval_path):
         t0 = time.perf_counter()
@@ -192,7 +188,8 @@ def main(argv):
         with open(eval_path + ".tmp", "w") as f:
             json.dump(values, f)
         os.replace(eval_path + ".tmp", eval_path)
-        wall["evaluation"] = time.perf_counter() - t0
+        run_logging.add_wall_time(workdir, "evaluation", time.perf_counter() - t0)
+    wall = run_logging.wall_times(workdir)
     summary = co.summarize(workdir, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
     note = co.eval_note(e.eval_file, c.data.max_prompt_rows, c.seed, len(summary["ids"]))

@@ -8,7 +8,8 @@ what each is), each as a co-evolution loop run with no generator steps in
 `<workdir>/summary.json` (per part: mean reward per step, last-minus-first difference
 with its bootstrap 95% CI), `<workdir>/results.md` and `<workdir>/reward_curves.png`, and
 prints the table. Running the command again resumes an unfinished part from its last
-checkpoint and skips finished ones (their wall times are then read from summary.json).
+checkpoint and skips finished ones (`wall_s.json` keeps each part's wall time, written
+when the part ends).
 """
 import json
 import os
@@ -38,10 +39,6 @@ def main(argv):
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
     summary_path = os.path.join(workdir, "summary.json")
-    wall = {}
-    if os.path.exists(summary_path):  # wall times of parts finished by an earlier command
-        with open(summary_path) as f:
-            wall = json.load(f).get("wall_s", {})
     dirs = {}
     for part in [p.strip() for p in e.parts.split(",") if p.strip()]:
         if part not in ("rule", "rubric"):
@@ -54,7 +51,8 @@ def main(argv):
         was_finished = loop.finished(dirs[part], cfg) is not None
         loop.run(cfg, dirs[part])
         if not was_finished:
-            wall[part] = wall.get(part, 0.0) + time.perf_counter() - t0
+            run_logging.add_wall_time(workdir, part, time.perf_counter() - t0)
+    wall = run_logging.wall_times(workdir)
     summary = learning.summarize_parts(dirs, e.first_steps, e.last_steps, e.n_bootstrap,
                                        c.seed)
     command = shlex.join(["python", "-m", "experiments.grpo_learns"] + sys.argv[1:])

@@ -29,3 +29,15 @@ def test_quiet_third_party_logs_installs_once_and_can_be_removed():
     assert len(ours) == 1
     run_logging.quiet_third_party_logs(False)
     assert not any(isinstance(f, run_logging.ThirdPartyFilter) for f in handler.filters)
+
+
+def test_wall_times_add_up_per_stage_and_survive_a_new_process(tmp_path):
+    """add_wall_time sums the seconds of a stage over commands (a resumed stage adds its
+    restart's time) and keeps the other stages; wall_times reads the file back."""
+    assert run_logging.wall_times(str(tmp_path)) == {}
+    run_logging.add_wall_time(str(tmp_path), "full", 10.0)
+    run_logging.add_wall_time(str(tmp_path), "disc_only", 4.0)
+    wall = run_logging.add_wall_time(str(tmp_path), "full", 2.5)
+    assert wall == {"full": 12.5, "disc_only": 4.0}
+    assert run_logging.wall_times(str(tmp_path)) == wall
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wall_s.json"]  # no .tmp left
