@@ -6,7 +6,7 @@ configs/coevolution.py says what each stage runs and what is evaluated. Writes, 
 workdir: `round0/`, `coevolved/`, `stale/` (loop runs: metrics.jsonl, checkpoints),
 `eval.json` (per-prompt values of every evaluation, written once: a rerun reads it back),
 `summary.json` (means with bootstrap 95% CIs and the paired differences), `results.md`,
-and prints the table. Running the command again resumes an unfinished stage from its last
+`coevolution.png` (the R_disc and win-rate panels of Figure 2), and prints the table. Running the command again resumes an unfinished stage from its last
 checkpoint and skips what is done.
 """
 import gc
@@ -200,6 +200,7 @@ def main(argv):
     table = co.markdown(summary, command, wall, note)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)
+    co.plot(summary, os.path.join(workdir, "coevolution.png"))
     print(table, flush=True)
 
 

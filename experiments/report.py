@@ -11,7 +11,7 @@ files in it (nothing is copied from a previous results/):
     ablation      summary.json with "generators": the CIs are recomputed from each
                   generator's heldout.json (`evaluation.ablation.summarize`)
     coevolution   summary.json with "r_disc": recomputed from eval.json
-                  (`evaluation.coevolution.summarize`)
+                  (`evaluation.coevolution.summarize`, plot `coevolution.plot`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
     evaluator     report.json with "macro" (the evaluator benchmark,
                   `evaluation.results.results_markdown`)
@@ -88,6 +88,7 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         s = _read(os.path.join(run_dir, "summary.json"))
         fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
         text = co.markdown(fresh, s["command"], s.get("wall_s", {}), s["eval_note"])
+        co.plot(fresh, out_stem + ".png")
         command = s["command"]
     elif kind == "eval_policy":
         from drubric_jax.evaluation import policy_eval

@@ -27,6 +27,34 @@ def test_paired_summary_by_hand():
         co.paired_summary({"a": [1.0]}, [("a", "c")], 10, 0)
 
 
+def test_markdown_tables_keep_their_columns_and_small_rdisc_digits(tmp_path):
+    """Every table row has its header's column count (the "G1 | P1" keys are written
+    "G1 on P1"), and R_disc near 1e-3 (soft verdicts at 135M) keeps 3 significant digits
+    where a fixed 3 decimals would print 0.001 for all of them."""
+    rng = np.random.default_rng(0)
+    values = {"r_disc": {f"{g} | {p}": rng.uniform(0.0005, 0.002, 6)
+                         for g in ("G1", "G2") for p in ("P1", "P2", "~P2")},
+              "win_rate": {p: rng.uniform(0, 1, 6) for p in ("P0", "P1", "P2", "~P2")},
+              "preference": {p: rng.uniform(0, 1, 6) for p in ("P0", "P1", "P2", "~P2")}}
+    summary = {key: co.paired_summary(values[key], pairs, 100, 0)
+               for key, pairs in co.COMPARISONS.items()}
+    text = co.markdown(summary, "cmd", {"round0": 60.0}, "note")
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    width = None
+    for line in rows:
+        if line.startswith("|---"):
+            continue
+        n = line.count("|")
+        if line.startswith("| generator") or line.startswith("| policy") or \
+                line.startswith("| paired"):
+            width = n
+        assert n == width, line
+    mean = summary["r_disc"]["means"]["G1 | P1"]["mean"]
+    assert f"| G1 on P1 | {mean:.5f} [" in text
+    co.plot(summary, str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     """configs/coevolution.py:tiny through `python -m experiments.coevolution`: both arms
@@ -58,7 +86,12 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     assert (tmp_path / "eval.json").read_text() == before
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["r_disc"] == s["r_disc"] and again["wall_s"] == s["wall_s"]
+    # The wall time of every stage, kept as each ended (a killed command keeps them).
+    assert set(json.loads((tmp_path / "wall_s.json").read_text())) == {
+        "round0", "coevolved", "stale", "evaluation"}
+    assert (tmp_path / "coevolution.png").stat().st_size > 0
     report = tmp_path / "results"
     _run("experiments.report", str(tmp_path), f"--out={report}", timeout=300)
     assert (report / f"coevolution-{tmp_path.name}.md").read_text() == (
         tmp_path / "results.md").read_text()
+    assert (report / f"coevolution-{tmp_path.name}.png").stat().st_size > 0

@@ -146,6 +146,37 @@ def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
     return "\n".join(lines)
 
 
+def plot(summary: dict, out_png: str) -> None:
+    """Figure 2's panels (matplotlib): R_disc of G_1 and G_2 on each policy's samples, and
+    each policy's win rate, as means with their 95% CI bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    r = summary["r_disc"]["means"]
+    policies = list(dict.fromkeys(k.split(" | ")[1] for k in r))
+    for shift, g in ((-0.1, "G1"), (0.1, "G2")):
+        keys = [f"{g} | {p}" for p in policies]
+        means = np.array([r[k]["mean"] for k in keys])
+        err = np.abs(np.array([r[k]["ci"] for k in keys]).T - means[None])
+        left.errorbar(np.arange(len(keys)) + shift, means, yerr=err, fmt="o", capsize=4,
+                      label=g)
+    left.set_xticks(np.arange(len(policies)), [f"samples of {p}" for p in policies])
+    left.set_title("R_disc (Eq. 13)")
+    left.legend()
+    w = summary["win_rate"]["means"]
+    means = np.array([w[k]["mean"] for k in w])
+    err = np.abs(np.array([w[k]["ci"] for k in w]).T - means[None])
+    right.errorbar(np.arange(len(w)), means, yerr=err, fmt="o", capsize=4)
+    right.set_xticks(np.arange(len(w)), list(w))
+    right.set_title("win rate against the references")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
 COMPARISONS = {
     # The adapted generator against the stale one on the same samples, first of the policy
     # it was adapted to (P1), then of the policy trained with it (P2); and the stale
