@@ -44,7 +44,8 @@ def test_report_renders_several_kinds_in_one_command(tmp_path):
     _run("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
          f"--out={out}", timeout=120)
     coevo = (out / "coevolution-coevo.md").read_text()
-    assert "G2 | P2 - G1 | P2" in coevo and "| P2 - ~P2 |" in coevo
+    assert "| G2 on P2 - G1 on P2 |" in coevo and "| P2 - ~P2 |" in coevo
+    assert (out / "coevolution-coevo.png").stat().st_size > 0
     evalp = (out / "eval_policy-evalp.md").read_text()
     assert "| all | 3 |" in evalp and "HumanEval pass@1: 0.500" in evalp
     index = (out / "README.md").read_text()
