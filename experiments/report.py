@@ -1,7 +1,7 @@
 r"""Regenerates `results/` (markdown tables with CIs and matplotlib plots) from run
 directories of the paper's experiments (issue 13).
 
-    python -m experiments.report runs/grpo_learns runs/ablation runs/evalp_p0 runs/eval_shared
+    python -m experiments.report runs/grpo_learns runs/ablation runs/coevo runs/evalp_p0
     python -m experiments.report runs/ablation --out=/tmp/results
 
 Each RUN_DIR is recognised by what it holds, and every number is recomputed from the
@@ -51,8 +51,8 @@ def kind_of(run_dir: str) -> str:
         return "eval_policy"
     if "macro" in report:
         return "evaluator"
-    raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation) or report.json "
-                     "(eval_policy, evaluator benchmark) of a known experiment")
+    raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution) or "
+                     "report.json (eval_policy, evaluator benchmark) of a known experiment")
 
 
 def render(run_dir: str, out_stem: str) -> tuple[str, str]:

@@ -202,5 +202,10 @@ def summarize(workdir: str, n_boot: int, seed: int) -> dict:
 
 
 def eval_note(eval_file: str, skipped: int, seed: int, n: int) -> str:
-    """Which prompts were evaluated, for the results header."""
-    return f"{n} rows of {eval_file} after its first {skipped} (seed {seed}; ids in eval.json)"
+    """Which prompts were evaluated, for the results header (the file named by its last
+    two path parts, e.g. alpaca_eval/eval.jsonl: the header reads the same on any
+    machine)."""
+    import os
+
+    name = "/".join(os.path.normpath(eval_file).split(os.sep)[-2:])
+    return f"{n} rows of {name} after its first {skipped} (seed {seed}; ids in eval.json)"
