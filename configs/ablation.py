@@ -26,8 +26,8 @@ is for 8B models over 100 steps; 3 steps barely move a 135M model at it), soft v
 (METHOD 12), 2 lists per held-out anchor list. Measured on 2026-12-02 beside one or two
 other runs on the same 2 cores: 58.0 min (about 35-40 min alone, from its first, nearly
 unshared variant: G_0 scored in 6.2 min, 3 steps in 4.5, a generator scored in 5.6), over
-the 30-minute target; it can only show large effects. The qwen3_8b scale keeps that config's
-settings (100 generator steps, 256 held-out Nectar lists, hard verdicts).
+the 30-minute target; it can only show large effects. The qwen3_8b scale keeps that
+config's settings (100 generator steps, 256 held-out Nectar lists, hard verdicts).
 """
 from configs.base import experiment_base
 

@@ -25,9 +25,10 @@ CPU size (the default): SmolLM2-135M in every role on the shared data (policy pr
 the first 64 AlpacaEval rows; evaluation: 16 of the rows after them), 2 generator and 2
 policy steps per round as the default run, generator learning rate 1e-5 as the ablation's
 (the paper's 5e-6 is for 8B models over 100 steps), soft verdicts, one rubric list per
-prompt and generator in the R_disc evaluation, answers of <= 128 tokens. Measured on 2026-12-02 with one or two other
-runs on the same 2 cores: 61.4 min (round0 10.0, coevolved 9.2, stale 2.6, evaluation
-39.6); not yet timed alone. It can only show large effects.
+prompt and generator in the R_disc evaluation, answers of <= 128 tokens. Measured on
+2026-12-02 with one or two other runs on the same 2 cores: 61.4 min (round0 10.0,
+coevolved 9.2, stale 2.6, evaluation 39.6); not yet timed alone, so it may exceed the
+30-minute target. It can only show large effects.
 """
 import os
 

@@ -207,9 +207,14 @@ def add_wall_time(workdir: str, stage: str, seconds: float) -> dict:
     """Adds `seconds` to `stage` in `<workdir>/wall_s.json` (written to a temporary file and
     renamed) and returns the whole dict. Experiments call it when a stage ends, so a
     command killed later keeps the times of the stages it finished; the time a killed
-    stage had spent is lost, and its resumed run counts from its restart."""
+    stage had spent is lost, and its resumed run counts from its restart. Under several
+    processes (`jax.distributed`) only process 0 writes; the others return the sum."""
+    import jax
+
     wall = wall_times(workdir)
     wall[stage] = wall.get(stage, 0.0) + float(seconds)
+    if jax.process_index() != 0:  # one writer of a shared workdir (as metrics.jsonl)
+        return wall
     path = epath.Path(workdir) / WALL_FILE
     tmp = path.parent / (WALL_FILE + ".tmp")
     tmp.write_text(json.dumps(wall, indent=1))

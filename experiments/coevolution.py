@@ -6,8 +6,9 @@ configs/coevolution.py says what each stage runs and what is evaluated. Writes, 
 workdir: `round0/`, `coevolved/`, `stale/` (loop runs: metrics.jsonl, checkpoints),
 `eval.json` (per-prompt values of every evaluation, written once: a rerun reads it back),
 `summary.json` (means with bootstrap 95% CIs and the paired differences), `results.md`,
-`coevolution.png` (the R_disc and win-rate panels of Figure 2), and prints the table. Running the command again resumes an unfinished stage from its last
-checkpoint and skips what is done.
+`coevolution.png` (the R_disc and win-rate panels of Figure 2), `wall_s.json` (each
+stage's wall time, written when it ends), and prints the table. Running the command again
+resumes an unfinished stage from its last checkpoint and skips what is done.
 """
 import gc
 import json

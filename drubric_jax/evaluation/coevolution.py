@@ -154,22 +154,22 @@ def plot(summary: dict, out_png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def points(ax, entries, shift=0.0, **kw):  # means with asymmetric CI bars
+        means = np.array([x["mean"] for x in entries])
+        err = np.abs(np.array([x["ci"] for x in entries]).T - means[None])
+        ax.errorbar(np.arange(len(entries)) + shift, means, yerr=err, fmt="o", capsize=4,
+                    **kw)
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     r = summary["r_disc"]["means"]
     policies = list(dict.fromkeys(k.split(" | ")[1] for k in r))
     for shift, g in ((-0.1, "G1"), (0.1, "G2")):
-        keys = [f"{g} | {p}" for p in policies]
-        means = np.array([r[k]["mean"] for k in keys])
-        err = np.abs(np.array([r[k]["ci"] for k in keys]).T - means[None])
-        left.errorbar(np.arange(len(keys)) + shift, means, yerr=err, fmt="o", capsize=4,
-                      label=g)
+        points(left, [r[f"{g} | {p}"] for p in policies], shift, label=g)
     left.set_xticks(np.arange(len(policies)), [f"samples of {p}" for p in policies])
     left.set_title("R_disc (Eq. 13)")
     left.legend()
     w = summary["win_rate"]["means"]
-    means = np.array([w[k]["mean"] for k in w])
-    err = np.abs(np.array([w[k]["ci"] for k in w]).T - means[None])
-    right.errorbar(np.arange(len(w)), means, yerr=err, fmt="o", capsize=4)
+    points(right, list(w.values()))
     right.set_xticks(np.arange(len(w)), list(w))
     right.set_title("win rate against the references")
     fig.tight_layout()
