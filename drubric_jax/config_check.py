@@ -211,3 +211,12 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
                              g.anchors_per_step * g.num_lists)):
             need(rows % shards == 0, field, f"{rows} rows must divide over the mesh's "
                  f"data x fsdp = {shards} devices (set config.mesh.*)")
+        # Each process samples and trains on its own block of a step's prompts / anchor
+        # lists (`sharding.process_block`) on its own devices' rows.
+        need(shards % process_count == 0, "mesh.data * mesh.fsdp",
+             f"data x fsdp = {shards} must be a multiple of the {process_count} processes "
+             "(each process's devices hold whole rows)")
+    for field, items in (("policy.prompts_per_step", p.prompts_per_step),
+                         ("generator.anchors_per_step", g.anchors_per_step)):
+        need(items % process_count == 0, field, f"{items} must be a multiple of the "
+             f"{process_count} processes (each samples its own block of a step's items)")

@@ -70,7 +70,11 @@ def unpack_bitmask(words: jax.Array, vocab_size: int) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("method", "pad_id"), donate_argnums=(0,))
 def _sample(state, words, force_stop, method, stop_ids, pad_id):
     allowed = unpack_bitmask(words, state.logits.shape[-1])
-    return sampling.sample_token(state, method, stop_ids, pad_id, allowed, force_stop)
+    state, tok, emitted = sampling.sample_token(state, method, stop_ids, pad_id, allowed,
+                                                force_stop)
+    # Every row of every process done: the loop's exit, the same on all processes.
+    all_done = jnp.all(~emitted | jnp.isin(tok, stop_ids))
+    return state, tok, emitted, all_done
 
 
 _forward = jax.jit(sampling.forward_token, static_argnames="cfg", donate_argnums=(2,))
@@ -79,7 +83,8 @@ _decode_cache = jax.jit(models.decode_cache)
 
 
 def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constraint,
-           method: sampling.Method, stop_ids: jax.Array, pad_id: int) -> sampling.SamplerState:
+           method: sampling.Method, stop_ids: jax.Array, pad_id: int,
+           rows: Optional[jax.sharding.Sharding] = None) -> sampling.SamplerState:
     """Decodes under a host-side constraint until every row stopped or N tokens were made.
 
     The constraint (duck-typed; `JsonSchemaConstraint` is the JSON-schema one):
@@ -94,13 +99,32 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
         params, cfg: the model.  state: `sampling.prefill`'s state (donated).
         constraint: as above.  method: sampling method.
         stop_ids: int32[K] ids that end a row.  pad_id: filler after the stop token.
+        rows: the rows' sharding (`sharding.batch_sharding(mesh)`; default: the state's
+            tokens'). Under several processes the constraint holds the rows it puts on
+            this process's devices (its prompts) and the masks are assembled from every
+            process's rows.
 
     Returns:
         The final SamplerState; its cache is in the decode form (`models.decode_cache`)
         and its logits stale.
     """
-    b, n = state.tokens.shape
+    n = state.tokens.shape[1]
     stop = np.asarray(stop_ids)
+    rows = state.tokens.sharding if rows is None else rows  # the masks' rows go there
+    if state.tokens.is_fully_addressable:
+        b = state.tokens.shape[0]
+
+        def put(x):
+            return sharding.put(x, rows)
+    else:
+        # Several processes: the constraint holds this process's rows only, and the masks
+        # are assembled from every process's rows.
+        block = sharding._row_span(rows, state.tokens.shape[0])
+        b = block.stop - block.start
+
+        def put(x):
+            return jax.make_array_from_process_local_data(
+                rows, x, state.tokens.shape[:1] + x.shape[1:])
     constraint.reset(b)
     # One host buffer: it is refilled only after the sample that read it returned its tokens
     # (`sharding.put` may alias it on CPU; a transfer to a GPU ends before the sample runs).
@@ -110,17 +134,17 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
     # The per-layer form on CPU, as `sampling.decode_loop` uses.
     state = state.replace(cache=_decode_cache(state.cache))
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill
-    rows = state.tokens.sharding  # the masks' rows go where the state's rows are
     for step in range(n):
-        state, tok, emitted = _sample(state, sharding.put(mask, rows),
-                                      sharding.put(constraint.finished(), rows), method,
-                                      stop_ids, pad_id)
+        state, tok, emitted, all_done = _sample(state, put(mask), put(constraint.finished()),
+                                                method, stop_ids, pad_id)
         if step + 1 < n:  # dispatched before waiting for `tok`: runs while the host fills
             state = _forward(layer_params, cfg, state, tok, emitted)
-        tok, emitted = sharding.fetch((tok, emitted))
+        tok, emitted = sharding.fetch_process_rows((tok, emitted), rows)
         constraint.advance(tok, emitted)  # the last token too: `finished()` sees it
         done = ~emitted | np.isin(tok, stop)  # = state.done (a row not emitting is done)
-        if done.all() or step + 1 == n:
+        # One process's rows all done is not the exit: all_done covers every process.
+        if step + 1 == n or (done.all() if b == state.tokens.shape[0]
+                             else bool(sharding.fetch(all_done))):
             break
         constraint.fill(mask, ~done)
     return state

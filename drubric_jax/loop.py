@@ -21,8 +21,10 @@ config.checkpoint.allow_data_change.
 
 Several processes (`jax.distributed`, one per host): every process runs this loop on the
 same global batches (the iterators are seeded, so every process draws the same rows) and
-the device work is one program over the global mesh (`sharding.put` / `sharding.fetch`),
-so the numbers are those of one process with the same mesh. All processes save and restore
+samples, decodes and trains on its own block of each (`sharding.process_block`, its own
+devices' rows); the device work is one program over the global mesh, and the texts other
+roles read are gathered (`phases.sample_responses`, `RubricGenerator.generate_batch`), so
+the numbers are those of one process with the same mesh. All processes save and restore
 the checkpoints (Orbax writes each array's shards from the process that holds them); only
 process 0 writes metrics, traces, plots, memory.json, the exports and the JSON markers. The
 workdir is a local path or a URL (`etils.epath`, e.g. gs://bucket/run).

@@ -130,12 +130,27 @@ def policy_prompt_ids(tokenizer, prompt: str, history: Sequence[dict], budget: i
 
 def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: int,
                      timer: Timer, params=None) -> tuple[Rollout, list]:
-    """K policy responses per prompt: (Rollout of B*K rows grouped by prompt, texts), from
-    the current policy or from `params` (another state of it, e.g. in an evaluation)."""
+    """K policy responses per prompt, from the current policy or from `params` (another
+    state of it, e.g. in an evaluation).
+
+    Under several processes each process samples only its block of the B prompts
+    (`sharding.process_block`; B is padded with copies of the last prompt to a multiple of
+    the process count, the filler dropped) and the texts are gathered.
+
+    Returns:
+        (Rollout of this process's rows, grouped by prompt: row j*K + i answers its j-th
+        prompt, group id = the prompt's index b in the batch; all B*K rows on one process,
+        B*K response texts of every process in prompt order).
+    """
     model, p = ctx.roles.policy.model, ctx.config.policy
     stop = ctx.policy_stop_ids
-    ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens)
-           for x, h in zip(prompts, histories)]
+    n = len(prompts)
+    count = 1 if ctx.mesh is None else jax.process_count()
+    padded = -(-n // count) * count
+    block = slice(0, n) if count == 1 else sharding.process_block(padded)
+    rows = [(list(prompts) + [prompts[-1]] * (padded - n))[block],
+            (list(histories) + [histories[-1]] * (padded - n))[block]]
+    ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens) for x, h in zip(*rows)]
     with timer("sampling"):
         out = sampling.generate_chunked(
             ctx.roles.params(Role.POLICY) if params is None else params, model.cfg,
@@ -144,8 +159,11 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
             method=sampling.method_from_flags(p.temperature, top_p=p.top_p), stop_ids=stop,
             pad_id=ctx.policy_pad_id, min_bucket=p.min_prompt_bucket, mesh=ctx.mesh)
     # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
-    out = out.replace(group_ids=np.repeat(np.arange(len(prompts), dtype=np.int32), k))
-    return out, decode(model.tokenizer, out, set(stop.tolist()))
+    out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
+    texts = decode(model.tokenizer, out, set(stop.tolist()))
+    if count > 1:
+        texts = sharding.gather_texts(texts)[:n * k]
+    return out, texts
 
 
 def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
@@ -233,8 +251,10 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     """
     rollout, advantages, timer = step.rollout, step.advantages, step.timer
     trainee = ctx.roles.trainee(role)
-    # Global arrays, rows over (data, fsdp) (jit refuses numpy under several processes).
-    batch = sharding.put_rows(ts.batch_from_rollout(rollout, advantages), ctx.mesh)
+    # A global batch, rows over (data, fsdp), from every process's own rows (jit refuses
+    # numpy under several processes).
+    batch = sharding.put_process_rows(ts.batch_from_rollout(rollout, advantages), ctx.mesh,
+                                      rollout.num_rows * jax.process_count())
     hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
     with timer("update"):
         trainee.state, metrics = trainee.step_fn(trainee.state, batch,
@@ -296,11 +316,12 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         s_anchor, jnp.broadcast_to(gold[:, None], (b, gl, a_max)),
         jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
     disc_weight, lam = VARIANT_WEIGHTS[c.variant]  # full objective or a METHOD 6 ablation
-    ids = rb.rollout.group_ids  # row b * G + g: list g of input b (METHOD 11: by id)
+    # Row b * G + g: list g of input b (METHOD 11: by id), over the whole batch.
+    ids = np.repeat(np.arange(b, dtype=np.int32), gl)
     adv, _, _ = adv_lib.generator_advantages_by_id(
         r_disc.reshape(-1), r_anchor.reshape(-1), g.lam if lam is None else lam, ids, b,
         disc_weight=disc_weight)
-    adv = np.asarray(adv)
+    adv = np.asarray(adv)  # [B * G], every input's lists
     metrics = dict(
         r_disc=float(r_disc.mean()), r_anchor=float(r_anchor.mean()),
         r_disc_std=_mean_spread(r_disc.reshape(-1), ids, b),
@@ -309,7 +330,7 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         flat_group_fraction=float(np.mean(np.all(adv.reshape(b, gl) == 0, axis=1))),
         **rubric_stats(w.reshape(b * gl, m), im.reshape(b * gl, m), lv.reshape(-1),
                        v_c.reshape(b * gl, k, m)))
-    return PhaseStep(rb.rollout, adv, metrics, timer)
+    return PhaseStep(rb.rollout, process_part(adv, rb.rollout, gl), metrics, timer)
 
 
 def policy_rollout(ctx: Context, key, items) -> PhaseStep:
@@ -331,7 +352,8 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     # Eq. 12; an invalid list scores every response 0, so its group is flat (METHOD 11).
     scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
     scores = np.asarray(scores)
-    adv, metrics = _policy_advantages(scores.reshape(-1), rollout.group_ids, b)
+    # Group ids of the whole batch (rollout holds this process's rows only).
+    adv, metrics = _policy_advantages(scores.reshape(-1), np.repeat(np.arange(b), k), b)
     metrics.update(
         rubric_invalid_fraction=float(1 - np.mean(valid)),
         **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v))
@@ -343,7 +365,7 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
                        if on] for j in range(k)],
          "scores": [float(s) for s in scores[i]], "valid": bool(rb.list_valid[i, 0])}
         for i in range(min(b, c.log.trace_prompts))]
-    return PhaseStep(rollout, np.asarray(adv), metrics, timer, trace)
+    return PhaseStep(rollout, process_part(adv, rollout, k), metrics, timer, trace)
 
 
 def rule_policy_rollout(ctx: Context, key, items,
@@ -355,14 +377,16 @@ def rule_policy_rollout(ctx: Context, key, items,
     rollout, responses = sample_responses(
         ctx, key, [x.prompt for x in items], [list(x.history) for x in items], k, timer)
     with timer("reward"):
-        # Row i answers prompt i // K (the layout of `sample_responses`).
-        scores = np.array([reward_fn(items[i // k], y) for i, y in enumerate(responses)],
-                          np.float32)
-    adv, metrics = _policy_advantages(scores, rollout.group_ids, len(items))
+        # Each process scores its own rows (row j*K + i answers prompt group_ids[j*K]), and
+        # the scores are gathered: the advantages need whole groups, the metrics all rows.
+        mine = np.array([reward_fn(items[g], responses[g * k + i % k])
+                         for i, g in enumerate(rollout.group_ids)], np.float32)
+        scores = sharding.gather_rows(mine) if ctx.mesh is not None else mine
+    adv, metrics = _policy_advantages(scores, np.repeat(np.arange(len(items)), k), len(items))
     trace = [{"prompt": items[i].prompt, "responses": responses[i * k:(i + 1) * k],
               "scores": [float(s) for s in scores[i * k:(i + 1) * k]]}
              for i in range(min(len(items), ctx.config.log.trace_prompts))]
-    return PhaseStep(rollout, adv, metrics, timer, trace)
+    return PhaseStep(rollout, process_part(adv, rollout, k), metrics, timer, trace)
 
 
 def _policy_advantages(scores, group_ids, num_groups: int) -> tuple[np.ndarray, dict]:
@@ -387,6 +411,14 @@ def _mean_spread(r, group_ids, num_groups) -> float:
     """Mean over non-flat groups of the std Eq. 21 divided their rewards by (0 if none)."""
     std = np.asarray(adv_lib.group_std_by_id(r, group_ids, num_groups))
     return float(std[std > 0].mean()) if np.any(std > 0) else 0.0
+
+
+def process_part(values, rollout: Rollout, per_group: int) -> np.ndarray:
+    """The entries of a per-row array of the whole batch (row b * per_group + j: the j-th
+    row of group b) for the rows of `rollout` (this process's rows, grouped, group id =
+    b): the advantages this process trains on. One process: all of them."""
+    j = np.arange(rollout.num_rows) % per_group
+    return np.asarray(values)[rollout.group_ids * per_group + j]
 
 
 def fit_items(v: np.ndarray, m: int) -> np.ndarray:

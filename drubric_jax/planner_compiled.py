@@ -138,7 +138,7 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     force = jax.ShapeDtypeStruct((rows,), bool)
     state = state.replace(cache=unstack.outputs)
     sample = analyse(constrained_lib._sample.lower(state, words, force, method, stop, 0))
-    new_state, tok, emitted = sample.outputs
+    new_state, tok, emitted, _ = sample.outputs  # and the all-rows-done flag
     step = analyse(constrained_lib._forward.lower(copy.outputs, cfg, new_state, tok, emitted))
     return (pre.extra, copy.output + pre.output + unstack.extra,
             copy.output + pre.output + max(sample.extra, step.extra))

@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Union
 import jax
 import numpy as np
 
-from drubric_jax import sampling
+from drubric_jax import sampling, sharding
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.constrained import JsonSchemaConstraint
 from drubric_jax.models.config import ModelConfig
@@ -161,7 +161,12 @@ class RubricGenerator:
                 for all inputs or one per input.
 
         Returns:
-            RubricBatch with a leading B axis.
+            RubricBatch with a leading B axis. Under several processes (a mesh spanning
+            them) every process decodes only its block of the inputs
+            (`sharding.process_block`, the inputs padded with copies of the last to a
+            multiple of the process count) and the lists are then gathered, so every
+            field holds all B inputs except `rollout`, which holds this process's rows
+            (what its devices train on).
 
         Raises:
             ValueError: no inputs, num_lists < 1, negative temperature, a dynamic input
@@ -171,15 +176,34 @@ class RubricGenerator:
             raise ValueError("no inputs")
         if num_lists < 1:
             raise ValueError(f"num_lists must be >= 1, got {num_lists}")
-        # Temperature 0 is Greedy; rubric lists use no top-k / top-p truncation.
-        method = sampling.method_from_flags(float(temperature))
-        b, g = len(inputs), int(num_lists)
-        # `orders` is padded (-1) to the largest K; at least 1 so an all-static batch has the axis.
-        k_max = max(1, max(len(x.responses) for x in inputs))
+        b = len(inputs)
         statics = ([bool(static)] * b if isinstance(static, (bool, np.bool_))
                    else [bool(x) for x in static])
         if len(statics) != b:
             raise ValueError(f"{len(statics)} static flags for {b} inputs")
+        # `orders` is padded (-1) to the largest K; at least 1 so an all-static batch has the axis.
+        k_max = max(1, max(len(x.responses) for x in inputs))
+        if self.mesh is None or jax.process_count() == 1:
+            return self._generate_rows(params, key, list(inputs), statics, 0, k_max,
+                                       int(num_lists), float(temperature))
+        padded = -(-b // jax.process_count()) * jax.process_count()
+        fill = padded - b  # copies of the last input: decoded, then dropped
+        block = sharding.process_block(padded)
+        local = self._generate_rows(
+            params, key, (list(inputs) + [inputs[-1]] * fill)[block],
+            (statics + [statics[-1]] * fill)[block], block.start, k_max, int(num_lists),
+            float(temperature), real=max(0, min(block.stop, b) - block.start))
+        return gather_rubrics(local, b)
+
+    def _generate_rows(self, params, key, inputs: list, statics: list, first: int,
+                       k_max: int, g: int, temperature: float,
+                       real: Optional[int] = None) -> RubricBatch:
+        """`generate_batch` of inputs first .. first + len(inputs) - 1 of the batch (their
+        global indices set the response orders) on this process's rows; `counters` count
+        the first `real` inputs (default all: the rest are filler)."""
+        # Temperature 0 is Greedy; rubric lists use no top-k / top-p truncation.
+        method = sampling.method_from_flags(temperature)
+        b = len(inputs)
         order_key, sample_key = jax.random.split(key)
         orders = np.full((b, g, k_max), -1, np.int32)
         response_cut = np.zeros((b, g, k_max), bool)
@@ -188,7 +212,7 @@ class RubricGenerator:
         for i, inp in enumerate(inputs):
             k = len(inp.responses)
             if not statics[i] and k == 0:
-                raise ValueError(f"input {i} has no responses (use static=True)")
+                raise ValueError(f"input {first + i} has no responses (use static=True)")
             for j in range(g):
                 if statics[i]:
                     # Static lists show no responses: identity order, nothing cut.
@@ -197,7 +221,7 @@ class RubricGenerator:
                 else:
                     # One order per list (b, g): the G lists of an input see different ones.
                     perm = np.asarray(jax.random.permutation(
-                        jax.random.fold_in(order_key, i * g + j), k))
+                        jax.random.fold_in(order_key, (first + i) * g + j), k))
                     orders[i, j, :k] = perm
                     ids, rcut, pcut = self.prompt_ids(inp.prompt, inp.responses, inp.history,
                                                       perm.tolist())
@@ -237,13 +261,15 @@ class RubricGenerator:
         texts, weights, item_mask, valid = rubric_format.pad_rubrics(parsed, self.max_items)
 
         counters = dict.fromkeys(rubric_format.COUNTER_KEYS, 0)
-        for p in parsed:
+        real = b if real is None else real
+        for p in parsed[:real * g]:
             for name, v in p.counters.items():
                 counters[name] += int(v)
-        counters.update(lists=b * g, valid_lists=int(valid.sum()),
-                        items_kept=int(item_mask.sum()),
-                        items_dropped=sum(p.num_dropped for p in parsed),
-                        constraint_dead_end=int(out.invalid.sum()))
+        r = real * g
+        counters.update(lists=r, valid_lists=int(valid[:r].sum()),
+                        items_kept=int(item_mask[:r].sum()),
+                        items_dropped=sum(p.num_dropped for p in parsed[:r]),
+                        constraint_dead_end=int(out.invalid[:r].sum()))
 
         # Flat row b * G + g -> [B, G, ...] arrays (grid) and [b][g] lists (nested).
         def grid(x):
@@ -254,10 +280,40 @@ class RubricGenerator:
 
         # A list is truncated only when the budget ran out before its JSON value closed (a
         # row the grammar completed is ended by the sampler, not cut).
-        rollout = out.replace(group_ids=np.repeat(np.arange(b, dtype=np.int32), g),
+        rollout = out.replace(group_ids=np.repeat(np.arange(first, first + b, dtype=np.int32), g),
                               truncated=np.array([r == "length" for r in reasons]))
         return RubricBatch(
             texts=nested(texts), weights=grid(weights), item_mask=grid(item_mask),
             list_valid=grid(valid), finish_reasons=nested(reasons), raw_texts=nested(raws),
             orders=orders, response_cut=response_cut, prompt_cut=prompt_cut, rollout=rollout,
             temperature=sampling.scoring_temperature(method), counters=counters)
+
+
+def gather_rubrics(local: RubricBatch, n: int) -> RubricBatch:
+    """Every process's block of a RubricBatch joined in process order and cut to the
+    first n inputs; `rollout` stays this process's rows. A collective."""
+    b, g, m = local.weights.shape
+
+    def texts(nested, depth):
+        flat = [t for row in nested for t in (row if depth == 1 else
+                                               [u for lst in row for u in lst])]
+        flat = sharding.gather_texts(flat)
+        per = g if depth == 1 else g * m
+        rows = [flat[i * per:(i + 1) * per] for i in range(len(flat) // per)][:n]
+        if depth == 1:
+            return rows
+        return [[row[j * m:(j + 1) * m] for j in range(g)] for row in rows]
+
+    keys = sorted(local.counters)  # each process counted its real inputs only
+    summed = sharding.gather_rows(np.array([[local.counters[k] for k in keys]], np.int64))
+    counters = dict(zip(keys, (int(x) for x in summed.sum(0))))
+
+    def arr(x):
+        return sharding.gather_rows(x)[:n]
+
+    return dataclasses.replace(
+        local, texts=texts(local.texts, 2), weights=arr(local.weights),
+        item_mask=arr(local.item_mask), list_valid=arr(local.list_valid),
+        finish_reasons=texts(local.finish_reasons, 1), raw_texts=texts(local.raw_texts, 1),
+        orders=arr(local.orders), response_cut=arr(local.response_cut),
+        prompt_cut=arr(local.prompt_cut), counters=counters)

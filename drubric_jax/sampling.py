@@ -230,10 +230,10 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
 
 
 def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
-            prompt_mask: np.ndarray) -> Rollout:
-    # The results come back to the host in one transfer.
-    tokens, logprobs, mask, done, invalid = sharding.fetch(
-        (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
+            prompt_mask: np.ndarray, rows) -> Rollout:
+    # The results come back to the host in one transfer; each process reads its own rows.
+    tokens, logprobs, mask, done, invalid = sharding.fetch_process_rows(
+        (state.tokens, state.logprobs, state.mask, state.done, state.invalid), rows)
     tokens = np.where(mask, tokens, pad_id).astype(np.int32)  # steps skipped by an early exit
     lengths = mask.sum(-1).astype(np.int32)
     return Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
@@ -249,8 +249,11 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
 
     Args:
         params, cfg: the model.
-        prompts: B lists of token ids (already chat-formatted), each non-empty.
-        key: PRNG key; the same key, prompts and params give the same tokens.
+        prompts: B lists of token ids (already chat-formatted), each non-empty: all rows
+            on one process; under several processes this process's rows (e.g. its
+            `sharding.process_block` of the prompts), the same number on every process.
+        key: PRNG key; the same key, prompts and params give the same tokens (whatever
+            the number of processes, for the same global rows in process order).
         max_new_tokens: N, static (one compile per (B, bucket, N)).
         method: Greedy / Temperature / TopK / TopP.
         stop_ids: ids that end a row (EOS, end of turn); the first is used to end rows whose
@@ -267,14 +270,18 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         mesh: optional mesh (params on it, `sharding.param_shardings`): rows are split over
             ("data", "fsdp"), padded with copies of the last prompt to a multiple of
             data x fsdp (dropped from the result), and the KV cache heads over "tensor".
+            Under several processes each process's rows go to its own devices
+            (`sharding.put_process_rows`); the prompt bucket is agreed between them.
 
     Returns:
-        Rollout of the B rows (host numpy), with the left-padded prompts it prefilled;
-        group_ids is arange(B) (each row its own group) until the caller sets it.
+        Rollout of the B rows (host numpy; this process's rows), with the left-padded
+        prompts it prefilled; group_ids is arange(B) (each row its own group) until the
+        caller sets it.
 
     Raises:
         ValueError: empty stop_ids or prompts; a row had no allowed token (case-09) and
-            allow_invalid is False.
+            allow_invalid is False; under several processes, data x fsdp is not a
+            multiple of the process count.
     """
     stop = np.asarray(list(stop_ids), np.int32)
     if stop.size == 0:
@@ -283,13 +290,22 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         raise ValueError("no prompts")
     pad = int(stop[0] if pad_id is None else pad_id)
     # A compiled program per (rows, bucket, N): other prompt lengths in the bucket reuse it.
-    length = bucket_length(max(len(p) for p in prompts), min_bucket)
+    longest = max(len(p) for p in prompts)
     n, put = len(prompts), jnp.asarray
     if mesh is not None:
         shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
-        prompts = list(prompts) + [prompts[-1]] * (-n % shards)  # filler rows, dropped
-        # Every process holds all rows (a global value); each sends its own shards.
-        put = functools.partial(sharding.put, target=sharding.batch_sharding(mesh))
+        count = jax.process_count()
+        if shards % count:
+            raise ValueError(f"data x fsdp = {shards} row shards cannot split rows over "
+                             f"{count} processes")
+        # Every process sends the same number of rows (its share of the row shards),
+        # filled with copies of its last prompt (dropped), and one bucket for all.
+        per = shards // count
+        rows = per * -(-sharding.agree_max(n) // per)
+        prompts = list(prompts) + [prompts[-1]] * (rows - n)  # filler rows, dropped
+        longest = sharding.agree_max(longest)
+        put = functools.partial(sharding.put_process_rows, mesh=mesh, n=rows * count)
+    length = bucket_length(longest, min_bucket)
     tokens, mask = left_pad(prompts, length, pad)
     # The prompts go to the device here; `_finish` brings the results back.
     state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh)
@@ -299,8 +315,11 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     else:
         from drubric_jax import constrained  # imports this module: imported here, not on top
 
-        state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad)
-    out = _finish(state, pad, tokens, mask)
+        state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad,
+                                   None if mesh is None else sharding.batch_sharding(mesh))
+    # This process's rows: where its prompts went (the whole batch on one process).
+    out = _finish(state, pad, tokens, mask,
+                  None if mesh is None else sharding.batch_sharding(mesh))
     # Drop the filler rows added for the mesh.
     if out.num_rows != n:
         out = out.take(slice(0, n))
@@ -319,11 +338,16 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     Every call uses the bucket of the longest prompt of all rows, so the parts share P and
     join into one Rollout. One call uses `key`; call i of several uses fold_in(key, i).
     `after_call()` runs after each call (e.g. to read a constraint's `finished()`).
+    Under several processes `prompts` are this process's rows (`generate`), the same
+    number on every process, and `rows_per_call` counts rows per process.
     """
     n = len(prompts)
     # 0 (or >= n) means one call with every row.
     chunk = rows_per_call if 0 < rows_per_call < n else n
-    bucket = bucket_length(max(len(p) for p in prompts), min_bucket)
+    longest = max(len(p) for p in prompts)
+    if kw.get("mesh") is not None:
+        longest = sharding.agree_max(longest)  # one bucket on every process
+    bucket = bucket_length(longest, min_bucket)
     parts = []
     for i, start in enumerate(range(0, n, chunk)):
         parts.append(generate(params, cfg, prompts[start:start + chunk],

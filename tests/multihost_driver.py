@@ -45,7 +45,11 @@ def main() -> None:
 
     c = _one_round_config()
     c.verifier.verdict = "hard"
-    c.policy.prompts_per_step, c.generator.num_lists = 2, 4  # 4 rows: data x fsdp
+    # Every step's items split over 2 processes, and every sampler batch (policy: 4 x K = 8
+    # responses, 4 rubric lists; generator: 2 x K = 4 responses, 2 x 4 = 8 lists) divides
+    # over data x fsdp = 4 with no filler rows: a filler row shifts the rows after it, and
+    # a row's random draws depend on its position in the global batch.
+    c.policy.prompts_per_step, c.generator.anchors_per_step, c.generator.num_lists = 4, 2, 4
     c.mesh.num_devices = 0  # every device of every process
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
     c.memory.park_idle_optimizer = False  # refused on several processes (config_check)

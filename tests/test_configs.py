@@ -105,6 +105,22 @@ def test_mesh_larger_than_device_count_is_a_config_error():
         config_check.validate(qwen3_8b.get_config(""), device_count=1, process_count=1)
 
 
+def test_batch_items_and_row_shards_must_split_over_the_processes():
+    """Each process samples its own block of a step's items on its own devices' rows
+    (sharding.process_block): the counts must split evenly, and the error names the field."""
+    config = qwen3_8b.get_config("")  # 8 devices on fsdp
+    config.memory.park_idle_optimizer = False
+    config.policy.prompts_per_step, config.generator.anchors_per_step = 8, 4
+    config_check.validate(config, device_count=8, process_count=2)
+    config.generator.anchors_per_step = 3
+    with pytest.raises(config_check.ConfigError, match=r"generator\.anchors_per_step.*3 must "
+                       r"be a multiple of the 2 processes"):
+        config_check.validate(config, device_count=8, process_count=2)
+    config.generator.anchors_per_step = 4
+    with pytest.raises(config_check.ConfigError, match=r"mesh\.data \* mesh\.fsdp"):
+        config_check.validate(config, device_count=8, process_count=16)
+
+
 @pytest.mark.parametrize("arg", ["", "tiny"])
 def test_eval_evaluator_config_validates(arg, write_jsonl):
     config = eval_evaluator.get_config(arg)

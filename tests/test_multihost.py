@@ -1,6 +1,11 @@
 """Two processes under `jax.distributed` (127.0.0.1, 4 fake CPU devices each) run the loop
 as one process with 8 fake devices does, and a run that lost a process resumes.
 
+Each process samples, constrained-decodes and trains on its own block of every step's
+prompts and anchor lists (host-local rows); the texts the generator and the verifier read
+are gathered. Equal metrics thus check that the blocks are assembled into the same global
+batches and that advantages reach the right rows.
+
 Each run is a subprocess of tests/multihost_driver.py (one tiny round on a (2, 2, 2) mesh
 of all devices, export on). Marked slow: three tiny runs, two of them of two processes,
 share the 2 CPU cores (about 4 minutes here).

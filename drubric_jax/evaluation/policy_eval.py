@@ -30,7 +30,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from drubric_jax import sampling
+from drubric_jax import sampling, sharding
 from drubric_jax import tokenizer as tok_lib
 from drubric_jax.evaluation import judges
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
@@ -54,8 +54,16 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     from drubric_jax.phases import policy_prompt_ids
 
     histories = histories or [[] for _ in requests]
+    n = len(requests)
+    # Under several processes each samples its block of the requests (padded with copies
+    # of the last to a multiple of the process count) and the answers are gathered.
+    count = 1 if mesh is None else jax.process_count()
+    padded = -(-n // count) * count
+    block = slice(0, n) if count == 1 else sharding.process_block(padded)
+    fill = padded - n
     ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens)
-           for r, h in zip(requests, histories)]
+           for r, h in zip((list(requests) + [requests[-1]] * fill)[block],
+                           (list(histories) + [histories[-1]] * fill)[block])]
     stop = tok_lib.stop_ids(tokenizer)
     out = sampling.generate_chunked(
         params, cfg, ids, rows_per_call, key=key, max_new_tokens=max_new_tokens,
@@ -65,7 +73,11 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     texts = [tokenizer.decode([int(t) for t in row[m] if int(t) not in stops],
                               skip_special_tokens=True)
              for row, m in zip(out.tokens, out.mask)]
-    return texts, np.asarray(out.truncated, bool)
+    truncated = np.asarray(out.truncated, bool)
+    if count > 1:
+        texts = sharding.gather_texts(texts)[:n]
+        truncated = sharding.gather_rows(truncated)[:n]
+    return texts, truncated
 
 
 def judge_pairs(verifier, params, prompts, policy_answers, references, max_tokens: int,
