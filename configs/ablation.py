@@ -20,14 +20,14 @@ Switches after ':':
     scale=smollm2_cpu (default) | qwen3_8b   the base config (configs/<scale>.py)
     tiny                                     random-weight tiny models (tests, smoke runs)
 CPU size (the default): SmolLM2-135M in every role on the shared data (anchor lists from
-RM-Bench chat and AlpacaEval listwise, <= 4 responses each; 24 held out), 3 generator
+RM-Bench chat and AlpacaEval listwise, <= 4 responses each; 16 held out), 2 generator
 steps of 1 anchor list x G = 4 lists per variant at learning rate 1e-5 (the paper's 5e-6
-is for 8B models over 100 steps; 3 steps barely move a 135M model at it), soft verdicts
-(METHOD 12), 2 lists per held-out anchor list. Measured on 2026-12-02 beside one or two
-other runs on the same 2 cores: 58.0 min (about 35-40 min alone, from its first, nearly
-unshared variant: G_0 scored in 6.2 min, 3 steps in 4.5, a generator scored in 5.6), over
-the 30-minute target; it can only show large effects. The qwen3_8b scale keeps that
-config's settings (100 generator steps, 256 held-out Nectar lists, hard verdicts).
+is for 8B models over 100 steps; a few steps barely move a 135M model at it), soft
+verdicts (METHOD 12), 2 lists per held-out anchor list. Sized to the 30-minute budget:
+24 held-out lists and 3 steps took about 35-40 min alone. Measured alone on 2026-12-02
+(2 cores): 29.8 min (full 13.3 with G_0's scoring, disc_only 8.8, anchor_only 7.7; each
+generator step about 1.9 min). It can only show large effects. The qwen3_8b scale keeps
+that config's settings (100 generator steps, 256 held-out Nectar lists, hard verdicts).
 """
 from configs.base import experiment_base
 
@@ -46,10 +46,10 @@ def get_config(arg: str = ""):
     c.rounds.heldout_eval = False
     c.export = False
     if scale == "smollm2_cpu" and not opts.get("tiny"):
-        c.rounds.generator_steps = 3
-        c.data.heldout_anchor_rows = 24
+        c.rounds.generator_steps = 2
+        c.data.heldout_anchor_rows = 16
         c.generator.train.learning_rate = 1e-5
-        c.checkpoint.every_steps = 3  # one save, at the end of a variant's steps
+        c.checkpoint.every_steps = 2  # one save, at the end of a variant's steps
     if opts.get("tiny"):
         c.rounds.generator_steps = 1
         c.data.heldout_anchor_rows = 4 if scale == "smollm2_cpu" else 2

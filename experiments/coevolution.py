@@ -21,7 +21,7 @@ import time
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/coevolution.py[:switches]",
@@ -124,14 +124,24 @@ def evaluate(c, workdir: str) -> dict:
                       "G2": roles.params(Role.GENERATOR)}
         base = jax.random.PRNGKey(c.seed)
         out = {"ids": [r.id for r in rows], "r_disc": {}, "win_rate": {}, "preference": {}}
+        t0 = time.perf_counter()
+
+        def lap(what):
+            # Where the evaluation's time goes (it is most of the experiment's).
+            nonlocal t0
+            t, t0 = t0, time.perf_counter()
+            logging.info("evaluation: %s in %.1f s", what, t0 - t)
+
         for p in ("P1", "P2", "~P2"):
             # One set of samples per policy, shared by both generators (paired).
             sets = co.policy_samples(run.ctx, policies[p], jax.random.fold_in(base, SAMPLE_KEY),
                                      prompts, hists)
+            lap(f"samples of {p}")
             for g, gp in generators.items():
                 r = co.rdisc_per_prompt(run.ctx, gp, jax.random.fold_in(base, LIST_KEY),
                                         prompts, hists, sets, e.num_lists, e.list_temperature)
                 out["r_disc"][f"{g} | {p}"] = r["r_disc"].tolist()
+                lap(f"R_disc of {g} on {p}")
         tok, cfg = roles.policy.model.tokenizer, roles.policy.model.cfg
         refs = [policy_eval.reference_of(r) for r in rows]
         for p, pp in policies.items():
@@ -144,6 +154,7 @@ def evaluate(c, workdir: str) -> dict:
             win1, win2 = a > 0.5, b > 0.5
             out["win_rate"][p] = ((win1 & win2) + (win1 != win2) / 2).astype(float).tolist()
             out["preference"][p] = ((a + b) / 2).tolist()
+            lap(f"answers and judging of {p}")
         return out
     finally:
         loop.close(run)
