@@ -145,11 +145,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     model, p = ctx.roles.policy.model, ctx.config.policy
     stop = ctx.policy_stop_ids
     n = len(prompts)
-    count = 1 if ctx.mesh is None else jax.process_count()
-    padded = -(-n // count) * count
-    block = slice(0, n) if count == 1 else sharding.process_block(padded)
-    rows = [(list(prompts) + [prompts[-1]] * (padded - n))[block],
-            (list(histories) + [histories[-1]] * (padded - n))[block]]
+    block, rows = sharding.process_share(prompts, histories)
     ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens) for x, h in zip(*rows)]
     with timer("sampling"):
         out = sampling.generate_chunked(
@@ -161,9 +157,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
     out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
     texts = decode(model.tokenizer, out, set(stop.tolist()))
-    if count > 1:
-        texts = sharding.gather_texts(texts)[:n * k]
-    return out, texts
+    return out, sharding.gather_texts(texts)[:n * k]
 
 
 def decode(tokenizer, rollout: Rollout, stop_ids) -> list:

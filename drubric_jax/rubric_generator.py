@@ -183,15 +183,14 @@ class RubricGenerator:
             raise ValueError(f"{len(statics)} static flags for {b} inputs")
         # `orders` is padded (-1) to the largest K; at least 1 so an all-static batch has the axis.
         k_max = max(1, max(len(x.responses) for x in inputs))
-        if self.mesh is None or jax.process_count() == 1:
+        if jax.process_count() == 1:
             return self._generate_rows(params, key, list(inputs), statics, 0, k_max,
                                        int(num_lists), float(temperature))
-        padded = -(-b // jax.process_count()) * jax.process_count()
-        fill = padded - b  # copies of the last input: decoded, then dropped
-        block = sharding.process_block(padded)
+        # Copies of the last input fill the batch to a multiple of the process count:
+        # decoded, not counted, then dropped.
+        block, (mine, my_statics) = sharding.process_share(inputs, statics)
         local = self._generate_rows(
-            params, key, (list(inputs) + [inputs[-1]] * fill)[block],
-            (statics + [statics[-1]] * fill)[block], block.start, k_max, int(num_lists),
+            params, key, mine, my_statics, block.start, k_max, int(num_lists),
             float(temperature), real=max(0, min(block.stop, b) - block.start))
         return gather_rubrics(local, b)
 

@@ -241,6 +241,17 @@ def process_block(n: int) -> slice:
     return slice(p * n // count, (p + 1) * n // count)
 
 
+def process_share(*columns) -> tuple:
+    """This process's block of equal-length item columns (prompts, histories, ...), each
+    padded with copies of its last item to a multiple of the process count first:
+    (block of the padded batch, [local column, ...]). Rows past the real count are filler
+    to drop after a gather. One process: (slice(0, n), the columns as lists)."""
+    n, count = len(columns[0]), jax.process_count()
+    padded = -(-n // count) * count
+    block = process_block(padded)
+    return block, [(list(c) + [c[-1]] * (padded - n))[block] for c in columns]
+
+
 def process_rows(n: int, mesh: Mesh) -> slice:
     """Rows of a [n, ...] batch (`batch_sharding`) that this process's devices hold.
 

@@ -31,28 +31,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(workdir, num_processes: int, *extra) -> list:
-    """Starts the driver's processes; returns [(returncode, output)] once all ended."""
+def launch_processes(driver: str, num_processes: int, *args, timeout: float) -> list:
+    """Starts `num_processes` processes of `driver` (its args, then --num_processes,
+    --process_id, --port and --devices: 8 fake CPU devices shared out); returns
+    [(returncode, output)] once all ended. Also used by tests/test_process_rows.py."""
     env = dict(os.environ)
     # The driver sets its own device count; the suite's 8-device flag would override it.
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "device_count" not in f)
     port = _free_port()
-    devices = 8 if num_processes == 1 else 4
     procs = [subprocess.Popen(
-        [sys.executable, DRIVER, str(workdir), f"--num_processes={num_processes}",
-         f"--process_id={i}", f"--port={port}", f"--devices={devices}", *extra],
+        [sys.executable, driver, *args, f"--num_processes={num_processes}",
+         f"--process_id={i}", f"--port={port}", f"--devices={8 // num_processes}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for i in range(num_processes)]
     out = []
     try:
         for p in procs:
-            text, _ = p.communicate(timeout=TIMEOUT_S)
+            text, _ = p.communicate(timeout=timeout)
             out.append((p.returncode, text))
     finally:
         for p in procs:
             p.kill()
     return out
+
+
+def _launch(workdir, num_processes: int, *extra) -> list:
+    return launch_processes(DRIVER, num_processes, str(workdir), *extra, timeout=TIMEOUT_S)
 
 
 def _rows(workdir) -> dict:

@@ -4,42 +4,19 @@ with 8 devices: each process puts and reads back only its own rows, and the gath
 every process the same global values. No model: a few seconds per launch."""
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
+from test_multihost import launch_processes
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_rows_driver.py")
 TIMEOUT_S = 120  # a hang (a process waiting on its peer forever) fails
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(num_processes: int) -> list:
-    env = dict(os.environ)
-    # The driver sets its own device count.
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "device_count" not in f)
-    port = _free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, DRIVER, f"--num_processes={num_processes}", f"--process_id={i}",
-         f"--port={port}", f"--devices={8 // num_processes}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        for i in range(num_processes)]
     out = []
-    try:
-        for p in procs:
-            text, _ = p.communicate(timeout=TIMEOUT_S)
-            assert p.returncode == 0, text[-3000:]
-            out.append(json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1]))
-    finally:
-        for p in procs:
-            p.kill()
+    for rc, text in launch_processes(DRIVER, num_processes, timeout=TIMEOUT_S):
+        assert rc == 0, text[-3000:]
+        out.append(json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1]))
     return out
 
 

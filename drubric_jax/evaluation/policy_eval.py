@@ -57,13 +57,8 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     n = len(requests)
     # Under several processes each samples its block of the requests (padded with copies
     # of the last to a multiple of the process count) and the answers are gathered.
-    count = 1 if mesh is None else jax.process_count()
-    padded = -(-n // count) * count
-    block = slice(0, n) if count == 1 else sharding.process_block(padded)
-    fill = padded - n
-    ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens)
-           for r, h in zip((list(requests) + [requests[-1]] * fill)[block],
-                           (list(histories) + [histories[-1]] * fill)[block])]
+    _, rows = sharding.process_share(requests, histories)
+    ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens) for r, h in zip(*rows)]
     stop = tok_lib.stop_ids(tokenizer)
     out = sampling.generate_chunked(
         params, cfg, ids, rows_per_call, key=key, max_new_tokens=max_new_tokens,
@@ -73,11 +68,8 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     texts = [tokenizer.decode([int(t) for t in row[m] if int(t) not in stops],
                               skip_special_tokens=True)
              for row, m in zip(out.tokens, out.mask)]
-    truncated = np.asarray(out.truncated, bool)
-    if count > 1:
-        texts = sharding.gather_texts(texts)[:n]
-        truncated = sharding.gather_rows(truncated)[:n]
-    return texts, truncated
+    return (sharding.gather_texts(texts)[:n],
+            sharding.gather_rows(np.asarray(out.truncated, bool))[:n])
 
 
 def judge_pairs(verifier, params, prompts, policy_answers, references, max_tokens: int,
