@@ -169,19 +169,37 @@ def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
     return out
 
 
-def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer) -> np.ndarray:
+def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer,
+           own: bool = False) -> np.ndarray:
     """Verdicts float32[R, M_max] for R (prompt, response, item list) triples, in the
     config's mode (`config.verifier.verdict`: hard 0/1 or soft P(yes); METHOD 11, 12) after
-    its calibration (`config.verifier.calibration`)."""
+    its calibration (`config.verifier.calibration`). own=True: the triples are this
+    process's own rows (`Verifier.p_yes(process_rows=True)`; every process calls)."""
     v = ctx.config.verifier
     with timer("verification"):
         p_yes = ctx.verifier.p_yes(ctx.roles.params("verifier"), prompts, responses,
-                                   item_lists, history=histories, calibration=v.calibration)
+                                   item_lists, history=histories, calibration=v.calibration,
+                                   process_rows=own)
     return verdicts_from_p_yes(p_yes, v.verdict)
 
 
-def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets,
-                         timer: Timer) -> tuple[np.ndarray, np.ndarray]:
+def own_items(n: int) -> np.ndarray:
+    """Indices of this process's items among a step's n (prompts, anchor lists): the real
+    ones of its `sharding.process_share` block, the block it sampled and generated rubric
+    lists for. One process: all n. int64[n_p]."""
+    count = jax.process_count()
+    block = sharding.process_block(-(-n // count) * count)
+    return np.arange(block.start, min(block.stop, n))
+
+
+def gather_items(x) -> np.ndarray:
+    """Every process's per-item values [n_p, ...] (its `own_items`), joined in item order:
+    [n, ...] on every process (`sharding.gather_ragged`; the trailing shape must agree)."""
+    return np.concatenate(sharding.gather_ragged(np.asarray(x)))
+
+
+def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets, timer: Timer,
+                         inputs=None) -> tuple[np.ndarray, np.ndarray]:
     """Verdicts of every response of each input's set on each of its G rubric lists, from
     ONE verifier call: a response is judged on the concatenation of its input's G lists
     (one shared prefix per response, `Verifier.p_yes`).
@@ -192,20 +210,26 @@ def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets,
         prompts, histories: B prompts and history lists.
         sets: B lists of responses, ragged (N_b responses for input b).
         timer: gets the verifier's seconds under "verification".
+        inputs: None (all B inputs), or int[B_p] this process's own inputs (`own_items`;
+            every process calls, each judging its own inputs only).
 
     Returns:
-        (verdicts float32[B, G, N_max, M], response_mask bool[B, N_max]); verdicts are 0 at
-        padded responses and items.
+        (verdicts float32[B', G, N_max, M], response_mask bool[B', N_max]) for the B' = B
+        or B_p inputs, N_max over all B; verdicts are 0 at padded responses and items.
     """
-    b, gl, m = rb.weights.shape
+    _, gl, m = rb.weights.shape
     sizes = np.array([len(s) for s in sets])
     n_max = int(sizes.max())
-    # Query rows are the real cells of a [B, N_max] grid.
-    real = np.arange(n_max)[None, :] < sizes[:, None]                       # [B, N]
-    flat_items = [[t for lst in rb.texts[i] for t in lst] for i in range(b)]
-    qb, qj = np.nonzero(real)  # input b and response j of each query row
-    v = verify(ctx, [prompts[i] for i in qb], [histories[i] for i in qb],
-               [sets[i][j] for i, j in zip(qb, qj)], [flat_items[i] for i in qb], timer)
+    idx = np.arange(len(sets)) if inputs is None else np.asarray(inputs, int)
+    b = len(idx)
+    # Query rows are the real cells of a [B', N_max] grid.
+    real = np.arange(n_max)[None, :] < sizes[idx][:, None]                  # [B', N]
+    flat_items = [[t for lst in rb.texts[i] for t in lst] for i in idx]
+    qb, qj = np.nonzero(real)  # input (position in idx) and response j of each query row
+    v = verify(ctx, [prompts[idx[i]] for i in qb], [histories[idx[i]] for i in qb],
+               [sets[idx[i]][j] for i, j in zip(qb, qj)], [flat_items[i] for i in qb], timer,
+               own=inputs is not None)
+    v = fit_items(v, gl * m)
     grid = np.zeros((b, n_max, gl * m), np.float32)
     grid[qb, qj, :v.shape[1]] = v
     return grid.reshape(b, n_max, gl, m).transpose(0, 2, 1, 3), real
@@ -290,25 +314,32 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     b, gl, m = rb.weights.shape
     n_anchor = np.array([len(a.responses) for a in anchors])  # A of each input (ragged)
     a_max = int(n_anchor.max())
-    # Each input's C first, then its anchor list: one verifier call judges both.
+    # Each process judges and rewards its own inputs (Bp of them); each input's C first,
+    # then its anchor list: one verifier call judges both.
+    mine = own_items(b)
     grid, _ = verify_lists_on_sets(ctx, rb, [a.prompt for a in anchors],
                                    [list(a.history) for a in anchors],
                                    [list(cs) + list(a.responses) for cs, a in zip(sets, anchors)],
-                                   timer)                                   # [B, G, K+A, M]
+                                   timer, inputs=mine)                      # [Bp, G, K+A, M]
     v_c, v_a = grid[:, :, :k], grid[:, :, k:]  # verdicts on C, on the anchor list
-    anchor_mask = np.arange(a_max)[None, :] < n_anchor[:, None]             # [B, A]
+    anchor_mask = (np.arange(a_max)[None, :] < n_anchor[:, None])[mine]     # [Bp, A]
     # Padded anchor slots are masked out of Eq. 15 (anchor_mask), whatever rank they hold.
     gold = np.zeros((b, a_max), np.int32)
     for i, a in enumerate(anchors):
         gold[i, :n_anchor[i]] = a.gold_ranks
-    w, im, lv = rb.weights, rb.item_mask, rb.list_valid
-    r_disc = np.asarray(rewards.discriminability_reward(v_c, w, im))        # [B, G]
-    s_anchor, _ = rewards.rubric_scores(v_a, w, im)  # Eq. 12 on the anchor list, [B, G, A]
+    gold = gold[mine]
+    w, im, lv = rb.weights[mine], rb.item_mask[mine], rb.list_valid[mine]
+    r_disc = np.asarray(rewards.discriminability_reward(v_c, w, im))        # [Bp, G]
+    s_anchor, _ = rewards.rubric_scores(v_a, w, im)  # Eq. 12 on the anchor list, [Bp, G, A]
     # Every list of input b is scored on the same anchor list (gold, mask broadcast over G);
     # invalid lists get the Eq. 15 floor (METHOD 11).
+    bp = len(mine)
     r_anchor = np.asarray(rewards.anchor_reward_or_floor(
-        s_anchor, jnp.broadcast_to(gold[:, None], (b, gl, a_max)),
-        jnp.broadcast_to(anchor_mask[:, None], (b, gl, a_max)), lv))
+        s_anchor, jnp.broadcast_to(gold[:, None], (bp, gl, a_max)),
+        jnp.broadcast_to(anchor_mask[:, None], (bp, gl, a_max)), lv))
+    # Eq. 24-25 normalise within each input's G lists; the metrics need every input.
+    r_disc, r_anchor, v_c = (gather_items(x) for x in (r_disc, r_anchor, v_c))
+    w, im, lv = rb.weights, rb.item_mask, rb.list_valid
     disc_weight, lam = VARIANT_WEIGHTS[c.variant]  # full objective or a METHOD 6 ablation
     # Row b * G + g: list g of input b (METHOD 11: by id), over the whole batch.
     ids = np.repeat(np.arange(b, dtype=np.int32), gl)
@@ -340,12 +371,17 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     hists = [list(x.history) for x in items]
     responses = [y for cs in sets for y in cs]  # B*K, grouped by prompt
     b, m = len(items), rb.weights.shape[-1]
-    v = verify(ctx, [x for x in prompts for _ in range(k)], [h for h in hists for _ in range(k)],
-               responses, [rb.texts[i][0] for i in range(b) for _ in range(k)], timer)
-    v = fit_items(v, m).reshape(b, k, m)  # [B, K, M]
+    # Each process judges and scores the responses of its own prompts (Bp of them).
+    mine = own_items(b)
+    v = verify(ctx, [prompts[i] for i in mine for _ in range(k)],
+               [hists[i] for i in mine for _ in range(k)],
+               [responses[i * k + j] for i in mine for j in range(k)],
+               [rb.texts[i][0] for i in mine for _ in range(k)], timer, own=True)
+    v = fit_items(v, m).reshape(len(mine), k, m)  # [Bp, K, M]
     # Eq. 12; an invalid list scores every response 0, so its group is flat (METHOD 11).
-    scores, valid = rewards.rubric_scores(v, rb.weights[:, 0], rb.item_mask[:, 0])
-    scores = np.asarray(scores)
+    scores, valid = rewards.rubric_scores(v, rb.weights[mine, 0], rb.item_mask[mine, 0])
+    # The metrics (and the trace) read every prompt's scores and verdicts: [B, K], [B, K, M].
+    scores, valid, v = (gather_items(x) for x in (np.asarray(scores), np.asarray(valid), v))
     # Group ids of the whole batch (rollout holds this process's rows only).
     adv, metrics = _policy_advantages(scores.reshape(-1), np.repeat(np.arange(b), k), b)
     metrics.update(
@@ -435,16 +471,24 @@ def heldout_metrics(ctx: Context, key, anchors) -> dict:
         static=ctx.config.variant == "static")
     m = rb.weights.shape[-1]
     gaps, r_anch = [], []
-    for i, a in enumerate(anchors):
-        n = len(a.responses)
-        v = fit_items(verify(ctx, [a.prompt] * n, [list(a.history)] * n, list(a.responses),
-                             [rb.texts[i][0]] * n, timer), m)
+    # Each process judges its own anchor lists, in one call (a collective: the same number
+    # of calls on every process); the means are over all of them.
+    mine = [(i, anchors[i], len(anchors[i].responses)) for i in own_items(len(anchors))]
+    rows = [(i, a, y) for i, a, _ in mine for y in a.responses]
+    v_all = fit_items(verify(ctx, [a.prompt for _, a, _ in rows],
+                             [list(a.history) for _, a, _ in rows], [y for _, _, y in rows],
+                             [rb.texts[i][0] for i, _, _ in rows], timer, own=True), m)
+    starts = np.cumsum([0] + [n for _, _, n in mine])
+    for (i, a, n), s0 in zip(mine, starts):
+        v = v_all[s0:s0 + n]
         s, _ = rewards.rubric_scores(v, rb.weights[i, 0], rb.item_mask[i, 0])
         gold = jnp.asarray(a.gold_ranks)
         gap, _ = rewards.delta_gap(s, gold)
         gaps.append(float(gap))
         r_anch.append(float(rewards.anchor_reward_or_floor(
             s, gold, jnp.ones(n, bool), rb.list_valid[i, 0])))
+    gaps, r_anch = gather_items(np.asarray(gaps, np.float64)), gather_items(
+        np.asarray(r_anch, np.float64))
     return {"delta_gap": float(np.mean(gaps)), "heldout_r_anchor": float(np.mean(r_anch)),
             "heldout_parse_valid_rate": float(np.mean(rb.list_valid)),
             "seconds_eval": sum(timer.seconds.values())}

@@ -360,3 +360,22 @@ def gather_texts(texts) -> list:
     lengths = gather_rows(np.array([len(r) for r in raw], np.int64))
     buf = gather_rows(buf)
     return [bytes(row[:n]).decode("utf-8") for row, n in zip(buf, lengths)]
+
+
+def gather_ragged(x) -> list:
+    """Every process's array, whatever its shape (the same ndim and dtype on each):
+    [x_0, ..., x_{P-1}] in process order, on every process. Each process's array is padded
+    with zeros to the largest shape, gathered (`gather_rows`, two collectives with the
+    shapes), and cut back. One process: [x]."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return [x]
+    shapes = gather_rows(np.asarray([x.shape], np.int64))            # [P, ndim]
+    top = np.maximum(shapes.max(axis=0), 1)  # no zero-size collective
+    padded = np.zeros(tuple(int(d) for d in top), x.dtype)
+    padded[tuple(slice(0, d) for d in x.shape)] = x
+    # [P * top_0, ...] -> process q's block, cut to its own shape.
+    blocks = gather_rows(padded[None]) if x.ndim == 0 else gather_rows(padded)
+    blocks = blocks.reshape((len(shapes),) + tuple(int(d) for d in top))
+    return [b[tuple(slice(0, int(d)) for d in s)] for b, s in zip(blocks, shapes)]
+

@@ -14,9 +14,13 @@ Two execution paths give the same numbers (|dP| <= 1e-4, tested):
   at each row's last real suffix token.
 - naive: every (response, item) pair is its own full prompt (reference and benchmark).
 
-The jitted passes live in `verifier_passes`; shapes are bucketed (powers of two for prefix
-and full-prompt lengths, multiples of 16 for the short item suffixes; row chunks derived
-from the buckets and a memory budget) so a new text length reuses a compiled program.
+The texts are rendered, fitted and tokenised by `verifier_text` (the base class); the
+jitted passes live in `verifier_passes`; which rows share a pass is `verifier_plan`'s
+schedule. Shapes are bucketed (powers of two for prefix and full-prompt lengths, multiples
+of 16 for the short item suffixes; row chunks derived from the buckets and a memory
+budget) so a new text length reuses a compiled program.
+Under several processes (`jax.distributed`) each process tokenises and schedules only its
+own rows, and every pass is one program over all processes' rows (`p_yes(process_rows=)`).
 Contextual calibration (METHOD 12) appends one content-free row per prompt to the same call.
 
 Counters (cut prefixes and items, prefixes, judgements) go into a dict the caller passes
@@ -37,15 +41,14 @@ import numpy as np
 
 from drubric_jax import sharding
 from drubric_jax import verifier_passes as passes
+from drubric_jax import verifier_plan
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
-from drubric_jax.text.budget import fit_prompt, fit_to_budget
 from drubric_jax.verdicts import (CALIBRATIONS, NULL_RESPONSE, contextual_calibration,
                                   yes_no_token_ids)
-from drubric_jax.text.prompts import (plain_render, render_verifier_prompts,
-                                      verifier_prefix_messages)
+from drubric_jax.verifier_text import VerifierText, add_count
 
-_SUFFIX_CACHE_SIZE = 20000  # tokenised item suffixes kept (cleared when exceeded)
+STATS = ("prefix_cut", "item_cut", "prefixes", "judgements")  # the `stats=` counters
 
 
 # ----------------------------------------------------------------------------- verifier
@@ -53,13 +56,7 @@ _SUFFIX_CACHE_SIZE = 20000  # tokenised item suffixes kept (cleared when exceede
 Items = Union[Sequence[str], Sequence[Sequence[str]]]
 
 
-def _count(stats: Optional[dict], name: str, n: int) -> None:
-    if stats is not None:
-        stats[name] = stats.get(name, 0) + n
-
-
-
-class Verifier:
+class Verifier(VerifierText):
     """Frozen yes/no verifier with prefix sharing (METHOD 1, 11; scores feed Eq. 12-15).
 
     Args:
@@ -88,12 +85,8 @@ class Verifier:
                  max_suffix_tokens: int = 128, *, cache_slots_budget: int = 1 << 15,
                  prefill_tokens_budget: int = 8192, max_rows: int = 8, item_chunk: int = 16,
                  min_bucket: int = 16, mesh=None):
-        if max_prefix_tokens < 16 or max_suffix_tokens < 16:
-            raise ValueError(f"max_prefix_tokens ({max_prefix_tokens}) and max_suffix_tokens "
-                             f"({max_suffix_tokens}) must be >= 16")
-        self.cfg, self.tokenizer = cfg, tokenizer
-        self.max_prefix_tokens = int(max_prefix_tokens)
-        self.max_suffix_tokens = int(max_suffix_tokens)
+        super().__init__(tokenizer, max_prefix_tokens, max_suffix_tokens)
+        self.cfg = cfg
         self.cache_slots_budget = int(cache_slots_budget)
         self.prefill_tokens_budget = int(prefill_tokens_budget)
         # Powers of two: chunk shapes come from a small set, so compiled programs are reused.
@@ -105,7 +98,6 @@ class Verifier:
         self.yes_ids, self.no_ids = jnp.asarray(yes), jnp.asarray(no)
         # Any id will do: padded positions are masked out.
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self._suffix_cache: dict = {}
         self.mesh = mesh
         # Every pass's rows are padded to a multiple of data x fsdp, the mesh's row shards.
         self._row_shards = 1 if mesh is None else int(np.prod(
@@ -125,109 +117,45 @@ class Verifier:
         return {"cache_slots_budget": max(1024, int(budget // slot)),
                 "prefill_tokens_budget": max(1024, int(budget // (slot + token)))}
 
-    def _rows(self, x: np.ndarray) -> jax.Array:
-        """A pass input on the device(s): rows over ("data", "fsdp") with a mesh."""
+    def _collective(self) -> bool:
+        # Several processes over one mesh: every pass is one program of all of them.
+        return self.mesh is not None and jax.process_count() > 1
+
+    def _put(self, x: np.ndarray) -> jax.Array:
+        """This process's rows of a pass input on the device(s): one process's whole pass,
+        or under several processes its block of the global pass (rows over ("data",
+        "fsdp"), assembled from every process's block: `sharding.put_process_rows`)."""
         if self.mesh is None:
             return jnp.asarray(x)
+        if self._collective():
+            return sharding.put_process_rows(x, self.mesh, x.shape[0] * jax.process_count())
         return sharding.put(x, sharding.batch_sharding(self.mesh))
 
-    # ------------------------------------------------------------------ text -> tokens
+    def _take(self, x: jax.Array) -> np.ndarray:
+        """This process's rows of a pass output, as numpy (`_put`'s rows)."""
+        if self._collective():
+            return sharding.fetch_process_rows(x, sharding.batch_sharding(self.mesh))
+        return sharding.fetch(x)
 
-    def render(self, messages: Sequence[dict]) -> str:
-        """Chat-template text of `messages` with the assistant turn opened."""
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                      add_generation_prompt=True)
-        return plain_render(messages)
+    def _tables(self, table: np.ndarray) -> tuple[list, int]:
+        """(every process's int64[R_q, W_q] row-length table, this process's index) from
+        this process's rows' table: one process's own, or gathered (`verifier_plan`)."""
+        if self._collective():
+            return verifier_plan.gather_row_lengths(table), jax.process_index()
+        return [np.asarray(table, np.int64)], 0
 
-    def _encode(self, text: str) -> list:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _fit_pair(self, prompt: str, response: str, history, stats: dict) -> tuple:
-        """(prompt, response, history) cut so the rendered prefix fits max_prefix_tokens."""
-        # Measured on the whole rendered prefix, so the template's own tokens count too.
-        def render(p, hist, responses):
-            msgs = verifier_prefix_messages(p, responses[0], hist)
-            prefix, _ = render_verifier_prompts(self.render, msgs, [])
-            return self._encode(prefix)
-
-        fit = fit_prompt(self.tokenizer, render, prompt, history, [response],
-                         max_tokens=self.max_prefix_tokens)
-        _count(stats, "prefix_cut", int(fit.any_cut))
-        return fit.prompt, fit.responses[0], fit.history
-
-    def _fit_item(self, item: str, stats: dict) -> str:
-        """Item text cut so its suffix fits max_suffix_tokens (suffix measured on a stub)."""
-        # A suffix's tokens do not depend on the prefix, so a stub prefix measures it.
-        msgs = verifier_prefix_messages("x", "y")
-
-        def build(texts):
-            _, suffixes = render_verifier_prompts(self.render, msgs, texts)
-            return self._encode(suffixes[0])
-
-        _, fitted, cut = fit_to_budget(self.tokenizer, build, [item], self.max_suffix_tokens)
-        _count(stats, "item_cut", int(cut[0]))
-        return fitted[0]
-
-    def prepare(self, prompt: str, response: str, items: Sequence[str],
-                history: Optional[Sequence[dict]] = None,
-                stats: Optional[dict] = None) -> tuple[list, list]:
-        """Token ids of one response's shared prefix and of each item suffix.
-
-        `prefix_ids + suffix_ids[m]` tokenises to the same ids as the full verifier prompt
-        for item m (`render_verifier_prompts` splits at a pre-tokenizer
-        boundary). Empty item strings give empty suffixes (padding).
-
-        Returns:
-            (prefix_ids list[int], suffix_ids list[list[int]]).
-        """
-        prompt, response, history = self._fit_pair(prompt, response, history, stats)
-        msgs = verifier_prefix_messages(prompt, response, history)
-        # Blank items are padding and are not rendered.
-        real = [self._fit_item(it, stats) for it in items if it.strip()]
-        prefix, suffixes = render_verifier_prompts(self.render, msgs, real)
-        # Suffixes come back for the real items only, in order; blanks get [] below.
-        it = iter(suffixes)
-        out = []
-        for item in items:
-            if not item.strip():
-                out.append([])
-                continue
-            s = next(it)
-            if len(self._suffix_cache) > _SUFFIX_CACHE_SIZE:
-                self._suffix_cache.clear()
-            if s not in self._suffix_cache:
-                # An item recurs for every response it judges: its suffix is tokenised once.
-                self._suffix_cache[s] = self._encode(s)
-            out.append(self._suffix_cache[s])
-        return self._encode(prefix), out
+    def _passes(self, tables: list, max_rows_of) -> list:
+        """The passes over every process's rows, bucketed by column 0 of their tables."""
+        return verifier_plan.plan_passes(
+            [t[:, 0] for t in tables], bucket_of=lambda n: bucket_length(n, self.min_bucket),
+            max_rows_of=max_rows_of, row_shards=self._row_shards)
 
     # ------------------------------------------------------------------ scoring
 
-    def _normalise(self, prompts, responses, items, histories):
-        r = len(responses)
-        if isinstance(prompts, str):
-            prompts = [prompts] * r
-        if len(prompts) != r:
-            raise ValueError(f"{len(prompts)} prompts for {r} responses")
-        # One history (a list of turn dicts) shared by every response.
-        if histories is None or (len(histories) and isinstance(histories[0], dict)):
-            histories = [histories or []] * r
-        if len(histories) != r:
-            raise ValueError(f"{len(histories)} histories for {r} responses")
-        # One item list shared by every response.
-        if len(items) == 0 or isinstance(items[0], str):
-            items = [list(items)] * r
-        elif len(items) != r:
-            raise ValueError(f"{len(items)} item lists for {r} responses")
-        for lst in items:
-            if any(not isinstance(s, str) for s in lst):
-                raise ValueError("items must be strings")
-        return list(prompts), list(histories), [list(x) for x in items]
-
     def p_yes(self, params, prompts: Union[str, Sequence[str]], responses: Sequence[str],
               items: Items, history=None, *, shared_prefix: bool = True,
-              calibration: str = "none", stats: Optional[dict] = None) -> np.ndarray:
+              calibration: str = "none", stats: Optional[dict] = None,
+              process_rows: bool = False) -> np.ndarray:
         """P(yes) for every response and item (METHOD 11; `verdicts` turns it into v).
 
         Args:
@@ -244,7 +172,16 @@ class Verifier:
                 same item on the content-free response `verdicts.NULL_RESPONSE` for the
                 same prompt (METHOD 12). That costs one extra prefix per distinct
                 (prompt, history) and one suffix row per distinct item of it.
-            stats: optional dict that counts prefix_cut, item_cut, prefixes, judgements.
+            stats: optional dict that counts prefix_cut, item_cut, prefixes, judgements
+                (summed over the processes).
+            process_rows: under several processes, False: every process passes the same
+                R rows and gets all of them back, while each judges (tokenises, schedules,
+                reads back) only its block of them (`sharding.process_share`) and the
+                results are gathered; True: the rows are this process's own (R may differ
+                between processes, or be 0) and so is the result. Either way every process
+                must call at the same point: the passes are programs of all processes,
+                planned from every process's row lengths (`verifier_plan`). One process:
+                no difference.
 
         Returns:
             float32[R, M_max], M_max the longest item list; 0.0 at padding.
@@ -253,6 +190,14 @@ class Verifier:
             ValueError: mismatched lengths, or a budget the template cannot meet.
         """
         prompts, histories, items = self._normalise(prompts, responses, items, history)
+        if jax.process_count() > 1 and not process_rows:
+            return judge_shares(
+                lambda cols, st: self.p_yes(params, cols[0], cols[1], cols[2], cols[3],
+                                            shared_prefix=shared_prefix,
+                                            calibration=calibration, stats=st,
+                                            process_rows=True),
+                [prompts, list(responses), items, histories],
+                max((len(x) for x in items), default=0), stats)
         # `_calibrated` calls back in with calibration "none", on the real and the null rows.
         if calibration == "contextual":
             return self._calibrated(params, prompts, list(responses), items, histories,
@@ -262,19 +207,20 @@ class Verifier:
         r = len(responses)
         m_max = max((len(x) for x in items), default=0)
         out = np.zeros((r, m_max), np.float32)
-        if r == 0 or m_max == 0:
+        # Under several processes an empty share still takes part in every pass.
+        if (r == 0 or m_max == 0) and not self._collective():
             return out
         prepared = [self.prepare(p, y, it, h, stats)
                     for p, y, it, h in zip(prompts, responses, items, histories)]
-        _count(stats, "prefixes", r)
-        _count(stats, "judgements", sum(1 for lst in items for s in lst if s.strip()))
+        add_count(stats, "prefixes", r)
+        add_count(stats, "judgements", sum(1 for lst in items for s in lst if s.strip()))
         if shared_prefix:
             self._run_shared(params, prepared, out)
         else:
             # Naive path: one full prompt per real (response, item) pair.
             full = [(i, m, pre + suf) for i, (pre, sufs) in enumerate(prepared)
                     for m, suf in enumerate(sufs) if suf]
-            values = self.p_yes_ids(params, [ids for _, _, ids in full])
+            values = self.p_yes_ids(params, [ids for _, _, ids in full], process_rows=True)
             for (i, m, _), v in zip(full, values):
                 out[i, m] = v
         return out
@@ -298,7 +244,7 @@ class Verifier:
         p_all = self.p_yes(params, prompts + [p for p, _ in keys],
                            responses + [NULL_RESPONSE] * len(keys),
                            items + [list(null_rows[k]) for k in keys], histories + null_hist,
-                           shared_prefix=shared_prefix, stats=stats)
+                           shared_prefix=shared_prefix, stats=stats, process_rows=True)
         r = len(responses)
         out = np.zeros((r, max((len(x) for x in items), default=0)), np.float32)
         for i, (p, h, lst) in enumerate(zip(prompts, histories, items)):
@@ -310,28 +256,33 @@ class Verifier:
         return out
 
     def _run_shared(self, params, prepared: list, out: np.ndarray) -> None:
-        m_max = out.shape[1]
-        longest = max((len(s) for _, sufs in prepared for s in sufs), default=0)
+        # Each row: its prefix's tokens, then each item suffix's (0: a blank item).
+        table = np.zeros((len(prepared), 1 + out.shape[1]), np.int64)
+        for i, (pre, sufs) in enumerate(prepared):
+            table[i, 0] = len(pre)
+            table[i, 1:1 + len(sufs)] = [len(x) for x in sufs]
+        tables, me = self._tables(table)
+        m_max = max(t.shape[1] for t in tables) - 1
+        longest = max(int(t[:, 1:].max(initial=0)) for t in tables)
         if longest == 0:
             return
         # One suffix bucket for the whole call, set by the longest suffix.
         ts = passes.suffix_bucket(longest)
-        # Longest prefixes first: a chunk's bucket is its first row's, and similar lengths share it.
-        order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
-        start = 0
-        while start < len(order):
-            p = bucket_length(len(prepared[order[start]][0]), self.min_bucket)
-            slots = p + ts
-            # Items per pass (a row's cache is repeated mc times) within the slot budget; rows
-            # per chunk within the prefill-token budget and the repeated cache's (rc * mc x slots).
-            mc = min(self.item_chunk, bucket_length(m_max, 1),
-                     passes.pow2_floor(max(self.cache_slots_budget // slots, 1)))
-            rc = min(self.max_rows, passes.pow2_floor(max(self.prefill_tokens_budget // p, 1)),
-                     passes.pow2_floor(max(self.cache_slots_budget // (slots * mc), 1)),
-                     bucket_length(len(order) - start, 1))
-            rc = self._row_shards * -(-rc // self._row_shards)  # filler rows split evenly
-            chunk = order[start:start + rc]
-            start += rc
+
+        def item_chunk(p):
+            # Items per pass (a row's cache is repeated mc times) within the slot budget.
+            return min(self.item_chunk, bucket_length(m_max, 1),
+                       passes.pow2_floor(max(self.cache_slots_budget // (p + ts), 1)))
+
+        def max_rows(p):
+            # Rows within the prefill-token budget and the repeated cache's rc * mc x slots.
+            return min(self.max_rows, passes.pow2_floor(max(self.prefill_tokens_budget // p, 1)),
+                       passes.pow2_floor(max(self.cache_slots_budget
+                                             // ((p + ts) * item_chunk(p)), 1)))
+
+        for ps in self._passes(tables, max_rows):
+            p, mc, chunk = ps.bucket, item_chunk(ps.bucket), ps.members[me]
+            rc = ps.rows // len(tables)  # this process's rows of the pass
             tokens = np.full((rc, p), self.pad_id, np.int32)
             tmask = np.zeros((rc, p), bool)
             for j, i in enumerate(chunk):
@@ -339,28 +290,30 @@ class Verifier:
                 tokens[j, p - len(pre):] = pre
                 tmask[j, p - len(pre):] = True
             tmask[len(chunk):, -1] = True  # filler rows: one pad token
-            cache, plen = passes.prefill(params, self.cfg, self._rows(tokens),
-                                         self._rows(tmask), num_slots=slots)
+            cache, plen = passes.prefill(params, self.cfg, self._put(tokens),
+                                         self._put(tmask), num_slots=p + ts)
             # The chunk's prefilled cache serves every item block (the prefix is computed once).
             for m0 in range(0, m_max, mc):
+                # A block no row of the pass has an item in, on any process, is skipped.
+                if not any(t[list(ms), 1 + m0:1 + m0 + mc].any()
+                           for t, ms in zip(tables, ps.members)):
+                    continue
                 suf = np.full((rc, mc, ts), self.pad_id, np.int32)
                 slen = np.zeros((rc, mc), np.int32)
                 for j, i in enumerate(chunk):
-                    for dm, s in enumerate(prepared[i][1][m0:m0 + mc]):
-                        suf[j, dm, :len(s)] = s
-                        slen[j, dm] = len(s)
-                if not slen.any():
-                    continue
-                vals = sharding.fetch(passes.score_suffixes(
-                    params, self.cfg, cache, plen, self._rows(suf), self._rows(slen),
+                    for dm, x in enumerate(prepared[i][1][m0:m0 + mc]):
+                        suf[j, dm, :len(x)] = x
+                        slen[j, dm] = len(x)
+                vals = self._take(passes.score_suffixes(
+                    params, self.cfg, cache, plen, self._put(suf), self._put(slen),
                     self.yes_ids, self.no_ids))
                 for j, i in enumerate(chunk):
-                    n = min(mc, len(prepared[i][1]) - m0)
-                    for dm in range(max(n, 0)):
+                    for dm in range(max(min(mc, len(prepared[i][1]) - m0), 0)):
                         if slen[j, dm]:
                             out[i, m0 + dm] = vals[j, dm]
 
-    def p_yes_ids(self, params, prompts_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def p_yes_ids(self, params, prompts_ids: Sequence[Sequence[int]], *,
+                  process_rows: bool = False) -> np.ndarray:
         """P(yes) after each full token-id prompt (naive path and the direct judges; one
         pass per chunk).
 
@@ -368,32 +321,74 @@ class Verifier:
             params: the verifier's params.
             prompts_ids: N non-empty lists of token ids, each ending where the answer token
                 is predicted (assistant turn opened).
+            process_rows: as in `p_yes` (under several processes, False: the same N
+                prompts on every process, each scores its block and the results are
+                gathered; True: this process's own prompts).
 
         Returns:
             float32[N].
+
+        Raises:
+            ValueError: an empty prompt (named by its index).
         """
+        if jax.process_count() > 1 and not process_rows:
+            return judge_shares(
+                lambda cols, _: self.p_yes_ids(params, cols[0], process_rows=True),
+                [list(prompts_ids)], 1, None)[:, 0]
         n = len(prompts_ids)
+        for i, ids in enumerate(prompts_ids):
+            if not len(ids):
+                raise ValueError(f"prompt {i} is empty")
         out = np.zeros((n,), np.float32)
-        order = sorted(range(n), key=lambda i: -len(prompts_ids[i]))
-        start = 0
-        while start < n:
-            t = bucket_length(len(prompts_ids[order[start]]), self.min_bucket)
-            rows = min(64, passes.pow2_floor(max(self.prefill_tokens_budget // t, 1)),
-                       bucket_length(n - start, 1))
-            rows = self._row_shards * -(-rows // self._row_shards)
-            chunk = order[start:start + rows]
-            start += rows
+        if n == 0 and not self._collective():
+            return out
+        table = np.array([[len(ids)] for ids in prompts_ids], np.int64).reshape(n, 1)
+        tables, me = self._tables(table)
+        for ps in self._passes(tables, lambda t: min(64, passes.pow2_floor(
+                max(self.prefill_tokens_budget // t, 1)))):
+            t, chunk, rows = ps.bucket, list(ps.members[me]), ps.rows // len(tables)
             tokens = np.full((rows, t), self.pad_id, np.int32)
             mask = np.zeros((rows, t), bool)
             for j, i in enumerate(chunk):
                 ids = prompts_ids[i]
-                if not ids:
-                    raise ValueError(f"prompt {i} is empty")
                 tokens[j, t - len(ids):] = ids
                 mask[j, t - len(ids):] = True
             mask[len(chunk):, -1] = True
-            vals = sharding.fetch(passes.score_full(params, self.cfg, self._rows(tokens),
-                                                self._rows(mask), self.yes_ids, self.no_ids))
+            vals = self._take(passes.score_full(params, self.cfg, self._put(tokens),
+                                                self._put(mask), self.yes_ids, self.no_ids))
             # Filler rows (mesh padding) are dropped.
             out[chunk] = vals[:len(chunk)]
         return out
+
+
+def judge_shares(judge, columns: list, width: int, stats: Optional[dict] = None) -> np.ndarray:
+    """Rows that every process holds alike, judged by each process for its share only.
+
+    Each process takes its block of the R rows (`sharding.process_share`: padded with
+    copies of the last row to a multiple of the process count), calls
+    `judge(its columns, its stats) -> float32[R_p, <= width]` (a collective call, e.g.
+    `Verifier.p_yes(process_rows=True)`), and the blocks are gathered in row order.
+
+    Args:
+        judge: the per-process judge (columns: lists of R_p entries, in `columns`' order).
+        columns: equal-length lists of the R rows' fields (prompts, responses, ...).
+        width: the result's columns (narrower results are zero-padded).
+        stats: optional counters (`STATS`), summed over the processes.
+
+    Returns:
+        float32[R, width] on every process.
+    """
+    r = len(columns[0])
+    if r == 0:
+        return np.zeros((0, width), np.float32)
+    _, mine = sharding.process_share(*columns)
+    local_stats: Optional[dict] = {} if stats is not None else None
+    got = np.asarray(judge(mine, local_stats), np.float32).reshape(len(mine[0]), -1)
+    got = np.pad(got, ((0, 0), (0, width - got.shape[1])))
+    if stats is not None:
+        summed = sharding.gather_rows(np.array([[local_stats.get(k, 0) for k in STATS]],
+                                               np.int64)).sum(axis=0)
+        for k, n in zip(STATS, summed):
+            add_count(stats, k, int(n))
+    # Every process's block has the same row count (process_share pads with copies).
+    return sharding.gather_rows(got)[:r]

@@ -33,7 +33,7 @@ def p_yes_of(response: str, item: str) -> float:
 
 class StubVerifier:
     def p_yes(self, params, prompts, responses, items, history=None, **kw):
-        m = max(len(x) for x in items)
+        m = max((len(x) for x in items), default=0)
         out = np.zeros((len(responses), m), np.float32)
         for i, (y, lst) in enumerate(zip(responses, items)):
             for j, t in enumerate(lst):

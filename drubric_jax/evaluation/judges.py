@@ -26,6 +26,7 @@ from drubric_jax.text.budget import fit_prompt
 from drubric_jax.text.prompts import direct_judge_messages, pairwise_judge_messages
 from drubric_jax.verdicts import (NULL_RESPONSE, VERDICT_MODES, contextual_calibration,
                                   verdicts_from_p_yes)
+from drubric_jax.verifier import judge_shares
 
 RUBRIC_METHODS = ("dynamic", "static")
 PAIRWISE_VARIANTS = ("direct_pairwise_ab", "direct_pairwise_ba", "direct_pairwise_avg")
@@ -54,20 +55,32 @@ def direct_scores(verifier, params, rows, max_tokens, with_set: bool):
     Returns:
         list over rows of float[K] (the row's P(yes) per response).
     """
-    prompts, spans = [], []
-    for row in rows:
-        start = len(prompts)
-        for i in range(row.k):
-            # The response judged is the last text; with the set, the K responses precede it.
-            def make(p, h, r):
-                return direct_judge_messages(p, r[-1], h, r[:-1] if with_set else None)
+    width = max((row.k for row in rows), default=0)
 
-            texts = (row.responses if with_set else []) + [row.responses[i]]
-            prompts.append(fitted_ids(verifier, make, row.rec.prompt, row.rec.history, texts,
-                                      max_tokens))
-        spans.append((start, len(prompts)))
-    p = verifier.p_yes_ids(params, prompts)
-    return [p[a:b] for a, b in spans]
+    def judge(share, _):  # float32[R_p, K_max]: this process's share of the rows
+        prompts, spans = [], []
+        for row in share:
+            start = len(prompts)
+            for i in range(row.k):
+                # The response judged is the last text; with the set, the K responses
+                # precede it.
+                def make(p, h, r):
+                    return direct_judge_messages(p, r[-1], h, r[:-1] if with_set else None)
+
+                texts = (row.responses if with_set else []) + [row.responses[i]]
+                prompts.append(fitted_ids(verifier, make, row.rec.prompt, row.rec.history,
+                                          texts, max_tokens))
+            spans.append((start, len(prompts)))
+        p = verifier.p_yes_ids(params, prompts, process_rows=True)
+        out = np.zeros((len(share), width), np.float32)
+        for j, (a, b) in enumerate(spans):
+            out[j, :b - a] = p[a:b]
+        return out
+
+    # Under several processes each renders and tokenises only its share of the rows.
+    got = (judge(rows, None) if jax.process_count() == 1
+           else judge_shares(lambda cols, st: judge(cols[0], st), [list(rows)], width))
+    return [got[j, :row.k] for j, row in enumerate(rows)]
 
 
 def pairwise_p_yes(verifier, params, questions, max_tokens) -> np.ndarray:
@@ -84,10 +97,15 @@ def pairwise_p_yes(verifier, params, questions, max_tokens) -> np.ndarray:
     def make(p, h, r):
         return pairwise_judge_messages(p, r[0], r[1], h)
 
+    def judge(qs, _):  # under several processes, each renders and tokenises its share
+        return verifier.p_yes_ids(params, [fitted_ids(verifier, make, p, h, [a, b], max_tokens)
+                                           for p, h, a, b in qs], process_rows=True)
+
     if not questions:
         return np.zeros((0,), np.float32)
-    return verifier.p_yes_ids(params, [fitted_ids(verifier, make, p, h, [a, b], max_tokens)
-                                       for p, h, a, b in questions])
+    if jax.process_count() == 1:
+        return judge(questions, None)
+    return judge_shares(lambda cols, st: judge(cols[0], st), [list(questions)], 1)[:, 0]
 
 
 def pairwise_scores(verifier, params, rows, max_tokens):
