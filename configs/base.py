@@ -75,6 +75,11 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0  # every random choice derives from this through jax.random keys
+    # Sampling draws. False: a row's random numbers depend on its position in its sampler
+    # call (the runs in results/ drew this way). True: each row draws from its id in the
+    # step's global batch, so the samples do not change with the rollout micro-batches or
+    # the number of hosts (row for row).
+    c.per_row_keys = False
 
     c.model = ml_collections.ConfigDict()
     c.model.policy = "smollm2-135m-instruct"     # policy P_0: preset name, .gguf path or HF dir

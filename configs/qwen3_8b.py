@@ -77,6 +77,9 @@ def get_config(arg: str = ""):
     c.mesh.fsdp = 8
     c.mesh.tensor = 1
     c.memory.offload_idle_optimizer = True  # the idle trainee's moments: pinned host memory
+    # Rollout micro-batches and several hosts: each row draws by its global row id, so the
+    # samples are the same whatever the micro-batch sizes or the host count.
+    c.per_row_keys = True
     c.checkpoint.every_steps = 20
     c.checkpoint.max_to_keep = 3
     if opts.get("lora"):

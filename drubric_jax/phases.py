@@ -85,7 +85,8 @@ class Context:
                                    max_item_chars=g.max_item_chars,
                                    max_new_tokens=g.max_new_tokens,
                                    input_budget=g.input_budget, mesh=mesh,
-                                   rows_per_call=g.rollout_micro_batch),
+                                   rows_per_call=g.rollout_micro_batch,
+                                   per_row_keys=config.per_row_keys),
                    Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
                             max_prefix_tokens=v.max_prefix_tokens,
                             max_suffix_tokens=v.max_suffix_tokens, mesh=mesh,
@@ -153,7 +154,10 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
             [i for i in ids for _ in range(k)],
             p.rollout_micro_batch, key=key, max_new_tokens=p.max_new_tokens,
             method=sampling.method_from_flags(p.temperature, top_p=p.top_p), stop_ids=stop,
-            pad_id=ctx.policy_pad_id, min_bucket=p.min_prompt_bucket, mesh=ctx.mesh)
+            pad_id=ctx.policy_pad_id, min_bucket=p.min_prompt_bucket, mesh=ctx.mesh,
+            # Row b*K + i of the step's batch draws by that id (config.per_row_keys).
+            row_ids=(list(range(block.start * k, (block.start + len(ids)) * k))
+                     if ctx.config.per_row_keys else None))
     # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
     out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
     texts = decode(model.tokenizer, out, set(stop.tolist()))

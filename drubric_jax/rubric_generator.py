@@ -82,12 +82,14 @@ class RubricGenerator:
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
                  input_budget: int = 2048, min_bucket: int = 64, mesh=None,
-                 rows_per_call: int = 0):
+                 rows_per_call: int = 0, per_row_keys: bool = False):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
         self.rows_per_call = int(rows_per_call)
+        # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
+        self.per_row_keys = bool(per_row_keys)
         self.max_items = int(max_items)
         self.max_item_chars = int(max_item_chars)
         self.max_new_tokens = int(max_new_tokens)
@@ -234,7 +236,8 @@ class RubricGenerator:
             params, self.cfg, prompts, self.rows_per_call, key=sample_key,
             max_new_tokens=self.max_new_tokens, method=method, stop_ids=self.stop_ids,
             constraint=self.constraint, min_bucket=self.min_bucket, allow_invalid=True,
-            mesh=self.mesh, after_call=lambda: done.append(self.constraint.finished()))
+            mesh=self.mesh, after_call=lambda: done.append(self.constraint.finished()),
+            row_ids=(list(range(first * g, (first + b) * g)) if self.per_row_keys else None))
         # One finished() array per sampler call, in row order.
         grammar_done = np.concatenate(done)
         stops = set(self.stop_ids.tolist())

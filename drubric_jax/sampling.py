@@ -54,6 +54,7 @@ class SamplerState:
         invalid: bool[B] row met a step with no allowed token.
         step: int32[] tokens generated so far.
         key: PRNG key of this call.
+        row_ids: None, or int32[B] each row's id for its own draws (`sample_logits`).
     """
 
     cache: models.KVCache
@@ -66,6 +67,7 @@ class SamplerState:
     invalid: jax.Array
     step: jax.Array
     key: jax.Array
+    row_ids: Optional[jax.Array] = None
 
 
 # Length buckets: powers of two up to BUCKET_POW2_UNTIL, then multiples of BUCKET_STEP. A
@@ -120,13 +122,14 @@ def _shard_cache(cache, cfg: ModelConfig, mesh):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "mesh"))
 def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: int,
-            mesh=None):
+            mesh=None, row_ids=None):
     """Prefills left-padded prompts and returns the initial SamplerState.
 
     Args:
         params: model params.  cfg: static model config.
         tokens: int32[B, P] left-padded prompts.  token_mask: bool[B, P].
         key: PRNG key for the whole generation.
+        row_ids: None, or int32[B] row ids for per-row draws (`generate`).
         max_new_tokens: N.
         mesh: optional mesh: the KV cache [L, B, Hkv, S, Dh] is laid out rows over
             ("data", "fsdp") and heads over "tensor" (the decode loop keeps that layout).
@@ -145,7 +148,8 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         tokens=jnp.zeros((b, max_new_tokens), jnp.int32),
         logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
         mask=jnp.zeros((b, max_new_tokens), bool), done=jnp.zeros((b,), bool),
-        invalid=jnp.zeros((b,), bool), step=jnp.zeros((), jnp.int32), key=key)
+        invalid=jnp.zeros((b,), bool), step=jnp.zeros((), jnp.int32), key=key,
+        row_ids=row_ids)
 
 
 def _token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
@@ -172,7 +176,8 @@ def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, all
     logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
     # One key per step, from (key, step) alone: `decode_loop` and the host-driven constrained
     # loop use the same keys.
-    tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method)
+    tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method,
+                                state.row_ids)
     live = ~state.done
     if force_stop is not None:
         # A completed grammar may allow nothing more: its row ends with the stop id, not `invalid`.
@@ -244,7 +249,8 @@ def _finish(state: SamplerState, pad_id: int, prompt_tokens: np.ndarray,
 def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key: jax.Array,
              max_new_tokens: int, method: Method = Greedy(), stop_ids: Sequence[int],
              pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
-             allow_invalid: bool = False, mesh=None) -> Rollout:
+             allow_invalid: bool = False, mesh=None,
+             row_ids: Optional[Sequence[int]] = None) -> Rollout:
     """Samples continuations of token-id prompts.
 
     Args:
@@ -272,6 +278,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             data x fsdp (dropped from the result), and the KV cache heads over "tensor".
             Under several processes each process's rows go to its own devices
             (`sharding.put_process_rows`); the prompt bucket is agreed between them.
+        row_ids: None: the draws of a row depend on its position in this call's global
+            batch. B distinct ids >= 0 (e.g. each row's index in the step's global batch):
+            row b's tokens depend only on (key, row_ids[b], its prompt, the params), not
+            on the batch around it, the micro-batch or the number of processes.
 
     Returns:
         Rollout of the B rows (host numpy; this process's rows), with the left-padded
@@ -303,12 +313,16 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         per = shards // count
         rows = per * -(-sharding.agree_max(n) // per)
         prompts = list(prompts) + [prompts[-1]] * (rows - n)  # filler rows, dropped
+        if row_ids is not None:  # filler rows draw as the row they copy (dropped anyway)
+            row_ids = list(row_ids) + [row_ids[-1]] * (rows - n)
         longest = sharding.agree_max(longest)
         put = functools.partial(sharding.put_process_rows, mesh=mesh, n=rows * count)
     length = bucket_length(longest, min_bucket)
     tokens, mask = left_pad(prompts, length, pad)
     # The prompts go to the device here; `_finish` brings the results back.
-    state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh)
+    ids = None if row_ids is None else put(np.asarray(row_ids, np.int32))
+    state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh,
+                    row_ids=ids)
     stop_arr = jnp.asarray(stop)
     if constraint is None:
         state = decode_loop(params, cfg, state, method, stop_arr, pad)
@@ -336,12 +350,16 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     micro-batch, which bounds the KV cache ([L, rows, Hkv, P + N, Dh]) at paper lengths.
 
     Every call uses the bucket of the longest prompt of all rows, so the parts share P and
-    join into one Rollout. One call uses `key`; call i of several uses fold_in(key, i).
+    join into one Rollout. One call uses `key`; call i of several uses fold_in(key, i),
+    unless `row_ids` (int[B], passed to `generate` a call's slice at a time) are given:
+    then every call uses `key` and each row draws by its id, so the tokens do not depend
+    on `rows_per_call` (nor on the number of processes).
     `after_call()` runs after each call (e.g. to read a constraint's `finished()`).
     Under several processes `prompts` are this process's rows (`generate`), the same
     number on every process, and `rows_per_call` counts rows per process.
     """
     n = len(prompts)
+    row_ids = kw.pop("row_ids", None)
     # 0 (or >= n) means one call with every row.
     chunk = rows_per_call if 0 < rows_per_call < n else n
     longest = max(len(p) for p in prompts)
@@ -350,9 +368,11 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     bucket = bucket_length(longest, min_bucket)
     parts = []
     for i, start in enumerate(range(0, n, chunk)):
-        parts.append(generate(params, cfg, prompts[start:start + chunk],
-                              key=key if chunk == n else jax.random.fold_in(key, i),
-                              min_bucket=bucket, **kw))
+        parts.append(generate(
+            params, cfg, prompts[start:start + chunk],
+            key=key if chunk == n or row_ids is not None else jax.random.fold_in(key, i),
+            row_ids=None if row_ids is None else row_ids[start:start + chunk],
+            min_bucket=bucket, **kw))
         if after_call is not None:
             after_call()
     return Rollout.concat(parts)

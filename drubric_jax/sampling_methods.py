@@ -121,13 +121,16 @@ def _argmax(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x == top, ids, x.shape[-1]), axis=-1)
 
 
-def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
+def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=None):
     """Draws one token per row.
 
     Args:
         key: PRNG key.
         logits: float32[B, V]; -inf for disallowed tokens.
         method: sampling method.
+        row_ids: None: one draw over the [B, V] batch from `key` (a row's numbers depend on
+            its position in the batch); int32[B]: row b draws from fold_in(key,
+            row_ids[b]) alone, whatever the batch around it.
 
     Returns:
         (tokens int32[B], logprobs float32[B] of the token under softmax(logits / T) over
@@ -143,7 +146,12 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method):
         tokens = _argmax(safe)
         temp = 1.0
     else:
-        tokens = jax.random.categorical(key, truncated_logits(safe, method), axis=-1)
+        truncated = truncated_logits(safe, method)
+        if row_ids is None:
+            tokens = jax.random.categorical(key, truncated, axis=-1)
+        else:
+            keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
+            tokens = jax.vmap(lambda k, x: jax.random.categorical(k, x))(keys, truncated)
         temp = method.temperature
     # Over the full vocabulary at the sampling temperature, before top-k / top-p truncation.
     logp_all = jax.nn.log_softmax(safe / temp, axis=-1)

@@ -45,11 +45,13 @@ def main() -> None:
 
     c = _one_round_config()
     c.verifier.verdict = "hard"
-    # Every step's items split over 2 processes, and every sampler batch (policy: 4 x K = 8
-    # responses, 4 rubric lists; generator: 2 x K = 4 responses, 2 x 4 = 8 lists) divides
-    # over data x fsdp = 4 with no filler rows: a filler row shifts the rows after it, and
-    # a row's random draws depend on its position in the global batch.
+    # Every step's items split over 2 processes. Each row draws by its global row id
+    # (per_row_keys), so the sampler micro-batches (2 rows per call: several calls, and on
+    # one process calls padded with filler rows to data x fsdp = 4) lay the rows out
+    # differently on 1 and 2 processes and must still give the same samples.
     c.policy.prompts_per_step, c.generator.anchors_per_step, c.generator.num_lists = 4, 2, 4
+    c.per_row_keys = True
+    c.policy.rollout_micro_batch = c.generator.rollout_micro_batch = 2
     c.mesh.num_devices = 0  # every device of every process
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
     c.memory.park_idle_optimizer = False  # refused on several processes (config_check)

@@ -62,6 +62,8 @@ def test_two_processes_judge_their_own_rows_and_give_one_processs_p_yes():
     another order: float32 ulps of P <= 1, as in test_verifier's mesh test)."""
     [one] = _launch_driver(VERIFIER_DRIVER, 1)
     two = _launch_driver(VERIFIER_DRIVER, 2)
+    # Per-row draws: the same tokens whatever the calls' layout (row_ids).
+    assert two[0]["sampled"] == two[1]["sampled"] == one["sampled"]
     for key in ("shared", "naive", "calibrated", "ids", "pairwise"):
         want = np.asarray(one[key])
         for seen in two:

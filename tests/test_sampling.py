@@ -557,3 +557,28 @@ def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
     third = sampling.generate(params, cfg, prompts[4:], min_bucket=whole.prompt_tokens.shape[1],
                               **dict(kw, key=jax.random.fold_in(kw["key"], 2)))
     np.testing.assert_array_equal(parts.tokens[4:], third.tokens)
+
+
+@pytest.mark.parametrize("shape", [None, (2, 2, 2)])
+def test_per_row_draws_do_not_depend_on_the_calls_layout(tiny_model, shape):
+    """row_ids: a row's tokens depend on (key, its id, its prompt) only, not on the
+    micro-batch, the rows beside it, the mesh's filler rows or its position in the call;
+    distinct ids draw distinct numbers (two copies of a prompt differ)."""
+    from drubric_jax import sharding
+
+    cfg, params = tiny_model
+    mesh = None if shape is None else sharding.make_mesh(*shape)
+    if mesh is not None:
+        params = jax.device_put(params, sharding.param_shardings(params, mesh))
+    prompts = [[5, 9, 12], [40], [7] * 20, [100, 200], [3000, 11], [5, 9, 12]]
+    kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=6, method=sampling.Temperature(1.0),
+              stop_ids=[2], mesh=mesh)
+    ids = [10, 11, 12, 13, 14, 15]
+    whole = sampling.generate_chunked(params, cfg, prompts, 0, row_ids=ids, **kw)
+    for per_call in (1, 2, 4):
+        parts = sampling.generate_chunked(params, cfg, prompts, per_call, row_ids=ids, **kw)
+        np.testing.assert_array_equal(parts.tokens, whole.tokens)
+    # A sub-batch in another order (and another bucket) draws the same rows.
+    sub = sampling.generate(params, cfg, [prompts[4], prompts[1]], row_ids=[14, 11], **kw)
+    np.testing.assert_array_equal(sub.tokens, whole.tokens[[4, 1]])
+    assert (whole.tokens[0] != whole.tokens[5]).any()  # same prompt, other id

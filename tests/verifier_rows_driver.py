@@ -87,6 +87,18 @@ def main() -> None:
     out["empty_share"] = ver.p_yes(params, prompts[none], responses[none], items[none],
                                    process_rows=True).tolist()
     out["tokenised_rows"] = len(prepared)
+    # Sampling with per-row draws: 8 prompts, each process its block of 4, 2 rows per
+    # sampler call (one process: 4 calls of 2 rows + 2 filler rows each; two: 2 calls of
+    # 2 rows per process).
+    from drubric_jax import sampling
+
+    block = sharding.process_block(8)
+    ids = [[5 + i, 17 + 3 * i, 40 + i][: 1 + i % 3] for i in range(8)][block]
+    got = sampling.generate_chunked(
+        params, cfg, ids, 2, key=jax.random.PRNGKey(7), max_new_tokens=5,
+        method=sampling.method_from_flags(1.0), stop_ids=[0], mesh=mesh,
+        row_ids=list(range(block.start, block.stop)))
+    out["sampled"] = sharding.gather_rows(got.tokens).tolist()
     print(json.dumps(out), flush=True)
 
 

@@ -38,7 +38,7 @@ from drubric_jax.evaluation.intervals import percentile_interval, resample_weigh
 
 def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_tokens: int,
             max_new_tokens: int, temperature: float, rows_per_call: int = 0,
-            histories=None, mesh=None) -> tuple[list, np.ndarray]:
+            histories=None, mesh=None, per_row_keys: bool = False) -> tuple[list, np.ndarray]:
     """The policy's answer to each request (one sample each).
 
     Args:
@@ -47,6 +47,8 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
         key: PRNG key of the sampler; temperature 0 is greedy.
         max_prompt_tokens: chat prompt budget (`phases.policy_prompt_ids` cuts to it).
         max_new_tokens: answer budget; rows_per_call: sampler micro-batch (0 = all).
+        per_row_keys: request u draws by its index u (`sampling.generate` row_ids), so the
+            answers do not depend on rows_per_call or the number of processes.
 
     Returns:
         (U answer strings, truncated bool[U]: the answer hit max_new_tokens).
@@ -57,13 +59,14 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     n = len(requests)
     # Under several processes each samples its block of the requests (padded with copies
     # of the last to a multiple of the process count) and the answers are gathered.
-    _, rows = sharding.process_share(requests, histories)
+    block, rows = sharding.process_share(requests, histories)
     ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens) for r, h in zip(*rows)]
     stop = tok_lib.stop_ids(tokenizer)
     out = sampling.generate_chunked(
         params, cfg, ids, rows_per_call, key=key, max_new_tokens=max_new_tokens,
         method=sampling.method_from_flags(float(temperature)), stop_ids=stop,
-        pad_id=int(stop[0]), mesh=mesh)
+        pad_id=int(stop[0]), mesh=mesh,
+        row_ids=list(range(block.start, block.stop)) if per_row_keys else None)
     stops = set(stop.tolist())
     texts = [tokenizer.decode([int(t) for t in row[m] if int(t) not in stops],
                               skip_special_tokens=True)
