@@ -6,6 +6,7 @@ outputs of transformers' own GGUF dequantisation and torch `LlamaForCausalLM` (f
 """
 import json
 import math
+import os
 import shutil
 
 import jax
@@ -283,6 +284,31 @@ def test_export_import_round_trip_exact(name, dtype, tmp_path):
         "final_norm"].dtype) / 64
     models.export_hf_dir(params, cfg, str(tmp_path))
     cfg2, params2 = models.load_hf_dir(str(tmp_path), dtype=dtype)
+    assert cfg2 == cfg
+    _tree_equal_bitwise(params, params2)
+
+
+def test_export_to_a_url_is_copied_there_not_to_a_local_gs_folder(tmp_path, monkeypatch):
+    """A gs://-style export directory (a TPU pod's workdir): the files are written locally
+    and copied with etils.epath, here onto a fake bucket (epath.Path mapped to a folder);
+    nothing lands in a local "fake:" folder, and the copy loads back exactly."""
+    from etils import epath
+
+    cfg = cfg_lib.preset("tiny")
+    params = models.init_params(cfg, jax.random.PRNGKey(2))
+    bucket, real_path = tmp_path / "bucket", epath.Path
+
+    def fake_path(*parts):
+        joined = os.path.join(*map(str, parts))
+        return real_path(joined.replace("fake://", str(bucket) + "/"))
+
+    monkeypatch.setattr(epath, "Path", fake_path)
+    monkeypatch.chdir(tmp_path)
+    models.export_hf_dir(params, cfg, "fake://run/export/policy")
+    assert not (tmp_path / "fake:").exists()
+    assert sorted(os.listdir(bucket / "run/export/policy")) == ["config.json",
+                                                                 "model.safetensors"]
+    cfg2, params2 = models.load_hf_dir(str(bucket / "run/export/policy"), dtype=cfg.dtype)
     assert cfg2 == cfg
     _tree_equal_bitwise(params, params2)
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import jax
 import numpy as np
+from etils import epath
 
 from drubric_jax import sharding
 from drubric_jax.models import registry
@@ -48,6 +50,9 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly.
     Under several processes every process must call it (each leaf is gathered to the host
     in turn, a collective); only process 0 keeps the host copies and writes the files.
+    `directory` is a local path or a URL (gs://bucket/run/export/policy): a URL's files are
+    written to a local temporary directory first (safetensors and the tokenizer write
+    local files) and then copied there with `etils.epath`.
 
     Raises:
         NotImplementedError: a mixture-of-experts model (only trainees are exported, and
@@ -76,11 +81,24 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
             tensors[name] = w.T if key in fam.TRANSPOSED else w
     if not writer:
         return
-    os.makedirs(directory, exist_ok=True)
-    # metadata "pt": the format tag transformers checks before it loads a safetensors file.
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-              os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config_dict(cfg, bos_id, eos_id), f, indent=2)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+
+    def write(local: str) -> None:
+        os.makedirs(local, exist_ok=True)
+        # metadata "pt": the format tag transformers checks before it loads a safetensors file.
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+                  os.path.join(local, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(local, "config.json"), "w") as f:
+            json.dump(hf_config_dict(cfg, bos_id, eos_id), f, indent=2)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(local)
+
+    if "://" not in str(directory):
+        write(str(directory))
+        return
+    # os.makedirs("gs://b/x") would make a local "gs:" folder and the export would be lost.
+    with tempfile.TemporaryDirectory() as tmp:
+        write(tmp)
+        dest = epath.Path(directory)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in sorted(os.listdir(tmp)):
+            epath.Path(tmp, name).copy(dest / name, overwrite=True)
