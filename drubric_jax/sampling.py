@@ -129,10 +129,10 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         params: model params.  cfg: static model config.
         tokens: int32[B, P] left-padded prompts.  token_mask: bool[B, P].
         key: PRNG key for the whole generation.
-        row_ids: None, or int32[B] row ids for per-row draws (`generate`).
         max_new_tokens: N.
         mesh: optional mesh: the KV cache [L, B, Hkv, S, Dh] is laid out rows over
             ("data", "fsdp") and heads over "tensor" (the decode loop keeps that layout).
+        row_ids: None, or int32[B] row ids for per-row draws (`generate`).
     """
     b, p = tokens.shape
     # S = P + N slots: the whole generation fits without reallocating the cache.
@@ -289,15 +289,21 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         caller sets it.
 
     Raises:
-        ValueError: empty stop_ids or prompts; a row had no allowed token (case-09) and
-            allow_invalid is False; under several processes, data x fsdp is not a
-            multiple of the process count.
+        ValueError: empty stop_ids or prompts; row_ids not one id >= 0 per prompt; a row
+            had no allowed token (case-09) and allow_invalid is False; under several
+            processes, data x fsdp is not a multiple of the process count.
     """
     stop = np.asarray(list(stop_ids), np.int32)
     if stop.size == 0:
         raise ValueError("stop_ids must not be empty")
     if not prompts:
         raise ValueError("no prompts")
+    if row_ids is not None:
+        row_ids = [int(i) for i in row_ids]
+        if len(row_ids) != len(prompts) or min(row_ids) < 0:
+            raise ValueError(f"row_ids must give one id >= 0 per prompt: {len(row_ids)} "
+                             f"ids (smallest {min(row_ids, default=None)}) for "
+                             f"{len(prompts)} prompts")
     pad = int(stop[0] if pad_id is None else pad_id)
     # A compiled program per (rows, bucket, N): other prompt lengths in the bucket reuse it.
     longest = max(len(p) for p in prompts)

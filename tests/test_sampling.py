@@ -318,6 +318,10 @@ def test_generate_rejects_bad_arguments(tiny_model):
         sampling.generate(params, cfg, [], stop_ids=[2], **kw)
     with pytest.raises(ValueError, match="tokens"):
         sampling.generate(params, cfg, [[5], []], stop_ids=[2], **kw)
+    with pytest.raises(ValueError, match="row_ids"):
+        sampling.generate(params, cfg, [[5], [6]], stop_ids=[2], row_ids=[0], **kw)
+    with pytest.raises(ValueError, match="row_ids"):
+        sampling.generate(params, cfg, [[5], [6]], stop_ids=[2], row_ids=[0, -1], **kw)
 
 
 def test_bucket_length_and_left_pad():
