@@ -56,9 +56,11 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     c.weight_decay = 0.0             # AdamW decoupled weight decay
     c.b1 = 0.9                       # Adam beta1
     c.b2 = 0.999                     # Adam beta2
+    c.eps = 1e-8                     # Adam denominator epsilon
     c.max_grad_norm = 1.0            # global-norm gradient clipping
     c.clip_eps = 0.2                 # epsilon of the clipped ratio (Eq. 23)
-    c.beta = 0.01                    # beta, k3 KL coefficient to the frozen reference (Eq. 23)
+    c.beta = 0.01                    # beta, KL coefficient to the frozen reference (Eq. 23)
+    c.kl_estimator = "k3"            # KL estimator of Eq. 23: k1 | k2 | k3 (METHOD 11: k3)
     c.aggregation = "seq_mean_token_mean"  # | "token_mean" | "dr_grpo" (METHOD section 11)
     c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
     c.logits_chunk = 128             # tokens per output-head chunk (bounds [rows, chunk, V] logits)

@@ -12,7 +12,7 @@ from drubric_jax import config_check
 
 SMOLLM2_SWITCHES = ["", "data=shared", "variant=full", "variant=disc_only",
                     "variant=anchor_only", "variant=static", "tiny"]
-QWEN3_SWITCHES = ["", "local"]
+QWEN3_SWITCHES = ["", "local", "lora"]
 
 
 def _with_overrides(config, overrides):
@@ -130,3 +130,26 @@ def test_eval_evaluator_config_validates(arg, write_jsonl):
                          "ranking": [0, 1]}])
     config.data = f"{path},{path}"
     eval_evaluator.validate(config)
+
+
+@pytest.mark.parametrize("module,arg", [(smollm2_cpu, ""), (qwen3_8b, ""), (qwen3_8b, "lora"),
+                                        (grpo_learns, "")])
+def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
+    """Each TrainConfig field (but the sampler's temperature) is a field of both trainees'
+    `train` node, so `--config.policy.train.<name>=...` reaches it (a missing node field is
+    an AttributeError when the flag is parsed); a set value goes through from_config."""
+    import dataclasses
+
+    from drubric_jax.train_config import TrainConfig
+
+    config = module.get_config(arg)
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"temperature"}
+    for role in ("policy", "generator"):
+        assert names <= set(config[role].train.keys()), (role, names - set(config[role].train))
+    config.policy.train.kl_estimator = "k1"
+    config.policy.train.eps = 1e-6
+    tc = TrainConfig.from_config(config.policy.train, "policy.train", rows=8, temperature=1.0)
+    assert (tc.kl_estimator, tc.eps) == ("k1", 1e-6)
+    config.policy.train.kl_estimator = "k9"
+    with pytest.raises(config_check.ConfigError, match="config.policy.train.kl_estimator"):
+        config_check.validate(config, device_count=8, process_count=1)
