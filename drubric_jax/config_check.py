@@ -196,7 +196,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
          "memory.park_idle_optimizer (disk)")
     need(not (c.memory.park_idle_optimizer and process_count > 1),
          "memory.park_idle_optimizer", "single-process runs only (it writes whole arrays "
-         f"to local disk); this run has {process_count} processes")
+         f"to local disk); this run has {process_count} processes: set it False and use "
+         "memory.offload_idle_optimizer (pinned host memory) instead")
     need(isinstance(c.compile.cache_dir, str), "compile.cache_dir", "must be a path or \"\"")
     need(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
     need(c.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep", "must be >= 1")

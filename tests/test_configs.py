@@ -119,6 +119,11 @@ def test_batch_items_and_row_shards_must_split_over_the_processes():
     config.generator.anchors_per_step = 4
     with pytest.raises(config_check.ConfigError, match=r"mesh\.data \* mesh\.fsdp"):
         config_check.validate(config, device_count=8, process_count=16)
+    config.memory.offload_idle_optimizer = False
+    config.memory.park_idle_optimizer = True  # local disk: refused, pointing to the offload
+    with pytest.raises(config_check.ConfigError, match=r"park_idle_optimizer.*single-process"
+                       r".*memory\.offload_idle_optimizer"):
+        config_check.validate(config, device_count=8, process_count=2)
 
 
 @pytest.mark.parametrize("arg", ["", "tiny"])
