@@ -106,6 +106,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     # Each step's seconds_compile metric reads this clock.
     compilation.CompileClock.install()
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    # The config this invocation runs with, overrides included (a resumed run rewrites it).
+    _write_json(epath.Path(workdir) / "config.json", json.loads(config.to_json_best_effort()))
     c = config
     check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load

@@ -93,6 +93,10 @@ def test_resume_after_round_1_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(x, y)
     for name in ("curves.png", "memory.json", "trace/round_0.html", "trace/round_1.html"):
         assert os.path.exists(os.path.join(full, name)), name
+    with open(os.path.join(full, "config.json")) as f:  # the config the run was started with
+        saved = json.load(f)
+    c = _tiny_config()
+    assert saved["seed"] == c.seed and saved["policy"]["train"] == c.policy.train.to_dict()
 
 
 def test_static_variant_skips_generator_training(tmp_path):
