@@ -30,8 +30,9 @@ Output: one JSON object per line.
 - `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
   CPU, float32): prefill = generate of 1 new token, decode = generate of N minus that
   (`bench_transformers`; the peer script's own figures beside them as `peer_script_*`),
-  with `ratio_prefill` and `ratio_decode` = ours / theirs. Needs `torch` and `accelerate` importable, e.g. from a
-  separate venv layered over the project's one:
+  with `ratio_prefill` and `ratio_decode` = ours / theirs (medians of `--reps` warm calls,
+  as ours). Needs `torch` and `accelerate` importable, e.g. from a separate venv layered
+  over the project's one:
       python3.11 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch==2.13.0 accelerate
       PYTHONPATH=.venv/lib/python3.11/site-packages \
           /tmp/tvenv/bin/python -m experiments.bench_sampler --impl=all
@@ -263,7 +264,7 @@ def main(argv):
             _emit(impl="transformers", skipped=why)
         else:
             for b in batches:
-                row = bench_transformers(model, cfg.vocab_size, b, p, n, _SEED.value)
+                row = bench_transformers(model, cfg.vocab_size, b, p, n, _SEED.value, _REPS.value)
                 _emit(impl="transformers", dtype="float32", batch=b, prompt_len=p,
                       new_tokens=n, **row, peak_rss_mb=_peak_rss_mb(),
                       **_ratios(ours.get(b), row))
