@@ -1,7 +1,8 @@
 # Two commands for a fresh machine with Python 3.11:
 #   make run    set up .venv and run the main job on the embedded default
 #   make test   set up .venv and run the test suite
-#   (make test-fast: the same without the tests marked slow, for development)
+#   (make test-fast: the same without the tests marked slow, for development;
+#    make setup: only create .venv and install)
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
