@@ -12,6 +12,11 @@ stop id is -1, which no sampled token can equal, so every row produces all N tok
 Output: one JSON object per line.
 - `{"impl": "matmul", ...}`: the machine's float32 (and compute-dtype) matmul peak,
   `--matmul_n`^3 `jnp.dot`, in GFLOP/s.
+- `{"impl": "bandwidth", ...}`: the memory roofline of this machine: `read_gb_s`, a jitted
+  `jnp.sum` over a float32 array of the model's size (the rate a decode step can at best
+  stream its weights at), and per batch B `matmul_stream_gb_s`, the rate XLA's dot streams
+  weights at for [B, D] @ L distinct [D, F] matrices (the MLP's shape; for B >= 2 the CPU
+  GEMM path packs its operands, so it streams slower than a B = 1 matrix-vector product).
 - `{"impl": "jax", ...}` per batch B:
   `prefill_tok_s` = B * P / time of one jitted `sampling.prefill` call (block_until_ready);
   `decode_tok_s` = B * N / time of one `sampling.decode_loop` call (N sampling steps and N
@@ -25,8 +30,15 @@ Output: one JSON object per line.
   memory so far (it only grows);
   `prefill_mfu` = 2 * n_params * prefill_tok_s / float32 matmul peak (n_params counts the
   tied embedding, which the prefill uses only for the last position's logits, so this
-  overstates; `prefill_mfu_blocks` uses the parameters outside the embedding). Warm
-  figures are the median of `--reps` calls.
+  overstates; `prefill_mfu_blocks` uses the parameters outside the embedding);
+  `decode_bytes_per_step` = the bytes a decode step must read: every parameter (the tied
+  embedding as the output head) plus the KV cache's S = P + N slots of every layer (the
+  attention reads all of them; the unwritten ones are masked), and
+  `decode_roofline_frac` = (those bytes / `read_gb_s`) / the measured time per step: 1.0
+  would be a step as fast as this machine's memory allows; `decode_mfu` = 2 * n_params *
+  decode_tok_s / float32 matmul peak (what bounds large batches, where the step computes
+  more than it reads). Warm figures are the median of
+  `--reps` calls.
 - `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
   CPU, float32): prefill = generate of 1 new token, decode = generate of N minus that
   (`bench_transformers`; the peer script's own figures beside them as `peer_script_*`),
@@ -100,6 +112,57 @@ def matmul_gflops(n: int, dtype: str, reps: int = 5) -> float:
         dot(a, b).block_until_ready()
         times.append(time.perf_counter() - t)
     return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def read_gb_s(nbytes: int, reps: int = 5) -> float:
+    """GB/s (1e9 bytes) of a jitted `jnp.sum` over float32[nbytes / 4] (median of `reps`)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((max(nbytes // 4, 1),), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        total(x).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return x.nbytes / statistics.median(times) / 1e9
+
+
+def matmul_stream_gb_s(rows: int, d: int, f: int, layers: int, dtype: str,
+                       reps: int = 5) -> float:
+    """GB/s at which a jitted `[rows, d] @ w` streams `layers` distinct `w: [d, f]` matrices
+    (one program, as a decode step's layers; too many bytes to stay in cache), median of
+    `reps` calls: the weight-streaming rate XLA's dot kernel reaches at this batch size."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(2), layers + 1)
+    ws = [jax.random.normal(k, (d, f), jnp.float32).astype(dtype) for k in keys[1:]]
+    h = jax.random.normal(keys[0], (rows, d), jnp.float32).astype(dtype)
+    # Each product is reduced so that all of them stay live (none is optimised away).
+    chain = jax.jit(lambda h, ws: sum(jnp.sum(h @ w) for w in ws))
+    chain(h, ws).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        chain(h, ws).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return sum(w.nbytes for w in ws) / statistics.median(times) / 1e9
+
+
+def decode_bytes_per_step(cfg, params, batch: int, num_slots: int) -> int:
+    """Bytes one decode step reads at least: all params (a mixture of experts reads only its
+    routed experts: there this overcounts), and the KV cache
+    k, v: [L, B, Hkv, S, Dh] in the compute dtype (`models.init_cache`)."""
+    import jax
+    import jax.numpy as jnp
+
+    weights = sum(x.nbytes for x in jax.tree.leaves(params))
+    cache = (2 * cfg.num_layers * batch * cfg.num_kv_heads * num_slots * cfg.head_dim
+             * jnp.dtype(cfg.compute_dtype).itemsize)
+    return int(weights + cache)
 
 
 def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: int, seed: int):
@@ -249,13 +312,25 @@ def main(argv):
 
     ours = {}
     if _IMPL.value in ("jax", "all"):
+        weight_bytes = decode_bytes_per_step(cfg, params, 0, 0)
+        read = read_gb_s(weight_bytes)
+        _emit(impl="bandwidth", read_gb_s=round(read, 1), read_mb=round(weight_bytes / 2**20),
+              matmul_stream_gb_s={
+                  b: round(matmul_stream_gb_s(b, cfg.dim, cfg.hidden_dim, cfg.num_layers,
+                                              _DTYPE.value), 1) for b in batches},
+              matmul_shape=f"[B, {cfg.dim}] @ {cfg.num_layers} x [{cfg.dim}, {cfg.hidden_dim}]")
         for b in batches:
             row = bench_jax(cfg, params, b, p, n, _REPS.value, _SEED.value)
             ours[b] = row
+            step_bytes = decode_bytes_per_step(cfg, params, b, p + n)
             _emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,
                   prefill_mfu=round(2 * n_params * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
                   prefill_mfu_blocks=round(2 * (n_params - cfg.vocab_size * cfg.dim)
                                            * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
+                  decode_mfu=round(2 * n_params * row["decode_tok_s"] / (f32_peak * 1e9), 3),
+                  decode_bytes_per_step=step_bytes,
+                  decode_roofline_frac=round(step_bytes / (read * 1e9)
+                                             / (row["decode_ms_per_step"] / 1e3), 3),
                   peak_rss_mb=_peak_rss_mb())
 
     if _IMPL.value in ("transformers", "all"):

@@ -514,8 +514,14 @@ def test_bench_sampler_prints_one_json_row_per_batch(smollm2, tmp_path):
     assert [r["batch"] for r in ours] == [1, 2]
     for r in ours:
         assert {"prompt_len", "new_tokens", "prefill_tok_s", "decode_tok_s", "peak_rss_mb",
-                "compile_s", "prefill_mfu"} <= r.keys()
+                "compile_s", "prefill_mfu", "decode_bytes_per_step"} <= r.keys()
         assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+        # Every float32 parameter (~134.5M, 538 MB) plus the cache's 20 slots.
+        assert r["decode_bytes_per_step"] > 4 * 134_000_000
+        assert r["decode_roofline_frac"] > 0 and r["decode_mfu"] > 0
+    bandwidth = [r for r in rows if r["impl"] == "bandwidth"]
+    assert len(bandwidth) == 1 and bandwidth[0]["read_gb_s"] > 0
+    assert sorted(bandwidth[0]["matmul_stream_gb_s"]) == ["1", "2"]  # JSON keys are strings
     assert any(r["impl"] == "matmul" and r["float32_gflop_s"] > 0 for r in rows)
     assert any(r["impl"] == "transformers" for r in rows)  # measured, or why it was skipped
 
