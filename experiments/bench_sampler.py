@@ -37,8 +37,7 @@ Output: one JSON object per line.
   `decode_roofline_frac` = (those bytes / `read_gb_s`) / the measured time per step: 1.0
   would be a step as fast as this machine's memory allows; `decode_mfu` = 2 * n_params *
   decode_tok_s / float32 matmul peak (what bounds large batches, where the step computes
-  more than it reads). Warm figures are the median of
-  `--reps` calls.
+  more than it reads). Warm figures are the median of `--reps` calls.
 - `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
   CPU, float32): prefill = generate of 1 new token, decode = generate of N minus that
   (`bench_transformers`; the peer script's own figures beside them as `peer_script_*`),
