@@ -340,6 +340,10 @@ def finish(run: Run) -> None:
     _write_json(os.path.join(run.workdir, FINISHED), {
         "rounds": int(run.config.rounds.num_rounds), "global_step": run.loop.global_step,
         "data_sha256": run.data.fingerprint["sha256"]})
+    if is_primary():  # the last line of a run, after its progress bars
+        print(f"{run.workdir}: finished {int(run.config.rounds.num_rounds)} rounds "
+              f"({run.loop.global_step} optimizer steps); metrics.jsonl, curves.png, "
+              f"memory.json{', export/' if run.config.export else ''} are there.", flush=True)
 
 
 def finished(workdir: str, config: ml_collections.ConfigDict) -> Optional[dict]:

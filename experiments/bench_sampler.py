@@ -96,6 +96,18 @@ def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def _median_s(fn, *args, reps: int) -> float:
+    """Median wall seconds of `reps` calls of jitted `fn(*args)`, after one warm-up call
+    (compiles); each call waits for its result."""
+    fn(*args).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn(*args).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def matmul_gflops(n: int, dtype: str, reps: int = 5) -> float:
     """GFLOP/s of a jitted n x n x n `jnp.dot` in `dtype` (median of `reps` warm calls)."""
     import jax
@@ -103,14 +115,7 @@ def matmul_gflops(n: int, dtype: str, reps: int = 5) -> float:
 
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32).astype(dtype)
-    dot = jax.jit(jnp.dot)
-    dot(a, b).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        dot(a, b).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
+    return 2 * n ** 3 / _median_s(jax.jit(jnp.dot), a, b, reps=reps) / 1e9
 
 
 def read_gb_s(nbytes: int, reps: int = 5) -> float:
@@ -119,14 +124,7 @@ def read_gb_s(nbytes: int, reps: int = 5) -> float:
     import jax.numpy as jnp
 
     x = jnp.ones((max(nbytes // 4, 1),), jnp.float32)
-    total = jax.jit(jnp.sum)
-    total(x).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        total(x).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return x.nbytes / statistics.median(times) / 1e9
+    return x.nbytes / _median_s(jax.jit(jnp.sum), x, reps=reps) / 1e9
 
 
 def matmul_stream_gb_s(rows: int, d: int, f: int, layers: int, dtype: str,
@@ -142,13 +140,7 @@ def matmul_stream_gb_s(rows: int, d: int, f: int, layers: int, dtype: str,
     h = jax.random.normal(keys[0], (rows, d), jnp.float32).astype(dtype)
     # Each product is reduced so that all of them stay live (none is optimised away).
     chain = jax.jit(lambda h, ws: sum(jnp.sum(h @ w) for w in ws))
-    chain(h, ws).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        chain(h, ws).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return sum(w.nbytes for w in ws) / statistics.median(times) / 1e9
+    return sum(w.nbytes for w in ws) / _median_s(chain, h, ws, reps=reps) / 1e9
 
 
 def decode_bytes_per_step(cfg, params, batch: int, num_slots: int) -> int:

@@ -209,13 +209,15 @@ def _one_round_config(tmp_path=None):
 def test_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     workdir = str(tmp_path)
     loop.run(_one_round_config(), workdir)
+    # A run's last line says where its outputs are (after the progress bars).
+    assert f"{workdir}: finished 1 rounds" in capsys.readouterr().out.strip().splitlines()[-1]
     files = {}
     for root, _, names in os.walk(workdir):
         for n in names:
             p = os.path.join(root, n)
             files[p] = (os.path.getmtime(p), os.path.getsize(p))
     loop.run(_one_round_config(), workdir)
-    assert "finished" in capsys.readouterr().out
+    assert "this run finished" in capsys.readouterr().out
     after = {}
     for root, _, names in os.walk(workdir):
         for n in names:
