@@ -337,11 +337,12 @@ def finish(run: Run) -> None:
             export_hf_dir(params, trainee.cfg.replace(lora_rank=0, param_dtype=dtype),
                           os.path.join(run.workdir, "export", trainee.role.value), tok,
                           bos_id=tok.bos_token_id or 0, eos_id=tok.eos_token_id or 0)
+    rounds = int(run.config.rounds.num_rounds)
     _write_json(os.path.join(run.workdir, FINISHED), {
-        "rounds": int(run.config.rounds.num_rounds), "global_step": run.loop.global_step,
+        "rounds": rounds, "global_step": run.loop.global_step,
         "data_sha256": run.data.fingerprint["sha256"]})
     if is_primary():  # the last line of a run, after its progress bars
-        print(f"{run.workdir}: finished {int(run.config.rounds.num_rounds)} rounds "
+        print(f"{run.workdir}: finished {rounds} rounds "
               f"({run.loop.global_step} optimizer steps); metrics.jsonl, curves.png, "
               f"memory.json{', export/' if run.config.export else ''} are there.", flush=True)
 
