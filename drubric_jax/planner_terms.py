@@ -55,7 +55,9 @@ ATTENTIONS = ("auto", "dense", "blockwise")
 # assignment of the jitted functions at several widths and lengths; `planner_compiled` and
 # tests/test_planner.py check the sums).
 TRAIN_ATTENTION = 3      # float32 [H, T, S]: scores, softmax, their cotangent
-FORWARD_ATTENTION = 2    # float32 [H, T, S]: scores and softmax (prefill, verifier passes)
+FORWARD_ATTENTION = 2    # float32 [H, T, S]: scores and softmax (verifier suffix passes)
+# A prefill into a fresh cache (T = S): scores, softmax and the masked probabilities.
+PREFILL_ATTENTION = 3
 OPTIMIZER_COPIES = 2     # float32 trained-params-sized buffers in the AdamW update: the
 #                          gradients and the updates (new params and moments are donated)
 TRAIN_LOGITS = 5         # float32 [chunk, V]: logits, log-softmax, probs, entropy terms,
@@ -336,10 +338,10 @@ def _total(terms: list) -> int:
 
 
 def _forward_terms(cfg: ModelConfig, rows: int, tokens: int, slots: int, attention: str,
-                   block: int, field: str) -> list:
+                   block: int, field: str, buffers: int = FORWARD_ATTENTION) -> list:
     return [Term(f"forward activations ({rows} rows x {tokens} tokens)",
                  _widths(cfg, rows, tokens, FORWARD_WIDTHS), field),
-            _attention(cfg, rows, tokens, slots, FORWARD_ATTENTION, attention, block)]
+            _attention(cfg, rows, tokens, slots, buffers, attention, block)]
 
 
 def _logits(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
@@ -363,14 +365,16 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
     logits = _logits(cfg, rows, SAMPLING_LOGITS, field)
     budget = ("config.generator.input_budget" if role == "generator"
               else "config.policy.max_prompt_tokens")  # the prefill runs over the prompt
-    prefill = [cache, *_forward_terms(cfg, rows, prompt, slots, attention, block,
-                                      f"rows per sampler call (rollout micro-batch); {budget}"),
+    # A prefill into a fresh cache attends over the prompt's own tokens (`KVCache.empty`).
+    prefill = [cache, *_forward_terms(cfg, rows, prompt, prompt, attention, block,
+                                      f"rows per sampler call (rollout micro-batch); {budget}",
+                                      PREFILL_ATTENTION),
                *gathered]
     decode = [cache, logits, dataclasses.replace(cache, name="per-layer copy of the KV cache "
                                                  "(decode loop)"),
               Term("per-layer copy of the weights (models.decode_params)",
                    tree_bytes({"layers": params["layers"]}, mesh),
-                   "none (sampling.decode_loop copies the layers once per call)"),
+                   "none (sampling.decode_params copies the layers once per call)"),
               *gathered]
     return max(prefill, decode, key=_total)
 
@@ -386,8 +390,8 @@ def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix
                  kv_cache_bytes(cfg, rows, slots), field)
     gathered = _weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],
                                0, mesh)
-    prefill = [cache, *_forward_terms(cfg, rows, prefix, slots, attention, block, field),
-               *gathered]
+    prefill = [cache, *_forward_terms(cfg, rows, prefix, prefix, attention, block, field,
+                                      PREFILL_ATTENTION), *gathered]
     score = [cache, Term(f"repeated cache ({rows * items} rows)",
                          kv_cache_bytes(cfg, rows * items, slots), field),
              *_forward_terms(cfg, rows * items, suffix, slots, attention, block, field),

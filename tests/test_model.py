@@ -218,6 +218,50 @@ def test_cached_decode_equals_full_forward(name):
     np.testing.assert_allclose(cached[m], full[m], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", TINY_PRESETS)
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_fresh_cache_prefill_reads_only_its_own_tokens(name, per_layer):
+    """A prefill into a cache fresh from `init_cache` (`KVCache.empty`) attends over its own
+    T tokens only; it gives the logits and the cache of the general cached path (the same
+    cache marked not empty: attention over all S slots, the empty ones masked), and it never
+    reads the S - T slots it leaves empty (NaN there stays out of its logits)."""
+    cfg = cfg_lib.preset(name)
+    params = models.init_params(cfg, jax.random.PRNGKey(1))
+    if per_layer:
+        params = llama.unstack_layers(params)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, cfg.vocab_size, n).tolist() for n in (9, 4, 7)]
+    tokens, mask = _left_pad(seqs, length=9)
+    positions = models.positions_from_mask(mask)
+
+    def prefill(cache):
+        cache = models.unstack_cache(cache) if per_layer else cache
+        return _step_jit(params, tokens, mask, positions, cache, cfg=cfg)
+
+    fresh = models.init_cache(cfg, len(seqs), 16)
+    assert fresh.empty
+    logits, cache = prefill(fresh)
+    general_logits, general_cache = prefill(fresh.replace(empty=False))
+    assert not cache.empty and int(cache.index) == 9
+    m = np.asarray(mask)
+    # The same operations, except that the general path also sums the masked slots' exact
+    # zeros (exp of the mask value, 0 * v): measured bitwise equal here; 1e-5 leaves room
+    # for another CPU's summation order (logits here are O(1)).
+    np.testing.assert_allclose(np.asarray(logits)[m], np.asarray(general_logits)[m],
+                               atol=1e-5, rtol=0)
+    stacked = models.stack_cache(cache), models.stack_cache(general_cache)
+    for kind in ("k", "v"):
+        np.testing.assert_allclose(np.asarray(getattr(stacked[0], kind)),
+                                   np.asarray(getattr(stacked[1], kind)), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(cache.valid), np.asarray(general_cache.valid))
+
+    poisoned = fresh.replace(v=jnp.full_like(fresh.v, jnp.nan))
+    assert np.isfinite(np.asarray(prefill(poisoned)[0])[m]).all()
+    # The general path reads every slot: NaN there reaches the logits (this is what the
+    # fresh path avoids, and shows the check above can fail).
+    assert not np.isfinite(np.asarray(prefill(poisoned.replace(empty=False))[0])[m]).all()
+
+
 def test_padding_invariance(tiny_model):
     """One prompt, left-padded by different amounts among other prompts, same last logits."""
     cfg, params = tiny_model

@@ -12,7 +12,8 @@ and nC the block counts (T and S padded up to nQ * Q and nC * C).
 
 Visibility (the mask, built as bool[B, T, S] only by `materialized`): query t, at slot
 start + t, sees key slot s iff valid[b, s] and s <= start + t. A call without a cache has
-start = 0 and S = T (causal over the T tokens, padding keys hidden); a cached call has
+start = 0 and S = T (causal over the T tokens, padding keys hidden), and so does a prefill
+into a fresh cache (`KVCache.empty`: no earlier slot to read); a cached call has
 start = cache.index. A query that sees no key (a left-padding row) outputs 0 and passes no
 gradient.
 
@@ -39,7 +40,7 @@ def choose(attention: str, t: int, s: int, cached: bool) -> str:
     """The implementation `attend` runs for a call with T queries over S slots.
 
     "auto" (and "cudnn" on a cached call, whose causal mask starts at a traced cache
-    index that cuDNN's mask cannot express) is "blockwise" when T * S exceeds
+    index that cuDNN's mask cannot express; a prefill into a fresh cache is not one) is "blockwise" when T * S exceeds
     AUTO_BLOCKWISE_MIN_SCORES, else "materialized", on every backend.
     """
     if attention == "cudnn" and not cached:

@@ -28,12 +28,17 @@ class KVCache:
         v: values, laid out as k.
         valid: bool[B, S], True where the slot holds a real (non-padding) token.
         index: int32[] next slot to write; the same for every row.
+        empty: True (static) for a cache as `init_cache` made it, nothing written yet: a
+            forward pass into it attends only over its own T tokens (causal, as without a
+            cache) and writes them to slots [0, T); the S - T slots still empty are never
+            read. False once anything was written (every cache a forward pass returns).
     """
 
     k: jax.Array
     v: jax.Array
     valid: jax.Array
     index: jax.Array
+    empty: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def num_slots(self) -> int:
@@ -49,7 +54,7 @@ def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
         v=jnp.zeros(shape, cfg.compute_dtype),
         # Nothing written yet: no slot is visible to any query.
         valid=jnp.zeros((batch, num_slots), bool),
-        index=jnp.zeros((), jnp.int32))
+        index=jnp.zeros((), jnp.int32), empty=True)
 
 
 def repeat_rows(cache: KVCache, n: int) -> KVCache:

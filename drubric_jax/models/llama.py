@@ -187,7 +187,8 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
     (`swiglu_mlp`, or a mixture of experts: `models.qwen3_moe`).
 
     `kv_fn(k, v)` gets this call's keys and values [B, T, Hkv, Dh] and returns
-    `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S];
+    `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S]: what
+    the queries attend over (the cache's S slots, or this call's S = T tokens);
     `start` is the slot of the first query (None without a cache), see `attention.attend`.
     """
     b, t, _ = x.shape
@@ -222,7 +223,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         token_mask: bool[B, T], False for padding tokens (they are never attended to).
             Defaults to all True.
         cache: optional KVCache; when given, the T new tokens are written to slots
-            [cache.index, cache.index + T) and attend to every valid earlier slot.
+            [cache.index, cache.index + T) and attend to every valid earlier slot (a fresh
+            cache, `KVCache.empty`, has none: they attend to each other only).
             Without a cache, attention is causal over the T tokens. A per-layer cache
             (`unstack_cache`) is returned per-layer and runs the layers as a Python loop;
             pair it with `unstack_layers(params)` (stacked params are sliced per call).
@@ -262,6 +264,15 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     start = cache.index
     # The new slots are valid only for real tokens (not padding, not rows that did not emit).
     valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, start))
+    # A fresh cache (a prefill): the T tokens attend to each other only, as without a cache,
+    # so the S - T empty slots cost no attention (a third of it at P = 128, N = 64), and a
+    # "cudnn" attention serves the pass (it cannot mask a cached call).
+    fresh = cache.empty
+    attend_from = None if fresh else start
+
+    def attended(k, v, k_all, v_all):
+        # What the layer's queries attend over: this call's keys or the whole cache.
+        return (_heads_first(k), _heads_first(v), token_mask) if fresh else (k_all, v_all, valid)
 
     if isinstance(cache.k, tuple):  # per-layer form: no slicing inside the layer loop
         layers = params["layers"]
@@ -275,9 +286,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                                   (0, 0, start, 0))
                 vc = jax.lax.dynamic_update_slice(vc, _heads_first(v).astype(vc.dtype),
                                                   (0, 0, start, 0))
-                return kc, vc, valid, (kc, vc)
+                return (*attended(k, v, kc, vc), (kc, vc))
 
-            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp)
+            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)
             k_new.append(kc)
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=start + t)
@@ -293,9 +304,10 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             vc = jax.lax.dynamic_update_slice(
                 v_cache, _heads_first(v)[None].astype(v_cache.dtype), (i, 0, 0, start, 0))
             # The whole stacked cache is the scan carry; this layer attends over its own slice.
-            return kc[i], vc[i], valid, (kc, vc)
+            return (*attended(k, v, kc[i], vc[i]), (kc, vc))
 
-        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp)
+        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn,
+                                       mlp)
         return (x, k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(
