@@ -78,7 +78,6 @@ def _sample(state, words, force_stop, method, stop_ids, pad_id):
 
 
 _forward = jax.jit(sampling.forward_token, static_argnames="cfg", donate_argnums=(2,))
-_decode_params = jax.jit(models.decode_params, static_argnames="cfg")
 _decode_cache = jax.jit(models.decode_cache)
 
 
@@ -130,7 +129,7 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
     # (`sharding.put` may alias it on CPU; a transfer to a GPU ends before the sample runs).
     # -1 sets every bit: all tokens allowed until the first fill writes the rows' masks.
     mask = np.full((b, bitmask_words(state.logits.shape[-1])), -1, np.int32)
-    layer_params = _decode_params(params, cfg)  # one copy per call, not one per step
+    layer_params = sampling.decode_params(params, cfg)  # one copy per call, not per step
     # The per-layer form on CPU, as `sampling.decode_loop` uses.
     state = state.replace(cache=_decode_cache(state.cache))
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill

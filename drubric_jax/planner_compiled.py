@@ -132,7 +132,7 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
         dec = analyse(sampling.decode_loop.lower(params, cfg, state, method, stop, 0))
         # The decode loop's peak comes on top of the state the prefill returned.
         return pre.extra, pre.output + dec.extra
-    copy = analyse(constrained_lib._decode_params.lower(params, cfg))
+    copy = analyse(sampling.layer_copy.lower(params, cfg))
     unstack = analyse(constrained_lib._decode_cache.lower(state.cache))
     words = jax.ShapeDtypeStruct((rows, constrained_lib.bitmask_words(cfg.vocab_size)), jnp.int32)
     force = jax.ShapeDtypeStruct((rows,), bool)

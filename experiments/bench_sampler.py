@@ -4,6 +4,7 @@
     python -m experiments.bench_sampler --dtype=bfloat16         # bf16 weights and compute
     python -m experiments.bench_sampler --impl=all               # + transformers (needs torch)
     python -m experiments.bench_sampler --peer_json=tunix.jsonl  # + ratios against tunix
+    python -m experiments.bench_sampler --profile                # + time by kind of op
 
 Workload (the one of ../shared/peers): random prompts of `--prompt_len` tokens (ids 3..V-1,
 no padding, so the prompt bucket is exactly 128), greedy, `--new_tokens` new tokens. The
@@ -19,8 +20,9 @@ Output: one JSON object per line.
   GEMM path packs its operands, so it streams slower than a B = 1 matrix-vector product).
 - `{"impl": "jax", ...}` per batch B:
   `prefill_tok_s` = B * P / time of one jitted `sampling.prefill` call (block_until_ready);
-  `decode_tok_s` = B * N / time of one `sampling.decode_loop` call (N sampling steps and N
-  forward passes; the last forward's logits are unused — the peers' B * (N - 1) tokens
+  `decode_tok_s` = B * N / time of `sampling.decode_params` (on CPU the per-layer weight
+  copy) and one `sampling.decode_loop` call, as `generate` runs them (N sampling steps and
+  N forward passes; the last forward's logits are unused — the peers' B * (N - 1) tokens
   over N - 1 forwards is the same per-step rate);
   `compile_s` = ahead-of-time compile time of prefill + decode_loop for the shape (what
   the first call of a new shape pays on top; with the persistent cache
@@ -38,6 +40,10 @@ Output: one JSON object per line.
   would be a step as fast as this machine's memory allows; `decode_mfu` = 2 * n_params *
   decode_tok_s / float32 matmul peak (what bounds large batches, where the step computes
   more than it reads). Warm figures are the median of `--reps` calls.
+  With `--profile`, the row also has `prefill_ops` (ms per call) and `decode_ops` (ms per
+  step, of the loop without the weight copy): one more traced call each, its time split
+  into weight matmuls, the output head, attention, slicing a layer out of stacked arrays
+  and the rest, with the slowest operations (`experiments/op_profile.py`).
 - `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
   CPU, float32): prefill = generate of 1 new token, decode = generate of N minus that
   (`bench_transformers`; the peer script's own figures beside them as `peer_script_*`),
@@ -82,6 +88,9 @@ _REPS = flags.DEFINE_integer("reps", 2, "warm repetitions per shape (median repo
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "size of the peak-FLOP/s matmul")
 _PEER_JSON = flags.DEFINE_string("peer_json", None, "JSON lines of a peer to compare with")
 _SEED = flags.DEFINE_integer("seed", 0, "seed of the random prompts")
+_PROFILE = flags.DEFINE_bool(
+    "profile", False, "also trace one prefill and one decode call per batch and print where "
+    "the time goes by kind of operation (prefill_ops, decode_ops; experiments/op_profile.py)")
 _CACHE_DIR = flags.DEFINE_string(
     "compile_cache_dir", "~/.cache/drubric_jax/xla",
     "JAX persistent compilation cache, as config.compile.cache_dir ('' = off): a second run "
@@ -156,10 +165,15 @@ def decode_bytes_per_step(cfg, params, batch: int, num_slots: int) -> int:
     return int(weights + cache)
 
 
-def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: int, seed: int):
-    """Times `sampling.prefill` and `sampling.decode_loop` for one shape; returns a row dict.
+def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: int, seed: int,
+              profile: bool = False):
+    """Times `sampling.prefill` and `sampling.decode_params` + `sampling.decode_loop` (as
+    `generate` runs them) for one shape; returns a row dict.
 
     Both are compiled ahead of time (`compile_s`), then run `reps` times on fresh prompts.
+    With `profile`, one more prefill and decode call run under the profiler and the row
+    gets `prefill_ops` (ms per call) and `decode_ops` (ms per step) by kind of operation
+    (`experiments.op_profile.op_times`).
     """
     import jax
     import jax.numpy as jnp
@@ -180,7 +194,10 @@ def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: i
     prefill = sampling.prefill.lower(params, cfg, *prompts(), key, new_tokens).compile()
     state = jax.eval_shape(lambda *a: sampling.prefill(params, cfg, *a, key, new_tokens),
                            *prompts())
-    decode = sampling.decode_loop.lower(params, cfg, state, method, never, 0).compile()
+    # As `generate`: the loop runs on `sampling.decode_params` (on CPU a per-layer copy of
+    # the weights, made once per call by a program of its own: compiled here).
+    layers = sampling.decode_params(params, cfg)
+    decode = sampling.decode_loop.lower(layers, cfg, state, method, never, 0).compile()
     compile_s = time.perf_counter() - t0
 
     def once():
@@ -188,7 +205,7 @@ def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: i
         t0 = time.perf_counter()
         state = jax.block_until_ready(prefill(params, tokens, mask, key))
         t1 = time.perf_counter()
-        state = jax.block_until_ready(decode(params, state, never))
+        state = jax.block_until_ready(decode(sampling.decode_params(params, cfg), state, never))
         t2 = time.perf_counter()
         if int(state.step) != new_tokens or not bool(state.mask.all()):
             raise RuntimeError(f"decode stopped early at step {int(state.step)}")
@@ -197,11 +214,25 @@ def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: i
     first_pre, first_dec = once()  # warm-up (first execution: allocations, page faults)
     pres, decs = zip(*[once() for _ in range(reps)])
     pre, dec = statistics.median(pres), statistics.median(decs)
-    return dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
-                prefill_tok_s=round(batch * prompt_len / pre, 1),
-                decode_tok_s=round(batch * new_tokens / dec, 1),
-                decode_ms_per_step=round(1000 * dec / new_tokens, 2),
-                compile_s=round(compile_s, 2), first_run_s=round(first_pre + first_dec, 2))
+    row = dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
+               prefill_tok_s=round(batch * prompt_len / pre, 1),
+               decode_tok_s=round(batch * new_tokens / dec, 1),
+               decode_ms_per_step=round(1000 * dec / new_tokens, 2),
+               compile_s=round(compile_s, 2), first_run_s=round(first_pre + first_dec, 2))
+    if profile:
+        from experiments import op_profile
+
+        tokens, mask = prompts()
+        row["prefill_ops"] = op_profile.op_times(
+            prefill.as_text(), lambda: jax.block_until_ready(prefill(params, tokens, mask, key)),
+            cfg.vocab_size)
+        state = jax.block_until_ready(prefill(params, tokens, mask, key))
+        # decode_loop donates the state: this one call consumes it. The loop alone (the
+        # weight copy is its own program, made before the trace).
+        row["decode_ops"] = op_profile.op_times(
+            decode.as_text(), lambda: jax.block_until_ready(decode(layers, state, never)),
+            cfg.vocab_size, steps=new_tokens)
+    return row
 
 
 def _transformers_model(source: str):
@@ -311,7 +342,7 @@ def main(argv):
                                               _DTYPE.value), 1) for b in batches},
               matmul_shape=f"[B, {cfg.dim}] @ {cfg.num_layers} x [{cfg.dim}, {cfg.hidden_dim}]")
         for b in batches:
-            row = bench_jax(cfg, params, b, p, n, _REPS.value, _SEED.value)
+            row = bench_jax(cfg, params, b, p, n, _REPS.value, _SEED.value, _PROFILE.value)
             ours[b] = row
             step_bytes = decode_bytes_per_step(cfg, params, b, p + n)
             _emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,

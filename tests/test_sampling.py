@@ -23,6 +23,7 @@ from drubric_jax import tokenizer as tok_lib
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import llama
 from tolerances import logprob_atol
+from experiments import op_profile
 
 REPO = Path(__file__).resolve().parents[1]
 NEG_INF = float("-inf")
@@ -505,7 +506,7 @@ def test_bench_sampler_prints_one_json_row_per_batch(smollm2, tmp_path):
     env = dict(os.environ, XLA_FLAGS="", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.bench_sampler", "--batches=1,2", "--prompt_len=16",
-         "--new_tokens=4", "--reps=1", "--matmul_n=128", "--impl=all",
+         "--new_tokens=4", "--reps=1", "--matmul_n=128", "--impl=all", "--profile",
          f"--compile_cache_dir={tmp_path / 'xla'}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -519,6 +520,13 @@ def test_bench_sampler_prints_one_json_row_per_batch(smollm2, tmp_path):
         # Every float32 parameter (~134.5M, 538 MB) plus the cache's 20 slots.
         assert r["decode_bytes_per_step"] > 4 * 134_000_000
         assert r["decode_roofline_frac"] > 0 and r["decode_mfu"] > 0
+        # --profile: the traced calls' time by kind of operation (experiments/op_profile.py).
+        for ops in (r["prefill_ops"], r["decode_ops"]):
+            assert tuple(ops["ms"]) == op_profile.KINDS and ops["wall_ms"] > 0
+            assert ops["ms"]["weight_matmul"] > 0 and ops["ms"]["attention"] > 0
+            assert 0 < len(ops["top"]) <= 5 and all(op[1] in op_profile.KINDS
+                                                     for op in ops["top"])
+        assert r["decode_ops"]["ms"]["lm_head"] > 0  # every step's logits
     bandwidth = [r for r in rows if r["impl"] == "bandwidth"]
     assert len(bandwidth) == 1 and bandwidth[0]["read_gb_s"] > 0
     assert sorted(bandwidth[0]["matmul_stream_gb_s"]) == ["1", "2"]  # JSON keys are strings
