@@ -199,6 +199,7 @@ def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: i
     layers = sampling.decode_params(params, cfg)
     decode = sampling.decode_loop.lower(layers, cfg, state, method, never, 0).compile()
     compile_s = time.perf_counter() - t0
+    del layers  # each timed call makes its own copy, as `generate` does
 
     def once():
         tokens, mask = prompts()
@@ -229,6 +230,7 @@ def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: i
         state = jax.block_until_ready(prefill(params, tokens, mask, key))
         # decode_loop donates the state: this one call consumes it. The loop alone (the
         # weight copy is its own program, made before the trace).
+        layers = jax.block_until_ready(sampling.decode_params(params, cfg))
         row["decode_ops"] = op_profile.op_times(
             decode.as_text(), lambda: jax.block_until_ready(decode(layers, state, never)),
             cfg.vocab_size, steps=new_tokens)

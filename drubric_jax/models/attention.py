@@ -40,8 +40,9 @@ def choose(attention: str, t: int, s: int, cached: bool) -> str:
     """The implementation `attend` runs for a call with T queries over S slots.
 
     "auto" (and "cudnn" on a cached call, whose causal mask starts at a traced cache
-    index that cuDNN's mask cannot express; a prefill into a fresh cache is not one) is "blockwise" when T * S exceeds
-    AUTO_BLOCKWISE_MIN_SCORES, else "materialized", on every backend.
+    index that cuDNN's mask cannot express; a prefill into a fresh cache is not one) is
+    "blockwise" when T * S exceeds AUTO_BLOCKWISE_MIN_SCORES, else "materialized", on
+    every backend.
     """
     if attention == "cudnn" and not cached:
         return "cudnn"
