@@ -129,6 +129,8 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     stop = jax.ShapeDtypeStruct((1,), jnp.int32)
     method = sampling.Temperature(1.0)
     if not constrained:
+        # Lowered on the stacked params, the loop makes the per-layer weight copy inside its
+        # own program: the same bytes `generate` holds with the copy made just before it.
         dec = analyse(sampling.decode_loop.lower(params, cfg, state, method, stop, 0))
         # The decode loop's peak comes on top of the state the prefill returned.
         return pre.extra, pre.output + dec.extra

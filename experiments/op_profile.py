@@ -50,16 +50,17 @@ def _computations(hlo: str) -> dict:
     return out
 
 
-def _kind(opcode: str, body: list, vocab_size: int) -> str:
-    """The kind (`KINDS`) of one instruction; `body` = the lines of what it calls."""
-    lines = [ln for ln in body if _INSTRUCTION.match(ln)]
-    dots = [ln for ln in lines if _INSTRUCTION.match(ln).group(3) in ("dot", "convolution")]
+def _kind(body: list, vocab_size: int) -> str:
+    """The kind (`KINDS`) of one instruction; `body` = the lines of what it calls (for a
+    bare dot, its own line)."""
+    parsed = [(m.group(2), m.group(3), ln) for ln in body if (m := _INSTRUCTION.match(ln))]
+    dots = [(shape, ln) for shape, op, ln in parsed if op in ("dot", "convolution")]
     if dots:
-        result = _INSTRUCTION.match(dots[0]).group(2)
-        if re.search(rf"[\[,]{vocab_size}\]", result):
+        shape, line = dots[0]
+        if re.search(rf"[\[,]{vocab_size}\]", shape):
             return "lm_head"
-        return "attention" if "lhs_batch_dims" in dots[0] else "weight_matmul"
-    ops = {_INSTRUCTION.match(ln).group(3) for ln in lines}
+        return "attention" if "lhs_batch_dims" in line else "weight_matmul"
+    ops = {op for _, op, _ in parsed}
     if ops and ops <= {"parameter", "dynamic-slice", "slice", "bitcast", "reshape", "copy",
                        "constant", "compare", "select", "add", "subtract", "clamp"} \
             and ops & {"dynamic-slice", "slice"}:
@@ -77,12 +78,10 @@ def classify(hlo: str, vocab_size: int) -> dict:
             m = _INSTRUCTION.match(line)
             if not m:
                 continue
-            name, shape, opcode = m.groups()
+            name, shape, _ = m.groups()
             called = _CALLS.search(line)
-            body = comps.get(called.group(1), []) if called else []
-            if opcode in ("dot", "convolution"):
-                body = [line]
-            out[name] = (_kind(opcode, body, vocab_size), shape)
+            body = comps.get(called.group(1), []) if called else [line]
+            out[name] = (_kind(body, vocab_size), shape)
     return out
 
 
