@@ -73,6 +73,35 @@ def test_blockwise_equals_materialized_values_and_grads(case, dtype):
         _assert_close(g, wnt, dtype, n)
 
 
+def _textbook(q, k, v, valid, start):
+    """softmax(q k^T / sqrt(Dh)) v per query head, keys and values repeated per group, the
+    probabilities normalised before the value product; rows that see no key output 0."""
+    b, t, h, dh = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    k, v = (jnp.repeat(x, h // hkv, axis=1).astype(jnp.float32) for x in (k, v))
+    vis = (jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None])[None] & valid[:, None]
+    scores = jnp.einsum("bthd,bhsd->bhts", q.astype(jnp.float32), k) / math.sqrt(dh)
+    probs = jax.nn.softmax(jnp.where(vis[:, None], scores, -1e30), axis=-1)
+    probs = probs * vis[:, None]
+    return jnp.einsum("bhts,bhsd->bthd", probs, v).reshape(b, t, h * dh)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_materialized_equals_textbook_attention_values_and_grads(case):
+    """`materialized` normalises after the value product (and reshapes the GQA groups into
+    matmul rows); it must equal the textbook form. Row 0's first real query sees exactly
+    one key: its output is that key's value and its scores get no gradient (a `maximum`
+    on the normaliser would pass half of one)."""
+    q, k, v, valid, start, w = _inputs(case, jnp.float32)
+    _, t, s, h, hkv, _, _, _, _ = CASES[case]
+    want = _value_and_grads(lambda q, k, v: _textbook(q, k, v, valid, start), q, k, v, w)
+    got = _value_and_grads(lambda q, k, v: attention.materialized(q, k, v, valid, start),
+                           q, k, v, w)
+    for name, g, wnt, n in zip(("out", "dq", "dk", "dv"), got, want,
+                               (s, s, t * h // hkv, t * h // hkv)):
+        _assert_close(g, wnt, jnp.float32, n)
+
+
 @pytest.mark.parametrize("impl", ["materialized", "blockwise"])
 def test_query_that_sees_no_key_outputs_zero_and_passes_no_gradient(impl):
     """Row -1 of the inputs has no valid slot: finite zeros, no NaN, no gradient to q

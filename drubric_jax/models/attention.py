@@ -80,27 +80,52 @@ def attend(cfg, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
 
 def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
                  start=0) -> jax.Array:
-    """Attention through float32 scores [B, Hkv, G, T, S]; arguments as `attend`."""
+    """Attention through float32 scores [B, Hkv, G, T, S]; arguments as `attend`.
+
+    For T > 1 the softmax is normalised after the value product: out = (e @ v) / sum(e),
+    e = exp(scores - max) where visible, else 0 (a row that sees no key has sum 0 and
+    outputs 0). The division then runs over [.., T, Dh], not over the [.., T, S] scores,
+    and the scores are read by one fused pass fewer: 1.3-1.5x faster here (SmolLM2-135M
+    shapes, T = 128: 30 layers' prefill attention 27 -> 18 ms at B = 1, 183 -> 122 ms at
+    B = 8; forward + backward at B = 2, T = 512: 3.0 -> 1.9 s). The max is a constant of
+    the gradient (`stop_gradient`): the result does not depend on it.
+    """
     b, t, h, dh = q.shape
     hkv, s = k.shape[1], k.shape[2]
-    # GQA: the G query heads of a group read one key/value head (k and v are never repeated).
-    q = q.reshape(b, t, hkv, h // hkv, dh)
+    g = h // hkv
     causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
     vis = (causal[None] & valid[:, None, :])[:, None, None]                     # [B,1,1,T,S]
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
-    probs = jax.nn.softmax(jnp.where(vis, scores, _MASK_VALUE), axis=-1)
-    # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
-    probs = jnp.where(vis, probs, 0.0).astype(v.dtype)
     if t == 1:
-        # One query per row (decode): probs @ v as multiply-and-reduce over the slots. As a
-        # dot this is B*Hkv tiny matmuls with a transposed result, which XLA CPU runs
-        # several times slower than one fused loop.
+        # One query per row (decode). GQA: the G query heads of a group read one key/value
+        # head (k and v are never repeated).
+        q = q.reshape(b, t, hkv, g, dh)
+        scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
+                            preferred_element_type=jnp.float32) * (dh ** -0.5)
+        probs = jax.nn.softmax(jnp.where(vis, scores, _MASK_VALUE), axis=-1)
+        # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
+        probs = jnp.where(vis, probs, 0.0).astype(v.dtype)
+        # probs @ v as multiply-and-reduce over the slots. As a dot this is B*Hkv tiny
+        # matmuls with a transposed result, which XLA CPU runs several times slower than
+        # one fused loop.
         out = jnp.sum(probs[:, :, :, 0, :, None].astype(jnp.float32)
                       * v[:, :, None].astype(jnp.float32), axis=-2)[:, None].astype(v.dtype)
-    else:
-        out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
-    return out.reshape(b, t, h * dh)
+        return out.reshape(b, t, h * dh)
+    # The G query heads of a key/value head as G*T rows of one [G*T, Dh] x [Dh, S] matmul
+    # per (row, key head): plain matmuls, where the 5-axis einsums made XLA CPU transpose
+    # the scores and the output.
+    q = q.reshape(b, t, hkv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, dh)
+    scores = jnp.einsum("bkmd,bksd->bkms", q, k,
+                        preferred_element_type=jnp.float32).reshape(b, hkv, g, t, s)
+    scores = jnp.where(vis, scores * (dh ** -0.5), _MASK_VALUE)
+    top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+    e = jnp.where(vis, jnp.exp(scores - top), 0.0)           # unnormalised probabilities
+    total = jnp.sum(e, axis=-1, keepdims=True).reshape(b, hkv, g * t, 1)
+    out = jnp.einsum("bkms,bksd->bkmd", e.reshape(b, hkv, g * t, s).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    # total >= 1 for a row that sees a key (its max term is exp(0)); 0, and out 0, if none.
+    # (`where`, not `maximum(total, 1)`: maximum would halve the gradient at total == 1.)
+    out = (out / jnp.where(total > 0, total, 1.0)).astype(v.dtype)
+    return out.reshape(b, hkv, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
 
 
 def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=0,
