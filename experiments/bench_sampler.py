@@ -46,9 +46,12 @@ Output: one JSON object per line.
   and the rest, with the slowest operations (`experiments/op_profile.py`).
 - `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
   CPU, float32): prefill = generate of 1 new token, decode = generate of N minus that
-  (`bench_transformers`; the peer script's own figures beside them as `peer_script_*`),
-  with `ratio_prefill` and `ratio_decode` = ours / theirs (medians of `--reps` warm calls,
-  as ours). Needs `torch` and `accelerate` importable, e.g. from a separate venv layered
+  (`transformers_timer`; the peer script's own figures beside them as `peer_script_*`),
+  with `ratio_prefill` and `ratio_decode` = ours / theirs: with `--impl=all` our calls and
+  theirs alternate (`paired_rounds`, the order reversed every other round) and each ratio
+  is the median over the `--reps` rounds of that round's ratio, so a drift of this shared
+  machine's speed between the two does not bias it. `peak_rss_mb` then includes the torch
+  model (`--impl=jax` gives ours alone). Needs `torch` and `accelerate` importable, e.g. from a separate venv layered
   over the project's one:
       python3.11 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch==2.13.0 accelerate
       PYTHONPATH=.venv/lib/python3.11/site-packages \
@@ -165,15 +168,18 @@ def decode_bytes_per_step(cfg, params, batch: int, num_slots: int) -> int:
     return int(weights + cache)
 
 
-def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: int, seed: int,
-              profile: bool = False):
-    """Times `sampling.prefill` and `sampling.decode_params` + `sampling.decode_loop` (as
-    `generate` runs them) for one shape; returns a row dict.
+def jax_timer(cfg, params, batch: int, prompt_len: int, new_tokens: int, seed: int):
+    """Compiles `sampling.prefill` and `sampling.decode_loop` for one shape ahead of time.
 
-    Both are compiled ahead of time (`compile_s`), then run `reps` times on fresh prompts.
-    With `profile`, one more prefill and decode call run under the profiler and the row
-    gets `prefill_ops` (ms per call) and `decode_ops` (ms per step) by kind of operation
-    (`experiments.op_profile.op_times`).
+    Returns:
+        (compile_s, once, profile): `once()` runs one prefill and one
+        `sampling.decode_params` + `sampling.decode_loop` (as `generate` runs them) on fresh
+        prompts and returns their wall seconds (prefill_s, decode_s); `profile()` returns
+        {"prefill_ops": ..., "decode_ops": ...} of one more traced call each
+        (`experiments.op_profile.op_times`).
+
+    Raises:
+        RuntimeError: the decode loop stopped before N steps.
     """
     import jax
     import jax.numpy as jnp
@@ -212,29 +218,42 @@ def bench_jax(cfg, params, batch: int, prompt_len: int, new_tokens: int, reps: i
             raise RuntimeError(f"decode stopped early at step {int(state.step)}")
         return t1 - t0, t2 - t1
 
-    first_pre, first_dec = once()  # warm-up (first execution: allocations, page faults)
-    pres, decs = zip(*[once() for _ in range(reps)])
-    pre, dec = statistics.median(pres), statistics.median(decs)
-    row = dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
-               prefill_tok_s=round(batch * prompt_len / pre, 1),
-               decode_tok_s=round(batch * new_tokens / dec, 1),
-               decode_ms_per_step=round(1000 * dec / new_tokens, 2),
-               compile_s=round(compile_s, 2), first_run_s=round(first_pre + first_dec, 2))
-    if profile:
+    def profile():
         from experiments import op_profile
 
         tokens, mask = prompts()
-        row["prefill_ops"] = op_profile.op_times(
+        ops = dict(prefill_ops=op_profile.op_times(
             prefill.as_text(), lambda: jax.block_until_ready(prefill(params, tokens, mask, key)),
-            cfg.vocab_size)
+            cfg.vocab_size))
         state = jax.block_until_ready(prefill(params, tokens, mask, key))
         # decode_loop donates the state: this one call consumes it. The loop alone (the
         # weight copy is its own program, made before the trace).
         layers = jax.block_until_ready(sampling.decode_params(params, cfg))
-        row["decode_ops"] = op_profile.op_times(
+        ops["decode_ops"] = op_profile.op_times(
             decode.as_text(), lambda: jax.block_until_ready(decode(layers, state, never)),
             cfg.vocab_size, steps=new_tokens)
-    return row
+        return ops
+
+    return compile_s, once, profile
+
+
+def paired_rounds(timers: dict, reps: int) -> dict:
+    """Runs each of `timers` (name -> a callable returning a tuple of seconds) once to warm
+    up, then `reps` rounds of one call each, the order reversed every other round.
+
+    Interleaving puts every implementation under the same drift of this shared machine
+    (its speed moves 10-25% over minutes), so the per-round ratios of two implementations
+    are paired samples; run one after the other, a drift between them would bias the ratio.
+
+    Returns:
+        name -> {"first": the warm-up's tuple, "rounds": list of `reps` tuples}.
+    """
+    out = {name: {"first": fn(), "rounds": []} for name, fn in timers.items()}
+    names = list(timers)
+    for r in range(reps):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            out[name]["rounds"].append(timers[name]())
+    return out
 
 
 def _transformers_model(source: str):
@@ -257,21 +276,25 @@ def _transformers_model(source: str):
     return model.eval(), None
 
 
-def bench_transformers(model, vocab_size: int, batch: int, prompt_len: int, new_tokens: int,
-                       seed: int, reps: int = 3):
-    """Prefill and decode timings of transformers' `generate`, like for like with ours.
+def transformers_timer(model, vocab_size: int, batch: int, prompt_len: int, new_tokens: int,
+                       seed: int):
+    """Timers of transformers' `generate`, like for like with ours.
 
     `generate(max_new_tokens=1)` is the prefill as generate runs it (logits of the last
-    position only, as `sampling.prefill`; plus one sampling step): `prefill_tok_s` =
-    B * P / its time. `decode_tok_s` = B * (N - 1) / (time of generate(N) - time of
-    generate(1)): the N - 1 decode steps. Medians of `reps` warm calls each.
+    position only, as `sampling.prefill`; plus one sampling step): prefill seconds = its
+    time. Decode seconds = time of generate(N) - time of generate(1): the N - 1 decode
+    steps.
 
-    Also `peer_script_*`: the figures of ../shared/peers/anchor_hf_generate.py, which times
-    one `model(x)` call (logits of all P positions, the output head's [B, P, V] product
-    included) and subtracts it from one generate(N) call. That prefill is up to 1.4x
-    generate's own at B = 32 here, so its decode figure (a small difference of two large
-    times) came out between 150 and 400 tok/s on the same machine; it is printed for
-    reference and not used in the ratios.
+    Also `peer_script_*`, measured once here: the figures of
+    ../shared/peers/anchor_hf_generate.py, which times one `model(x)` call (logits of all P
+    positions, the output head's [B, P, V] product included) and subtracts it from one
+    generate(N) call. That prefill is up to 1.4x generate's own at B = 32 here, so its
+    decode figure (a small difference of two large times) came out between 150 and 400
+    tok/s on the same machine; it is printed for reference and not used in the ratios.
+
+    Returns:
+        (once, script): `once()` returns (prefill_s, decode_s) of one generate(1) and one
+        generate(N); `script` the `peer_script_*` figures.
     """
     import torch
 
@@ -281,27 +304,46 @@ def bench_transformers(model, vocab_size: int, batch: int, prompt_len: int, new_
 
     def timed(fn):
         t = time.perf_counter()
-        fn()
+        with torch.no_grad():
+            fn()
         return time.perf_counter() - t
 
     def generate(n):
         return timed(lambda: model.generate(x, attention_mask=am, max_new_tokens=n,
                                             min_new_tokens=n, do_sample=False, pad_token_id=0))
 
-    with torch.no_grad():
-        model(x[:, :16])  # warm
-        full_pre = timed(lambda: model(x, attention_mask=am))
-        script_total = generate(new_tokens)
-        one = statistics.median([generate(1) for _ in range(reps)])
-        whole = statistics.median([generate(new_tokens) for _ in range(reps)])
-    dec = max(whole - one, 1e-9)
-    return dict(prefill_s=round(one, 4), decode_s=round(dec, 4),
-                prefill_tok_s=round(batch * prompt_len / one, 1),
-                decode_tok_s=round(batch * (new_tokens - 1) / dec, 1),
-                decode_ms_per_step=round(1000 * dec / (new_tokens - 1), 2),
-                peer_script_prefill_tok_s=round(batch * prompt_len / full_pre, 1),
-                peer_script_decode_tok_s=round(
-                    batch * (new_tokens - 1) / max(script_total - full_pre, 1e-9), 1))
+    timed(lambda: model(x[:, :16]))  # warm
+    full_pre = timed(lambda: model(x, attention_mask=am))
+    script_total = generate(new_tokens)
+    script = dict(peer_script_prefill_tok_s=round(batch * prompt_len / full_pre, 1),
+                  peer_script_decode_tok_s=round(
+                      batch * (new_tokens - 1) / max(script_total - full_pre, 1e-9), 1))
+
+    def once():
+        one = generate(1)
+        return one, max(generate(new_tokens) - one, 1e-9)
+
+    return once, script
+
+
+def _row(rounds, batch: int, prompt_len: int, new_steps: int) -> dict:
+    """Medians of (prefill_s, decode_s) rounds as the row's times and tokens/s."""
+    pre = statistics.median(r[0] for r in rounds)
+    dec = statistics.median(r[1] for r in rounds)
+    return dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
+                prefill_tok_s=round(batch * prompt_len / pre, 1),
+                decode_tok_s=round(batch * new_steps / dec, 1),
+                decode_ms_per_step=round(1000 * dec / new_steps, 2))
+
+
+def _paired_ratios(ours, theirs, new_tokens: int) -> dict:
+    """ratio_prefill, ratio_decode = ours / theirs in tokens/s: the median over rounds of
+    each round's ratio (paired samples, `paired_rounds`). Our decode makes N forwards, theirs
+    N - 1 (their generate(1) includes the first): compared per step."""
+    pre = [t[0] / o[0] for o, t in zip(ours, theirs)]
+    dec = [(t[1] / (new_tokens - 1)) / (o[1] / new_tokens) for o, t in zip(ours, theirs)]
+    return dict(ratio_prefill=round(statistics.median(pre), 3),
+                ratio_decode=round(statistics.median(dec), 3))
 
 
 def _ratios(ours: dict, theirs: dict) -> dict:
@@ -334,8 +376,13 @@ def main(argv):
     _emit(impl="load", model=_MODEL.value, dtype=_DTYPE.value, n_params=n_params,
           load_s=round(time.perf_counter() - t, 2))
 
-    ours = {}
-    if _IMPL.value in ("jax", "all"):
+    run_ours = _IMPL.value in ("jax", "all")
+    model = None
+    if _IMPL.value in ("transformers", "all"):
+        model, why = _transformers_model(_MODEL.value)
+        if model is None:
+            _emit(impl="transformers", skipped=why)
+    if run_ours:
         weight_bytes = decode_bytes_per_step(cfg, params, 0, 0)
         read = read_gb_s(weight_bytes)
         _emit(impl="bandwidth", read_gb_s=round(read, 1), read_mb=round(weight_bytes / 2**20),
@@ -343,8 +390,23 @@ def main(argv):
                   b: round(matmul_stream_gb_s(b, cfg.dim, cfg.hidden_dim, cfg.num_layers,
                                               _DTYPE.value), 1) for b in batches},
               matmul_shape=f"[B, {cfg.dim}] @ {cfg.num_layers} x [{cfg.dim}, {cfg.hidden_dim}]")
-        for b in batches:
-            row = bench_jax(cfg, params, b, p, n, _REPS.value, _SEED.value, _PROFILE.value)
+
+    ours = {}
+    for b in batches:
+        timers = {}
+        if run_ours:
+            compile_s, timers["jax"], profile = jax_timer(cfg, params, b, p, n, _SEED.value)
+        if model is not None:
+            timers["transformers"], script = transformers_timer(model, cfg.vocab_size, b, p, n,
+                                                                _SEED.value)
+        # Ours and transformers alternate call by call (`paired_rounds`).
+        res = paired_rounds(timers, _REPS.value)
+        if run_ours:
+            row = _row(res["jax"]["rounds"], b, p, n)
+            row.update(compile_s=round(compile_s, 2),
+                       first_run_s=round(sum(res["jax"]["first"]), 2))
+            if _PROFILE.value:
+                row.update(profile())
             ours[b] = row
             step_bytes = decode_bytes_per_step(cfg, params, b, p + n)
             _emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,
@@ -356,17 +418,12 @@ def main(argv):
                   decode_roofline_frac=round(step_bytes / (read * 1e9)
                                              / (row["decode_ms_per_step"] / 1e3), 3),
                   peak_rss_mb=_peak_rss_mb())
-
-    if _IMPL.value in ("transformers", "all"):
-        model, why = _transformers_model(_MODEL.value)
-        if model is None:
-            _emit(impl="transformers", skipped=why)
-        else:
-            for b in batches:
-                row = bench_transformers(model, cfg.vocab_size, b, p, n, _SEED.value, _REPS.value)
-                _emit(impl="transformers", dtype="float32", batch=b, prompt_len=p,
-                      new_tokens=n, **row, peak_rss_mb=_peak_rss_mb(),
-                      **_ratios(ours.get(b), row))
+        if model is not None:
+            row = _row(res["transformers"]["rounds"], b, p, n - 1)
+            ratios = (_paired_ratios(res["jax"]["rounds"], res["transformers"]["rounds"], n)
+                      if run_ours else {})
+            _emit(impl="transformers", dtype="float32", batch=b, prompt_len=p,
+                  new_tokens=n, **row, **script, peak_rss_mb=_peak_rss_mb(), **ratios)
 
     if _PEER_JSON.value:
         with open(_PEER_JSON.value, encoding="utf-8") as f:
