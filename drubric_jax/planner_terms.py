@@ -55,8 +55,9 @@ ATTENTIONS = ("auto", "dense", "blockwise")
 # assignment of the jitted functions at several widths and lengths; `planner_compiled` and
 # tests/test_planner.py check the sums).
 TRAIN_ATTENTION = 3      # float32 [H, T, S]: scores, softmax, their cotangent
-FORWARD_ATTENTION = 2    # float32 [H, T, S]: scores and softmax (verifier suffix passes)
-# A prefill into a fresh cache (T = S): scores, softmax and the masked probabilities.
+FORWARD_ATTENTION = 3    # float32 [H, T, S] (verifier suffix passes): scores, unnormalised
+#                          probabilities, their cast for the value product (`materialized`)
+# A prefill into a fresh cache (T = S): the same three.
 PREFILL_ATTENTION = 3
 OPTIMIZER_COPIES = 2     # float32 trained-params-sized buffers in the AdamW update: the
 #                          gradients and the updates (new params and moments are donated)
