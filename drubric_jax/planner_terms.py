@@ -54,7 +54,7 @@ ATTENTIONS = ("auto", "dense", "blockwise")
 # Buffers alive at a step's peak, in units of the named per-row array (read off XLA's buffer
 # assignment of the jitted functions at several widths and lengths; `planner_compiled` and
 # tests/test_planner.py check the sums).
-TRAIN_ATTENTION = 3      # float32 [H, T, S]: scores, softmax, their cotangent
+TRAIN_ATTENTION = 3      # float32 [H, T, S]: scores, probabilities, their cotangent
 FORWARD_ATTENTION = 3    # float32 [H, T, S] (verifier suffix passes): scores, unnormalised
 #                          probabilities, their cast for the value product (`materialized`)
 # A prefill into a fresh cache (T = S): the same three.
@@ -69,7 +69,7 @@ TRAIN_LOGITS = 5         # float32 [chunk, V]: logits, log-softmax, probs, entro
 TRAIN_WIDTHS = (10, 15, 6)
 # Without remat (`train.remat=False`) the forward keeps, per layer and token, what its
 # backward reads (the same units), and with materialized attention also SAVED_ATTENTION
-# float32 [H, T, S] per layer (scores and softmax); blockwise attention keeps only its
+# float32 [H, T, S] per layer (scores and probabilities); blockwise attention keeps only its
 # output and log-sum-exp. Fitted to the compiled difference remat off - on of the tiny
 # config's steps (tests/test_planner.py checks it within 25%).
 SAVED_WIDTHS = (6, 5, 4)
