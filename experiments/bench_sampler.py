@@ -51,8 +51,8 @@ Output: one JSON object per line.
   theirs alternate (`paired_rounds`, the order reversed every other round) and each ratio
   is the median over the `--reps` rounds of that round's ratio, so a drift of this shared
   machine's speed between the two does not bias it. `peak_rss_mb` then includes the torch
-  model (`--impl=jax` gives ours alone). Needs `torch` and `accelerate` importable, e.g. from a separate venv layered
-  over the project's one:
+  model (`--impl=jax` gives ours alone). Needs `torch` and `accelerate` importable, e.g.
+  from a separate venv layered over the project's one:
       python3.11 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch==2.13.0 accelerate
       PYTHONPATH=.venv/lib/python3.11/site-packages \
           /tmp/tvenv/bin/python -m experiments.bench_sampler --impl=all
