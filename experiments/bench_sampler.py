@@ -13,12 +13,15 @@ stop id is -1, which no sampled token can equal, so every row produces all N tok
 Output: one JSON object per line.
 - `{"impl": "matmul", ...}`: the machine's float32 (and compute-dtype) matmul peak,
   `--matmul_n`^3 `jnp.dot`, in GFLOP/s.
+- `{"impl": "load", ...}`: the model (`n_params`) and its load time (`load_s`).
 - `{"impl": "bandwidth", ...}`: the memory roofline of this machine: `read_gb_s`, a jitted
   `jnp.sum` over a float32 array of the model's size (the rate a decode step can at best
   stream its weights at), and per batch B `matmul_stream_gb_s`, the rate XLA's dot streams
   weights at for [B, D] @ L distinct [D, F] matrices (the MLP's shape; for B >= 2 the CPU
   GEMM path packs its operands, so it streams slower than a B = 1 matrix-vector product).
 - `{"impl": "jax", ...}` per batch B:
+  `prefill_s`, `decode_s`: the median seconds of one prefill and one decode (below), and
+  `decode_ms_per_step` = decode_s / N;
   `prefill_tok_s` = B * P / time of one jitted `sampling.prefill` call (block_until_ready);
   `decode_tok_s` = B * N / time of `sampling.decode_params` (on CPU the per-layer weight
   copy) and one `sampling.decode_loop` call, as `generate` runs them (N sampling steps and
