@@ -70,7 +70,13 @@ Output: one JSON object per line.
       /tmp/tunixvenv/bin/python anchor_tunix.py sampler | grep '"tunix-vanilla"' > tunix.jsonl
   (its rows are `"impl": "tunix-vanilla", "mode": "greedy", "batch": ..., "prefill_tok_s",
   "decode_tok_s"`). The measured figures of ../shared/peers/README.md can also be written
-  into such a file by hand.
+  into such a file by hand. tunix runs in its own venv, so its calls cannot alternate with
+  ours in one process; alternate the processes instead and take the median of the rounds'
+  ratios (one round is about 6 minutes here):
+      for i in 1 2 3; do
+        /tmp/tunixvenv/bin/python anchor_tunix.py sampler --batches 1 8 32 > tunix_$i.jsonl
+        python -m experiments.bench_sampler --impl=jax --reps=5 --peer_json=tunix_$i.jsonl
+      done
 """
 from __future__ import annotations
 
