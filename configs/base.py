@@ -49,28 +49,21 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
 
 
 def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
-    """GRPO optimiser and loss settings for one trainable role (METHOD section 4)."""
-    c = ml_collections.ConfigDict()
+    """GRPO optimiser and loss settings for one trainable role (METHOD section 4).
+
+    The fields and their defaults are `drubric_jax.rl.train_config.TrainConfig`'s (one
+    source; its field comments give units and paper symbols), less `temperature` (the
+    sampler's, set by the run) and with `micro_batch_size` 0: responses per
+    gradient-accumulation chunk, 0 = the whole batch of a step.
+    """
+    import dataclasses
+
+    from drubric_jax.rl.train_config import TrainConfig
+
+    c = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(TrainConfig)
+                                   if f.name != "temperature"})
     c.learning_rate = learning_rate  # AdamW peak learning rate
-    c.warmup_steps = 0               # linear warm-up, optimizer steps
-    c.weight_decay = 0.0             # AdamW decoupled weight decay
-    c.b1 = 0.9                       # Adam beta1
-    c.b2 = 0.999                     # Adam beta2
-    c.eps = 1e-8                     # Adam denominator epsilon
-    c.max_grad_norm = 1.0            # global-norm gradient clipping
-    c.clip_eps = 0.2                 # epsilon of the clipped ratio (Eq. 23)
-    c.beta = 0.01                    # beta, KL coefficient to the frozen reference (Eq. 23)
-    c.kl_estimator = "k3"            # KL estimator of Eq. 23: k1 | k2 | k3 (METHOD 11: k3)
-    c.aggregation = "seq_mean_token_mean"  # | "token_mean" | "dr_grpo" (METHOD section 11)
     c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
-    c.logits_chunk = 128             # tokens per output-head chunk (bounds [rows, chunk, V] logits)
-    c.mu_dtype = "float32"           # storage of Adam's first moment: float32 | bfloat16
-    # True: each layer's activations are recomputed in the backward pass (memory L x [rows,
-    # T, D]); False keeps them all (L x one layer's activations; `experiments.plan` counts
-    # either). No recomputation, but on a 2-core CPU the update got slower, not faster
-    # (bench_round --noremat at tunix's shape: update 54.1 s vs 47.6 s, peak RSS 11.2 vs
-    # 5.2 GB): try it on accelerators, where the plan shows it fits.
-    c.remat = True
     return c
 
 
@@ -128,7 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.heldout_temperature = 0.0  # generator decoding of the held-out evaluation lists
     c.policy.rollout_micro_batch = 0  # responses per sampler call (bounds the KV cache); 0 = all
     # The policy's reward: "rubric" (DynamicRubric, Eq. 12) or a rule for plain GRPO,
-    # "word_limit" | "exact_match" (drubric_jax/rule_rewards.py); N of word_limit, words.
+    # "word_limit" | "exact_match" (drubric_jax/rl/rule_rewards.py); N of word_limit, words.
     c.policy.reward = "rubric"
     c.policy.reward_max_words = 32
     c.policy.train = trainer_config(1e-6)

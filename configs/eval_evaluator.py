@@ -20,7 +20,7 @@ import os
 import ml_collections
 
 from configs.base import parse_switches
-from drubric_jax.verdicts import CALIBRATIONS
+from drubric_jax.evaluator.verdicts import CALIBRATIONS
 
 SHARED_FILES = (
     "judgebench/gpt.jsonl", "judgebench/claude.jsonl",

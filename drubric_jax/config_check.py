@@ -2,104 +2,48 @@
 
 `validate(config)` checks a whole run config (configs/base.py layout), including that a
 step's rows divide over the mesh and the process-count limits of host-memory options.
-`TRAINER_RULES` holds the rules of a trainee's node (`policy.train`, `generator.train`);
-`train_config.TrainConfig` applies the same table, so no rule is written twice.
+The rules of a trainee's node (`policy.train`, `generator.train`) are
+`rl.train_config.TRAINER_RULES`, which `TrainConfig` applies too, so no rule is written
+twice.
 """
 from __future__ import annotations
 
-import math
-from typing import Callable, Mapping, Optional
+from typing import Optional
 
 import ml_collections
 
-from drubric_jax import grpo
-from drubric_jax.rule_rewards import REWARDS
-from drubric_jax.verdicts import CALIBRATIONS, VERDICT_MODES
+from drubric_jax import parallel
+from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
+from drubric_jax.rl.rule_rewards import REWARDS
+from drubric_jax.rl.train_config import DTYPES, check_trainer
+from drubric_jax.types import ConfigError, require as _require  # noqa: F401
 
 # full: the Eq. 17 objective; disc_only / anchor_only: its ablations; static: the RaR
 # baseline (METHOD 6).
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
-AGGREGATIONS = tuple(grpo.AGGREGATIONS)
-KL_ESTIMATORS = tuple(sorted(grpo.KL_ESTIMATORS))
 # demo: the packaged set; shared: ../shared/data; custom: config.data.*_paths.
 DATA_NAMES = ("demo", "shared", "custom")
 # The stacked matrices of the llama family (`models.llama.layer_keys`).
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-DTYPES = ("float32", "bfloat16")
-
-
-class ConfigError(ValueError):
-    """A config field has a bad value; the message starts with the field's dotted name."""
-
-
-def _require(ok: bool, field: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{field}: {message}")
-
-
-# field -> (predicate, what a good value is). micro_batch_size is checked against the
-# step's rows separately (0 means "all rows" in a config, and is resolved by TrainConfig).
-TRAINER_RULES: dict[str, tuple[Callable, str]] = {
-    "learning_rate": (lambda v: v > 0, "must be > 0"),
-    "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
-    "weight_decay": (lambda v: v >= 0, "must be >= 0"),
-    "b1": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "b2": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "eps": (lambda v: v > 0, "must be > 0"),
-    "max_grad_norm": (lambda v: v > 0, "must be > 0"),
-    "clip_eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
-    "beta": (lambda v: v >= 0, "must be >= 0"),
-    "kl_estimator": (lambda v: v in KL_ESTIMATORS, f"must be one of {KL_ESTIMATORS}"),
-    "aggregation": (lambda v: v in AGGREGATIONS, f"must be one of {AGGREGATIONS}"),
-    "temperature": (lambda v: v >= 0, "must be >= 0"),
-    "logits_chunk": (lambda v: v >= 1, "must be >= 1"),
-    "mu_dtype": (lambda v: v in DTYPES, f"must be one of {DTYPES}"),
-    "remat": (lambda v: isinstance(v, bool), "must be True or False"),
-}
-
-
-def check_trainer(values: Mapping, prefix: str, rows: Optional[int] = None) -> None:
-    """Checks a trainee's values against TRAINER_RULES.
-
-    Args:
-        values: field -> value (a ConfigDict node or `dataclasses.asdict(TrainConfig)`).
-        prefix: dotted name used in messages ("config.policy.train" or "TrainConfig").
-        rows: the step's rows; given for config nodes, where micro_batch_size 0 = all rows.
-
-    Raises:
-        ConfigError: "<prefix>.<field>: <reason> (got <value>)".
-    """
-    for name, (ok, message) in TRAINER_RULES.items():
-        if name in values:
-            _require(ok(values[name]), f"{prefix}.{name}", f"{message} (got {values[name]!r})")
-    mb = values.get("micro_batch_size")
-    if mb is None:
-        return
-    # A built TrainConfig has its micro-batch resolved: 0 ("all rows") is no longer allowed.
-    if rows is None:
-        _require(mb >= 1, f"{prefix}.micro_batch_size", f"must be >= 1 (got {mb})")
-    else:
-        _require(mb >= 0 and (mb == 0 or rows % mb == 0), f"{prefix}.micro_batch_size",
-                 f"{mb} must be 0 or divide the {rows} rows of a step")
 
 
 def mesh_axis_sizes(config: ml_collections.ConfigDict, device_count: int) -> dict:
     """{"data", "fsdp", "tensor": size} of the mesh `config.mesh` builds on `device_count`
-    devices (its -1 axis takes the remaining devices)."""
+    devices (`parallel.axis_sizes`: its -1 axis takes the remaining devices).
+
+    Raises:
+        ConfigError: more devices asked for than available, or axes that do not fit them.
+    """
     m = config.mesh
-    sizes = {axis: m[axis] for axis in ("data", "fsdp", "tensor")}
-    known = math.prod(v for v in sizes.values() if v != -1)
     # num_devices 0 = every device.
     n = m.num_devices or device_count
-    _require(list(sizes.values()).count(-1) <= 1, "config.mesh",
-             f"at most one of data, fsdp, tensor may be -1 (got {sizes})")
     _require(n <= device_count, "config.mesh.num_devices",
              f"{n} devices asked for, {device_count} available")
-    # With a -1 axis the others need only divide n; without one, their product must be n.
-    _require(n % known == 0 and (-1 in sizes.values() or known == n), "config.mesh",
-             f"data x fsdp x tensor = {sizes} does not fit {n} devices "
-             "(set config.mesh.* or config.mesh.num_devices)")
-    return {a: (n // known if v == -1 else v) for a, v in sizes.items()}
+    try:
+        sizes = parallel.axis_sizes(n, m.data, m.fsdp, m.tensor)
+    except ValueError as e:
+        raise ConfigError(f"config.mesh: {e} (set config.mesh.* or config.mesh.num_devices)")
+    return dict(zip(parallel.MESH_AXES, sizes))
 
 
 def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int:

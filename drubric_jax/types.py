@@ -137,3 +137,13 @@ class RubricBatch:
                 v = v[0]
             out[f.name] = v
         return RubricBatch(**out)
+
+
+class ConfigError(ValueError):
+    """A config field has a bad value; the message starts with the field's dotted name."""
+
+
+def require(ok: bool, field: str, message: str) -> None:
+    """Raises ConfigError("<field>: <message>") unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{field}: {message}")

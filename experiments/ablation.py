@@ -64,7 +64,9 @@ def _score(run, c, path: str, name: str) -> dict:
 
 def main(argv):
     del argv
-    from drubric_jax import hostmem, loop, run_logging
+    from drubric_jax.rounds import hostmem
+    from drubric_jax.rounds import loop
+    from drubric_jax.rounds import run_logging
     from drubric_jax.evaluation import ablation
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)

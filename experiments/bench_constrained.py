@@ -84,7 +84,7 @@ def host_costs(constraint, docs, vocab: int, before: bool) -> dict:
     import llguidance.numpy as lln
     import numpy as np
 
-    from drubric_jax import constrained
+    from drubric_jax.sampling import constrained
 
     b = len(docs)
     lengths = np.array([len(d) for d in docs])
@@ -131,7 +131,7 @@ def device_costs(batch: int, vocab: int, reps: int, seed: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from drubric_jax import constrained
+    from drubric_jax.sampling import constrained
 
     rng = np.random.default_rng(seed)
     logits = jnp.asarray(rng.standard_normal((batch, vocab), np.float32))
@@ -157,8 +157,9 @@ def main(argv):
     import jax
     import numpy as np
 
-    from drubric_jax import constrained, models
-    from drubric_jax import tokenizer as tok_lib
+    from drubric_jax import models
+    from drubric_jax.sampling import constrained
+    from drubric_jax.text import tokenizer as tok_lib
     from drubric_jax.text.rubric_format import RUBRIC_JSON_SCHEMA
 
     tok = tok_lib.tokenizer_from_gguf(models.default_gguf_path())

@@ -74,7 +74,8 @@ def _phase_seconds(runs):
 
 def cost_part(steps: int) -> None:
     from configs.smollm2_cpu import get_config
-    from drubric_jax import loop, phases
+    from drubric_jax.rounds import loop
+    from drubric_jax.rounds import phases
     from drubric_jax.types import Role
 
     c = get_config("")
@@ -119,7 +120,9 @@ def tunix_shape_part(steps: int) -> None:
     import numpy as np
 
     from configs.smollm2_cpu import get_config
-    from drubric_jax import data, loop, phases
+    from drubric_jax import data
+    from drubric_jax.rounds import loop
+    from drubric_jax.rounds import phases
     from drubric_jax.types import Role
 
     c = get_config("")

@@ -366,7 +366,8 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import compilation, models
+    from drubric_jax import models
+    from drubric_jax.rounds import compilation
 
     compilation.enable_persistent_cache(_CACHE_DIR.value)
     batches = [int(b) for b in _BATCHES.value]

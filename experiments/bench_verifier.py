@@ -80,7 +80,7 @@ def run_mode(mode: str) -> dict:
     import numpy as np
 
     from drubric_jax.models import load_model
-    from drubric_jax.verifier import Verifier
+    from drubric_jax.evaluator.verifier import Verifier
 
     pairs = _pairs(_DATA.value or _default_data(), _K.value)
     items = _items(_M.value)

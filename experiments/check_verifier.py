@@ -50,7 +50,7 @@ def main(argv):
     del argv
     from drubric_jax import data, models
     from drubric_jax.evaluation import verifier_check as vc
-    from drubric_jax.verifier import Verifier
+    from drubric_jax.evaluator.verifier import Verifier
 
     t0 = time.time()
     path, note = _data_path()

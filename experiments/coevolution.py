@@ -37,7 +37,7 @@ def branch(src: str, dst: str) -> None:
     """Copies a finished stage's run directory to start another from its last checkpoint:
     everything but the older checkpoints and parked/, written to dst + ".tmp" and renamed
     (a kill leaves no half copy)."""
-    from drubric_jax import checkpoint as ckpt_lib
+    from drubric_jax.rounds import checkpoint as ckpt_lib
 
     with ckpt_lib.Checkpointer(os.path.join(src, "checkpoints")) as ck:
         latest = ck.latest()
@@ -80,8 +80,8 @@ def evaluate(c, workdir: str) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
-    from drubric_jax import checkpoint as ckpt_lib
-    from drubric_jax import loop
+    from drubric_jax.rounds import checkpoint as ckpt_lib
+    from drubric_jax.rounds import loop
     from drubric_jax.evaluation import coevolution as co
     from drubric_jax.evaluation import policy_eval
     from drubric_jax.types import Role
@@ -164,7 +164,8 @@ def evaluate(c, workdir: str) -> dict:
 
 def main(argv):
     del argv
-    from drubric_jax import loop, run_logging
+    from drubric_jax.rounds import loop
+    from drubric_jax.rounds import run_logging
     from drubric_jax.evaluation import coevolution as co
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)

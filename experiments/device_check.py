@@ -16,7 +16,7 @@ directly with token arrays, at a small batch:
     generator update   one GRPO step on the 8 lists (T = 8192 + 1024)
     policy update      one GRPO step on the 64 responses (T = 1024 + 1024)
 Rows per sampler call and per gradient pass are the memory planner's picks for this
-device (`drubric_jax.planner`, dense attention: what the code has). Each function is
+device (`drubric_jax.memory.planner`, dense attention: what the code has). Each function is
 compiled before it is timed (a warm-up call; the sampler's warm-up stops every row after
 one token, the train steps are compiled ahead of time), so the times are steady state.
 
@@ -98,12 +98,13 @@ def main(argv):
     import jax.numpy as jnp
     import numpy as np
 
-    from drubric_jax import models, planner, sampling, sharding
-    from drubric_jax import train_step as ts
-    from drubric_jax import verifier_passes as passes
-    from drubric_jax.planner import Workload
-    from drubric_jax.planner_terms import RoleModels
-    from drubric_jax.roles import LoadedModel, make_trainee
+    from drubric_jax import models, sampling, parallel
+    from drubric_jax.memory import planner
+    from drubric_jax.rl import train_step as ts
+    from drubric_jax.evaluator import passes
+    from drubric_jax.memory.planner import Workload
+    from drubric_jax.memory.terms import RoleModels
+    from drubric_jax.rounds.roles import LoadedModel, make_trainee
     from drubric_jax.types import Role
 
     config = check_config(_TINY.value)
@@ -117,10 +118,10 @@ def main(argv):
     print(f"device: {dev.device_kind} ({jax.default_backend()}), planner memory "
           f"{mem_gb and round(mem_gb, 1)} GB; {plan.verdict()}", flush=True)
 
-    mesh = sharding.make_mesh(1, 1, 1, [dev])
+    mesh = parallel.make_mesh(1, 1, 1, [dev])
     cfg = rm.base[rm.sources["policy"]]
     shapes = rm.base_shapes(rm.sources["policy"])
-    base = jax.jit(lambda k: models.init_params(cfg, k), out_shardings=sharding.param_shardings(
+    base = jax.jit(lambda k: models.init_params(cfg, k), out_shardings=models.param_shardings(
         shapes, mesh))(jax.random.PRNGKey(0))
     loaded = LoadedModel(rm.sources["policy"], cfg, base, None)
     trainees = {}

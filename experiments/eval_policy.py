@@ -36,9 +36,9 @@ def main(argv):
     import numpy as np
 
     from configs import eval_policy as cfg_lib
-    from drubric_jax import models, sharding
+    from drubric_jax import models, parallel
     from drubric_jax.evaluation import code_exec, policy_eval
-    from drubric_jax.verifier import Verifier
+    from drubric_jax.evaluator.verifier import Verifier
 
     c, workdir = _CONFIG.value, _WORKDIR.value
     cfg_lib.validate(c)
@@ -55,10 +55,10 @@ def main(argv):
     problems = problems[:c.humaneval_problems or None]
     os.makedirs(workdir, exist_ok=True)
     t_start = time.time()
-    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+    mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
     # Each tensor goes straight to its shards on the mesh (no full copy on device 0).
     pcfg, pparams, ptok = models.load_model(c.policy_model, c.dtype,
-                                            shardings=sharding.leaf_sharder(mesh))
+                                            shardings=models.leaf_sharder(mesh))
     report = {"command": shlex.join(["python", "-m", "experiments.eval_policy"] + sys.argv[1:]),
               "config": c.to_dict(), "seconds": {}}
     key = policy_eval.eval_key(c.seed)
@@ -77,7 +77,7 @@ def main(argv):
             jcfg, jparams, jtok = pcfg, pparams, ptok  # one set of weights for both
         else:
             jcfg, jparams, jtok = models.load_model(c.judge_model, c.dtype,
-                                                    shardings=sharding.leaf_sharder(mesh))
+                                                    shardings=models.leaf_sharder(mesh))
         judge = Verifier(jcfg, jtok, mesh=mesh)
         refs = [policy_eval.reference_of(r) for r in rows]
         p1, p2 = policy_eval.judge_pairs(judge, jparams, [r.prompt for r in rows], texts,

@@ -32,7 +32,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    from drubric_jax import loop, rule_rewards, run_logging
+    from drubric_jax.rounds import loop
+    from drubric_jax.rl import rule_rewards
+    from drubric_jax.rounds import run_logging
     from drubric_jax.evaluation import learning
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)

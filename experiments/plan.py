@@ -8,9 +8,9 @@ r"""Memory plan of a run config: GB per device of every role and step, and a ver
 
 Prints the resident state per phase, each step's transient terms and peak, the rollout and
 update micro-batches it picked (the largest that fit), and FITS / DOES-NOT-FIT naming the
-largest term and the config field that shrinks it (`drubric_jax.planner`). With
+largest term and the config field that shrinks it (`drubric_jax.memory.planner`). With
 --compile the real jitted functions are compiled on N fake CPU devices and their XLA
-memory analysis is printed beside each step (`drubric_jax.planner_compiled`; deep models
+memory analysis is printed beside each step (`drubric_jax.memory.compiled`; deep models
 are compiled at 2 and 4 layers and scaled; on CPU bfloat16 matmuls get float32 operand
 copies, so a bfloat16 model's compiled figure is an upper bound).
 """
@@ -56,16 +56,18 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import planner, planner_compiled, sharding
-    from drubric_jax.planner import Workload
-    from drubric_jax.planner_terms import RoleModels
+    from drubric_jax import parallel
+    from drubric_jax.memory import planner
+    from drubric_jax.memory import compiled as planner_compiled
+    from drubric_jax.memory.planner import Workload
+    from drubric_jax.memory.terms import RoleModels
 
     sizes = tuple(int(x) for x in _MESH.value.split(",")) if _MESH.value else None
     config = _CONFIG.value
     p = planner.plan(config, _DEVICES.value, _MEMORY.value, sizes, _ATTENTION.value,
                      _BLOCK.value, _HEADROOM.value, _SEARCH.value)
     if _COMPILE.value:
-        mesh = sharding.make_mesh(*p.mesh.values(), jax.devices()[:_DEVICES.value])
+        mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:_DEVICES.value])
         planner_compiled.measure_plan(p, RoleModels.from_config(config),
                                       Workload.from_config(config), mesh)
     print(p.table())

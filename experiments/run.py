@@ -43,7 +43,8 @@ def main(argv):
     del argv
     import jax
 
-    from drubric_jax import loop, run_logging
+    from drubric_jax.rounds import loop
+    from drubric_jax.rounds import run_logging
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)
     if _DISTRIBUTED.value:

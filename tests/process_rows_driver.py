@@ -1,5 +1,5 @@
 """One process of tests/test_process_rows.py (not a test itself): the process-row helpers
-of `drubric_jax.sharding` on a (data, fsdp, tensor) = (2, 2, 2) mesh of every process's
+of `drubric_jax.parallel` on a (data, fsdp, tensor) = (2, 2, 2) mesh of every process's
 fake CPU devices.
 
     python tests/process_rows_driver.py --num_processes=2 --process_id=0 --port=P
@@ -32,31 +32,31 @@ def main() -> None:
                                    args.process_id)
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from drubric_jax import sharding
+    from drubric_jax import parallel
 
-    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
-    rows = sharding.batch_sharding(mesh)
+    mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
+    rows = parallel.batch_sharding(mesh)
     n, p = 8, jax.process_index()
-    block = sharding.process_rows(n, mesh)
-    items = sharding.process_block(n)
+    block = parallel.process_rows(n, mesh)
+    items = parallel.process_block(n)
     # Row r of the global batch holds r (and its square in a second column).
     local = np.stack([np.arange(block.start, block.stop)] * 2, axis=1).astype(np.int32)
     local[:, 1] **= 2
-    x = sharding.put_process_rows(local, mesh, n)
-    doubled = jax.jit(lambda a: 2 * a, out_shardings=sharding.batch_sharding(mesh))(x)
-    total = int(sharding.fetch(jax.jit(jnp.sum)(x)))  # a replicated scalar
+    x = parallel.put_process_rows(local, mesh, n)
+    doubled = jax.jit(lambda a: 2 * a, out_shardings=parallel.batch_sharding(mesh))(x)
+    total = int(parallel.fetch(jax.jit(jnp.sum)(x)))  # a replicated scalar
     texts = [f"process {p} row {i} \u00e9" * (i + 1) for i in range(2)]
     print(json.dumps({
         "process": p, "rows": [block.start, block.stop], "items": [items.start, items.stop],
-        "fetched": sharding.fetch_process_rows(doubled, rows).tolist(),
+        "fetched": parallel.fetch_process_rows(doubled, rows).tolist(),
         # Laid out otherwise (rows over "tensor" only): gathered, then cut to this block.
-        "fetched_other": sharding.fetch_process_rows(
+        "fetched_other": parallel.fetch_process_rows(
             jax.device_put(doubled, NamedSharding(mesh, PartitionSpec("tensor"))),
             rows).tolist(),
-        "global": sharding.fetch(doubled).tolist(), "sum": total,
-        "agree_max": sharding.agree_max(10 * (p + 1)),
-        "gathered_rows": sharding.gather_rows(np.array([p, p], np.int32)).tolist(),
-        "gathered_texts": sharding.gather_texts(texts)}), flush=True)
+        "global": parallel.fetch(doubled).tolist(), "sum": total,
+        "agree_max": parallel.agree_max(10 * (p + 1)),
+        "gathered_rows": parallel.gather_rows(np.array([p, p], np.int32)).tolist(),
+        "gathered_texts": parallel.gather_texts(texts)}), flush=True)
 
 
 if __name__ == "__main__":

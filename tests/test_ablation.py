@@ -78,7 +78,7 @@ def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     held-out lists (none of them trained on); a second command changes nothing."""
     from configs import ablation as cfg_lib
     from drubric_jax import data
-    from drubric_jax.run_logging import read_metrics
+    from drubric_jax.rounds.run_logging import read_metrics
     from tests.test_experiments import _run
 
     args = ("experiments.ablation", "--config=configs/ablation.py:tiny",

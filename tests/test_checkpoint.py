@@ -10,11 +10,11 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from drubric_jax import sharding
-from drubric_jax import train_config
-from drubric_jax import train_step as ts
-from drubric_jax import loop
-from drubric_jax.checkpoint import Checkpointer
+from drubric_jax import parallel
+from drubric_jax.rl import train_config
+from drubric_jax.rl import train_step as ts
+from drubric_jax.rounds import loop
+from drubric_jax.rounds.checkpoint import Checkpointer
 from drubric_jax.models import config, init_params
 from tolerances import close
 
@@ -100,7 +100,7 @@ def test_resume_keeps_warmup_position(tmp_path):
 def test_restore_onto_sharded_target(tmp_path):
     cfg = config.TINY.replace(vocab_size=256)
     optimizer = train_config.make_optimizer(train_config.TrainConfig())
-    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
     saved = ts.shard_train_state(
         ts.init_train_state(init_params(cfg, jax.random.PRNGKey(0)), optimizer), mesh)
     with Checkpointer(tmp_path) as ckpt:
@@ -125,7 +125,7 @@ def test_params_only_restore_skips_placeholder_leaves(tmp_path):
 
     cfg = config.TINY.replace(vocab_size=256)
     optimizer = train_config.make_optimizer(train_config.TrainConfig())
-    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
     saved = ts.shard_train_state(
         ts.init_train_state(init_params(cfg, jax.random.PRNGKey(0)), optimizer), mesh)
     with Checkpointer(tmp_path) as ckpt:
@@ -163,7 +163,7 @@ def test_checkpoint_directory_keeps_urls_and_makes_local_paths_absolute(tmp_path
                                                                           monkeypatch):
     """A gs:// workdir stays a URL (abspath once made it "<cwd>/gs:/bucket/run"); a
     relative local path becomes absolute."""
-    from drubric_jax.checkpoint import resolve_directory
+    from drubric_jax.rounds.checkpoint import resolve_directory
 
     monkeypatch.chdir(tmp_path)
     assert str(resolve_directory("gs://bucket/run/checkpoints")) == "gs://bucket/run/checkpoints"
@@ -171,12 +171,12 @@ def test_checkpoint_directory_keeps_urls_and_makes_local_paths_absolute(tmp_path
 
 
 def test_put_and_fetch_round_trip_on_a_mesh():
-    """`sharding.put` of a host batch onto rows over (data, fsdp) and `sharding.fetch`
+    """`parallel.put` of a host batch onto rows over (data, fsdp) and `parallel.fetch`
     back give the same values (one process; tests/test_multihost.py runs two)."""
-    mesh = sharding.make_mesh(2, 2, 2, jax.devices()[:8])
+    mesh = parallel.make_mesh(2, 2, 2, jax.devices()[:8])
     x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-    tree = sharding.put_rows({"a": x, "b": x[:, 0] > 3}, mesh)
-    assert tree["a"].sharding.spec == P(sharding.BATCH_AXES)
-    back = sharding.fetch(tree)
+    tree = parallel.put_rows({"a": x, "b": x[:, 0] > 3}, mesh)
+    assert tree["a"].sharding.spec == P(parallel.BATCH_AXES)
+    back = parallel.fetch(tree)
     np.testing.assert_array_equal(back["a"], x)
     np.testing.assert_array_equal(back["b"], x[:, 0] > 3)

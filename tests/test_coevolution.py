@@ -60,7 +60,7 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     """configs/coevolution.py:tiny through `python -m experiments.coevolution`: both arms
     branch from round 0's checkpoint, the stale arm trains no generator in round 1, every
     evaluation entry is there, and a second command changes nothing."""
-    from drubric_jax.run_logging import read_metrics
+    from drubric_jax.rounds.run_logging import read_metrics
     from tests.test_experiments import _run
 
     args = ("experiments.coevolution", "--config=configs/coevolution.py:tiny",

@@ -1,4 +1,4 @@
-"""The persistent compilation cache and the compile clock (drubric_jax/compilation.py)."""
+"""The persistent compilation cache and the compile clock (drubric_jax/rounds/compilation.py)."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 
-from drubric_jax import compilation
+from drubric_jax.rounds import compilation
 
 
 def test_compile_clock_counts_a_new_compilation():
@@ -23,7 +23,7 @@ def test_persistent_cache_is_written_and_read_by_a_new_process(tmp_path):
     cache, the second loads it (JAX's own cache_hits / cache_misses events)."""
     script = textwrap.dedent(f"""
         import jax, jax.numpy as jnp
-        from drubric_jax import compilation
+        from drubric_jax.rounds import compilation
         counts = {{}}
         jax.monitoring.register_event_listener(
             lambda e, **kw: counts.__setitem__(e, counts.get(e, 0) + 1))

@@ -145,7 +145,7 @@ def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
     an AttributeError when the flag is parsed); a set value goes through from_config."""
     import dataclasses
 
-    from drubric_jax.train_config import TrainConfig
+    from drubric_jax.rl.train_config import TrainConfig
 
     config = module.get_config(arg)
     names = {f.name for f in dataclasses.fields(TrainConfig)} - {"temperature"}

@@ -1,4 +1,4 @@
-"""Tests of batched JSON-constrained decoding (`drubric_jax.constrained`): the on-device
+"""Tests of batched JSON-constrained decoding (`drubric_jax.sampling.constrained`): the on-device
 bitmask unpack, tokens equal to the host-mask decoding it replaced, no mask fills for rows
 that are done, the host/device schedule of a step, and the benchmark's output.
 
@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from drubric_jax import constrained, sampling
-from drubric_jax import tokenizer as tok_lib
+from drubric_jax import sampling
+from drubric_jax.sampling import constrained
+from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.text.rubric_format import RUBRIC_JSON_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from drubric_jax import data, verdicts
+from drubric_jax import data
+from drubric_jax.evaluator import verdicts
 from drubric_jax.evaluation import aggregate, benchmark, intervals, judges
 
 

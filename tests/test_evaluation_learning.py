@@ -6,9 +6,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from drubric_jax import rule_rewards
+from drubric_jax.rl import rule_rewards
 from drubric_jax.evaluation import learning
-from drubric_jax.run_logging import MetricsWriter
+from drubric_jax.rounds.run_logging import MetricsWriter
 
 
 def test_word_limit_reward_values():

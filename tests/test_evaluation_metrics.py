@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from drubric_jax import data, rewards
+from drubric_jax import data
+from drubric_jax.rl import rewards
 from drubric_jax.evaluation import metrics
 from tolerances import close
 

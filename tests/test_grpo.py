@@ -1,4 +1,4 @@
-"""Tests for drubric_jax.grpo: Eq. 23 loss, k3 KL, masks, log-probs (METHOD 4, 11)."""
+"""Tests for drubric_jax.rl.grpo: Eq. 23 loss, k3 KL, masks, log-probs (METHOD 4, 11)."""
 
 import math
 
@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from drubric_jax import grpo, logprobs, sampling
-from drubric_jax.constrained import pack_bitmask
+from drubric_jax import sampling
+from drubric_jax.rl import grpo
+from drubric_jax.rl import logprobs
+from drubric_jax.sampling.constrained import pack_bitmask
 from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)

@@ -1,11 +1,11 @@
-"""Tests of the glibc host-memory helpers (drubric_jax/hostmem.py)."""
+"""Tests of the glibc host-memory helpers (drubric_jax/rounds/hostmem.py)."""
 import ctypes.util
 import sys
 
 import numpy as np
 import pytest
 
-from drubric_jax import hostmem
+from drubric_jax.rounds import hostmem
 
 glibc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None

@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import models, sampling, train_config
-from drubric_jax import train_step as ts
+from drubric_jax import models, sampling
+from drubric_jax.rl import train_config
+from drubric_jax.rl import train_step as ts
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import lora
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from drubric_jax import models
-from drubric_jax import tokenizer as tok_lib
+from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import llama, weights
 from tolerances import greedy_agreement

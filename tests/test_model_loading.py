@@ -14,7 +14,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from drubric_jax import models, roles
+from drubric_jax import models
+from drubric_jax.rounds import roles
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import weights
 from test_model import _write_tiny_gguf  # the llama.cpp-layout GGUF writer
@@ -221,7 +222,7 @@ def test_unknown_bare_name(tmp_path, monkeypatch, no_hub):
 @pytest.fixture
 def stub_tokenizers(monkeypatch):
     """Tokenizers replaced by a marker (the small test files carry none)."""
-    from drubric_jax import tokenizer as tok_lib
+    from drubric_jax.text import tokenizer as tok_lib
 
     monkeypatch.setattr(tok_lib, "tokenizer_from_gguf", lambda reader: "gguf tokenizer")
     monkeypatch.setattr(tok_lib, "tokenizer_from_hf_dir", lambda path: "hf tokenizer")
@@ -324,7 +325,7 @@ def test_hf_dir_sharded_load_reads_only_each_devices_blocks(hf_dir, monkeypatch)
     """Loaded onto a (1, 2, 2) mesh (fsdp splits D, tensor heads / F / V), every leaf
     equals the unsharded load, and no split tensor is read whole: each read is one
     device's block (what a host of a multi-host run reads of a file)."""
-    from drubric_jax import sharding
+    from drubric_jax import parallel
     from drubric_jax.models import safetensors_files as stf
 
     reads = []
@@ -336,11 +337,11 @@ def test_hf_dir_sharded_load_reads_only_each_devices_blocks(hf_dir, monkeypatch)
         return block
 
     monkeypatch.setattr(stf.LazyTensor, "__getitem__", counting)
-    mesh = sharding.make_mesh(1, 2, 2, jax.devices()[:4])
+    mesh = parallel.make_mesh(1, 2, 2, jax.devices()[:4])
     _, whole = models.load_hf_dir(str(hf_dir))
     n_whole = len(reads)
     reads.clear()
-    _, split = models.load_hf_dir(str(hf_dir), shardings=sharding.leaf_sharder(mesh))
+    _, split = models.load_hf_dir(str(hf_dir), shardings=models.leaf_sharder(mesh))
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert any(not all(s is None for s in x.sharding.spec) for x in jax.tree.leaves(split))

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from drubric_jax import loop, phases
+from drubric_jax.rounds import loop
+from drubric_jax.rounds import phases
 from drubric_jax.types import RubricBatch, Rollout
 from tests.test_loop import _tiny_config
 
@@ -245,7 +246,7 @@ def test_flat_group_fraction_counts_groups_whose_advantage_is_zero(run):
 def test_rule_reward_phase_advantages_and_group_means_by_hand(run):
     """Plain GRPO (config.policy.reward = word_limit): the rule's rewards of the sampled
     responses, their Eq. 21 advantages, and each prompt group's mean reward."""
-    from drubric_jax import rule_rewards
+    from drubric_jax.rl import rule_rewards
 
     ctx = _ctx(run, "full")
     items = run.data.prompts[:2]

@@ -1,6 +1,6 @@
-"""The memory planner (`drubric_jax.planner`): its sizes against hand counts, its verdict
+"""The memory planner (`drubric_jax.memory.planner`): its sizes against hand counts, its verdict
 text, and its figures against XLA's compiled memory analysis of the same jitted functions
-on 8 fake CPU devices (`drubric_jax.planner_compiled`).
+on 8 fake CPU devices (`drubric_jax.memory.compiled`).
 
 Hand counts use the `tiny` preset: V = 49152, D = 64, L = 2, H = 4, Hkv = 2, Dh = 16,
 F = 128, tied embeddings, float32.
@@ -8,8 +8,8 @@ F = 128, tied embeddings, float32.
 import pytest
 
 from configs import qwen3_8b, smollm2_cpu
-from drubric_jax import planner
-from drubric_jax.planner_terms import kv_cache_bytes
+from drubric_jax.memory import planner
+from drubric_jax.memory.terms import kv_cache_bytes
 from drubric_jax.models.config import TINY
 
 # embed [V, D]; per layer: attn_norm [D], wq [D, H*Dh], wk, wv [D, Hkv*Dh], wo [H*Dh, D],
@@ -106,13 +106,14 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis():
     and where XLA reuses or fuses buffers differs from one shape to another."""
     import jax
 
-    from drubric_jax import planner_compiled, sharding
-    from drubric_jax.planner import Workload
-    from drubric_jax.planner_terms import RoleModels
+    from drubric_jax import parallel
+    from drubric_jax.memory import compiled as planner_compiled
+    from drubric_jax.memory.planner import Workload
+    from drubric_jax.memory.terms import RoleModels
 
     c = _tiny()
     p = planner.plan(c, 8, search=False)
-    mesh = sharding.make_mesh(*p.mesh.values(), jax.devices()[:8])
+    mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
     planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c), mesh)
     for s in p.steps:
         assert s.compiled_how == "compiled"
@@ -133,9 +134,10 @@ def test_saved_activations_without_remat_match_the_compiled_difference():
     widths); each whole step stays within the 25% band of the test above."""
     import jax
 
-    from drubric_jax import planner_compiled, sharding
-    from drubric_jax.planner import Workload
-    from drubric_jax.planner_terms import RoleModels
+    from drubric_jax import parallel
+    from drubric_jax.memory import compiled as planner_compiled
+    from drubric_jax.memory.planner import Workload
+    from drubric_jax.memory.terms import RoleModels
 
     steps = {}
     for remat in (True, False):
@@ -145,7 +147,7 @@ def test_saved_activations_without_remat_match_the_compiled_difference():
         c.policy.max_new_tokens, c.policy.train.micro_batch_size = 512, 8
         c.policy.train.remat = c.generator.train.remat = remat
         p = planner.plan(c, 8, search=False)
-        mesh = sharding.make_mesh(*p.mesh.values(), jax.devices()[:8])
+        mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
         planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c),
                                       mesh, only=("update",))
         steps[remat] = {s.name: s for s in p.steps if "update" in s.name}

@@ -1,4 +1,4 @@
-"""The process-row helpers of `drubric_jax.sharding` (issue 12: host-local rows) under two
+"""The process-row helpers of `drubric_jax.parallel` (issue 12: host-local rows) under two
 `jax.distributed` processes on 127.0.0.1 (4 fake CPU devices each) against one process
 with 8 devices: each process puts and reads back only its own rows, and the gathers give
 every process the same global values (no model: a few seconds per launch); and the tiny

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from drubric_jax import sharding
+from drubric_jax import models, parallel
 from drubric_jax.models import qwen3_moe, registry
 from drubric_jax.models.config import PRESETS, ModelConfig
 from drubric_jax.models.export import export_hf_dir
@@ -159,8 +159,8 @@ def test_logits_equal_transformers_with_experts_split_two_ways(hf_moe):
     torch, model, path = hf_moe
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices (tests/conftest.py sets 8 fake CPU devices)")
-    mesh = sharding.make_mesh(1, 2, 1, jax.devices()[:2])
-    cfg, params = load_hf_dir(path, shardings=sharding.leaf_sharder(mesh))
+    mesh = parallel.make_mesh(1, 2, 1, jax.devices()[:2])
+    cfg, params = load_hf_dir(path, shardings=models.leaf_sharder(mesh))
     spec = params["layers"]["we_gate"].sharding.spec
     assert spec[1] == "fsdp", spec  # [L, E, D, F]: experts split
     tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 9), 0, cfg.vocab_size)

@@ -1,4 +1,4 @@
-"""Tests for drubric_jax.rewards: Eq. 12, 13, 15, 2, 21, 24-25 (METHOD 3, 11)."""
+"""Tests for drubric_jax.rl.rewards: Eq. 12, 13, 15, 2, 21, 24-25 (METHOD 3, 11)."""
 
 import math
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from drubric_jax import advantages, rewards
+from drubric_jax.rl import advantages
+from drubric_jax.rl import rewards
 from tolerances import close
 
 PROPERTY = settings(max_examples=30, deadline=None)

@@ -1,4 +1,4 @@
-"""Tests of the rubric generator (drubric_jax/rubric_generator.py): constrained JSON, padded arrays,
+"""Tests of the rubric generator (drubric_jax/evaluator/rubric_generator.py): constrained JSON, padded arrays,
 GRPO tensors, static variant, shuffled labels and the input budget (METHOD 2, 6, 8, 11)."""
 import json
 
@@ -9,7 +9,7 @@ from with_params import WithParams
 
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
-from drubric_jax.rubric_generator import RubricGenerator, RubricInput
+from drubric_jax.evaluator.rubric_generator import RubricGenerator, RubricInput
 
 PROMPT = "What is the capital of France? Answer in one sentence."
 RESPONSES = ["The capital of France is Paris.", "France's capital is Lyon, a big city.",

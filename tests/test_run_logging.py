@@ -1,9 +1,9 @@
-"""Run outputs and logs (drubric_jax/run_logging.py)."""
+"""Run outputs and logs (drubric_jax/rounds/run_logging.py)."""
 import logging
 import os
 
 import drubric_jax
-from drubric_jax import run_logging
+from drubric_jax.rounds import run_logging
 
 
 def _record(path, level):

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from drubric_jax import models, sampling
-from drubric_jax.constrained import pack_bitmask
-from drubric_jax import tokenizer as tok_lib
+from drubric_jax.sampling.constrained import pack_bitmask
+from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import llama
 from tolerances import logprob_atol
@@ -436,7 +436,7 @@ def _check_rubric_doc(doc, max_items, max_chars):
 def test_json_constrained_samples_always_parse(tiny_model, smollm2_tokenizer):
     """100 samples at temperature 1 from a random-weight model: every one is a complete
     document of the schema, and its log-probs are the unconstrained model's."""
-    from drubric_jax.constrained import JsonSchemaConstraint
+    from drubric_jax.sampling.constrained import JsonSchemaConstraint
 
     cfg, params = tiny_model
     tok = smollm2_tokenizer
@@ -540,11 +540,11 @@ def test_sampler_on_a_mesh_gives_the_one_device_tokens(tiny_model, shape, method
     """Rows over (data, fsdp) (5 rows: padded to the mesh, filler dropped), KV heads over
     tensor, params sharded: the same key gives the 1-device tokens and masks, and
     log-probs within the float32 rounding of a log-softmax (`logprob_atol`)."""
-    from drubric_jax import sharding
+    from drubric_jax import parallel
 
     cfg, params = tiny_model
-    mesh = sharding.make_mesh(*shape)
-    sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
+    mesh = parallel.make_mesh(*shape)
+    sharded = jax.device_put(params, models.param_shardings(params, mesh))
     prompts = [[5, 9, 12], [40], [7, 7, 7, 7, 7, 8], [100, 200], [3000, 11]]
     kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=6, method=method, stop_ids=[2])
     one = sampling.generate(params, cfg, prompts, **kw)
@@ -582,12 +582,12 @@ def test_per_row_draws_do_not_depend_on_the_calls_layout(tiny_model, shape):
     """row_ids: a row's tokens depend on (key, its id, its prompt) only, not on the
     micro-batch, the rows beside it, the mesh's filler rows or its position in the call;
     distinct ids draw distinct numbers (two copies of a prompt differ)."""
-    from drubric_jax import sharding
+    from drubric_jax import parallel
 
     cfg, params = tiny_model
-    mesh = None if shape is None else sharding.make_mesh(*shape)
+    mesh = None if shape is None else parallel.make_mesh(*shape)
     if mesh is not None:
-        params = jax.device_put(params, sharding.param_shardings(params, mesh))
+        params = jax.device_put(params, models.param_shardings(params, mesh))
     prompts = [[5, 9, 12], [40], [7] * 20, [100, 200], [3000, 11], [5, 9, 12]]
     kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=6, method=sampling.Temperature(1.0),
               stop_ids=[2], mesh=mesh)

@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from drubric_jax import grpo, logprobs, models, sampling, sharding, train_config
-from drubric_jax import train_step as ts
+from drubric_jax import models, sampling, parallel
+from drubric_jax.rl import grpo
+from drubric_jax.rl import logprobs
+from drubric_jax.rl import train_config
+from drubric_jax.rl import train_step as ts
 from tolerances import close, logprob_atol
 
 TEMPERATURE = 0.7
@@ -322,18 +325,18 @@ def test_donation_consumes_state(setup):
 @pytest.mark.slow
 def test_sharded_step_matches_unsharded(setup, one_step):
     cfg, params, batch, optimizer, _, _, ref = setup
-    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
     c = dataclasses.replace(CFG, micro_batch_size=4)  # 2 micro-batches, 4 rows = data*fsdp
     opt, step = ts.make_sharded_train_step(cfg, c, mesh)
     state = ts.shard_train_state(ts.init_train_state(copy_tree(params), opt), mesh)
-    ref_sharded = jax.device_put(ref, sharding.param_shardings(ref, mesh))
+    ref_sharded = jax.device_put(ref, models.param_shardings(ref, mesh))
     wq = state.params["layers"]["wq"]
     assert wq.sharding.spec == P(None, "fsdp", "tensor")
     assert state.opt_state[1][0].mu["embed"].sharding.spec == P("tensor", "fsdp")
     # The gradient computed under the mesh equals the 1-device one, before the optimizer.
     g_ref, _ = jit_grads(cfg, CFG)(params, batch, ref)
     g_sharded, _ = jit_grads(cfg, c)(state.params, jax.device_put(
-        batch, sharding.batch_sharding(mesh)), ref_sharded)
+        batch, parallel.batch_sharding(mesh)), ref_sharded)
     assert_grads_close(g_ref, g_sharded)
     new_state, metrics = step(state, batch, ref_sharded)
     assert wq.is_deleted()  # donated
@@ -354,7 +357,7 @@ def test_zero_advantages_at_the_reference_give_exactly_no_update(setup, micro):
     cfg, params, batch, _, _, _, _ = setup
     flat = batch.replace(advantages=np.zeros_like(batch.advantages))
     c = dataclasses.replace(CFG, micro_batch_size=micro)
-    mesh = sharding.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    mesh = parallel.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
     opt, step = ts.make_sharded_train_step(cfg, c, mesh)
     state = ts.shard_train_state(ts.init_train_state(copy_tree(params), opt), mesh)
     new_state, metrics = step(state, flat, params)
@@ -365,25 +368,25 @@ def test_zero_advantages_at_the_reference_give_exactly_no_update(setup, micro):
 
 
 def test_make_mesh_and_rules():
-    mesh = sharding.make_mesh(data=-1, fsdp=2, tensor=2)
+    mesh = parallel.make_mesh(data=-1, fsdp=2, tensor=2)
     assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     with pytest.raises(ValueError, match="at most one"):
-        sharding.make_mesh(-1, -1, 1)
+        parallel.make_mesh(-1, -1, 1)
     with pytest.raises(ValueError, match="16 devices, but 8"):
-        sharding.make_mesh(4, 2, 2)
+        parallel.make_mesh(4, 2, 2)
     with pytest.raises(ValueError, match="not a multiple of 3"):
-        sharding.make_mesh(-1, 3, 1)
+        parallel.make_mesh(-1, 3, 1)
     shapes = {"embed": jax.ShapeDtypeStruct((9, 8), jnp.float32),  # V=9: tensor can't split
               "final_norm": jax.ShapeDtypeStruct((8,), jnp.float32),
               "layers": {"w_down": jax.ShapeDtypeStruct((2, 6, 8), jnp.float32),
                          "mlp_norm": jax.ShapeDtypeStruct((2, 8), jnp.float32)},
               "count": jax.ShapeDtypeStruct((), jnp.int32)}
-    sh = sharding.param_shardings(shapes, mesh)
+    sh = models.param_shardings(shapes, mesh)
     assert sh["embed"].spec == P(None, "fsdp")
     assert sh["final_norm"].spec == P() and sh["layers"]["mlp_norm"].spec == P()
     assert sh["layers"]["w_down"].spec == P(None, "tensor", "fsdp")
     assert sh["count"].spec == P()
-    assert sharding.batch_sharding(mesh).spec == P(("data", "fsdp"))
+    assert parallel.batch_sharding(mesh).spec == P(("data", "fsdp"))
 
 
 def test_config_validation_and_check_finite():

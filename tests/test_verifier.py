@@ -1,5 +1,5 @@
-"""Tests of the frozen verifier (drubric_jax/verifier.py) and of verdicts
-(drubric_jax/verdicts.py): yes/no variants, P(yes) (METHOD 11, case-14), prefix sharing ==
+"""Tests of the frozen verifier (drubric_jax/evaluator/verifier.py) and of verdicts
+(drubric_jax/evaluator/verdicts.py): yes/no variants, P(yes) (METHOD 11, case-14), prefix sharing ==
 naive, budgets, order bookkeeping (case-15)."""
 import jax
 import jax.numpy as jnp
@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from with_params import WithParams
 
-from drubric_jax import rewards
-from drubric_jax import verdicts
-from drubric_jax import verifier as ver_lib
-from drubric_jax import verifier_passes as passes
+from drubric_jax import models
+from drubric_jax.rl import rewards
+from drubric_jax.evaluator import verdicts
+from drubric_jax.evaluator import verifier as ver_lib
+from drubric_jax.evaluator import passes
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
 
@@ -271,11 +272,11 @@ def test_contextual_calibration_costs_one_null_row_per_prompt(tiny_verifier):
 def test_verifier_on_a_mesh_equals_one_device(tiny_model, tok, shape):
     """Rows split over (data, fsdp), params over fsdp / tensor: P(yes) equals the 1-device
     values (the sharded matmuls sum in another order: float32 ulps of P <= 1)."""
-    from drubric_jax import sharding
+    from drubric_jax import parallel
 
     cfg, params = tiny_model
-    mesh = sharding.make_mesh(*shape)
-    sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
+    mesh = parallel.make_mesh(*shape)
+    sharded = jax.device_put(params, models.param_shardings(params, mesh))
     one = ver_lib.Verifier(cfg, tok, 192, 48)
     many = ver_lib.Verifier(cfg, tok, 192, 48, mesh=mesh)
     items = [ITEMS, ITEMS[:2], ITEMS[1:]]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from drubric_jax import data
-from drubric_jax import verifier as ver_lib
+from drubric_jax.evaluator import verifier as ver_lib
 from drubric_jax.data import sources
 from drubric_jax.evaluation import intervals, judges, metrics
 from drubric_jax.evaluation import verifier_check as vc

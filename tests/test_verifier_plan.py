@@ -1,10 +1,10 @@
-"""The verifier's pass schedule (drubric_jax/verifier_plan.py): one process's schedule
+"""The verifier's pass schedule (drubric_jax/evaluator/schedule.py): one process's schedule
 (longest rows first, budget caps, row shards) and several processes' (every row once,
 an even share of each pass per process, the bucket of the longest row)."""
 import pytest
 
 from drubric_jax.sampling import bucket_length
-from drubric_jax.verifier_plan import Pass, plan_passes
+from drubric_jax.evaluator.schedule import Pass, plan_passes
 
 
 def _bucket(n):

@@ -29,16 +29,16 @@ def main() -> None:
     if args.num_processes > 1:
         jax.distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes,
                                    args.process_id)
-    from drubric_jax import models, sharding
-    from drubric_jax import tokenizer as tok_lib
-    from drubric_jax import verifier as ver_lib
+    from drubric_jax import models, parallel
+    from drubric_jax.text import tokenizer as tok_lib
+    from drubric_jax.evaluator import verifier as ver_lib
     from drubric_jax.evaluation import judges
     from drubric_jax.models import config
 
     cfg = config.TINY
     params = models.init_params(cfg, jax.random.PRNGKey(0))
-    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
-    params = jax.device_put(params, sharding.param_shardings(params, mesh))
+    mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
+    params = jax.device_put(params, models.param_shardings(params, mesh))
     tok = tok_lib.tokenizer_from_gguf(models.default_gguf_path())
     ver = ver_lib.Verifier(cfg, tok, 192, 48, mesh=mesh, max_rows=4, item_chunk=2)
     prepared = []
@@ -92,13 +92,13 @@ def main() -> None:
     # 2 rows per process).
     from drubric_jax import sampling
 
-    block = sharding.process_block(8)
+    block = parallel.process_block(8)
     ids = [[5 + i, 17 + 3 * i, 40 + i][: 1 + i % 3] for i in range(8)][block]
     got = sampling.generate_chunked(
         params, cfg, ids, 2, key=jax.random.PRNGKey(7), max_new_tokens=5,
         method=sampling.method_from_flags(1.0), stop_ids=[0], mesh=mesh,
         row_ids=list(range(block.start, block.stop)))
-    out["sampled"] = sharding.gather_rows(got.tokens).tolist()
+    out["sampled"] = parallel.gather_rows(got.tokens).tolist()
     print(json.dumps(out), flush=True)
 
 

@@ -252,7 +252,7 @@ def gold_ranks(record: Record) -> list:
     `ties` true, "strictly better" means a strictly higher `scores` entry, so
     tied responses share a rank (e.g. RM-Bench: three chosen at 1, three
     rejected at 4). Otherwise the `ranking` order is strict: rank = 1 +
-    position in `ranking`. Smaller is better, as `drubric_jax.rewards` expects.
+    position in `ranking`. Smaller is better, as `drubric_jax.rl.rewards` expects.
 
     Args:
       record: a Record with responses.

@@ -24,10 +24,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import rewards
+from drubric_jax.rl import rewards
 from drubric_jax.evaluation.intervals import percentile_interval, ratio, resample_weights
 from drubric_jax.evaluation.metrics import pairwise_counts
-from drubric_jax.rubric_generator import RubricInput
+from drubric_jax.evaluator.rubric_generator import RubricInput
 from drubric_jax.types import Role
 
 METRICS = ("delta_gap", "r_anchor", "strict_acc")

@@ -54,8 +54,8 @@ from absl import logging
 from configs import eval_evaluator as eval_config
 from drubric_jax import data, models
 from drubric_jax.evaluation import aggregate, filerun, report as report_lib
-from drubric_jax.rubric_generator import RubricGenerator
-from drubric_jax.verifier import Verifier
+from drubric_jax.evaluator.rubric_generator import RubricGenerator
+from drubric_jax.evaluator.verifier import Verifier
 
 
 class ModelLoader:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from drubric_jax import rewards
+from drubric_jax.rl import rewards
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
-from drubric_jax.rubric_generator import RubricInput
+from drubric_jax.evaluator.rubric_generator import RubricInput
 
 
 def policy_samples(ctx, policy_params, key, prompts, histories) -> list:
@@ -29,7 +29,7 @@ def policy_samples(ctx, policy_params, key, prompts, histories) -> list:
     Returns:
         U lists of K response strings.
     """
-    from drubric_jax import phases
+    from drubric_jax.rounds import phases
 
     k = ctx.config.policy.num_responses
     _, texts = phases.sample_responses(ctx, key, prompts, histories, k, phases.Timer(),
@@ -52,7 +52,7 @@ def rdisc_per_prompt(ctx, generator_params, key, prompts, histories, sets,
         {"r_disc": float64[U] (mean over the G lists; an invalid list scores 0),
         "valid": float64[U] (valid lists of the G)}.
     """
-    from drubric_jax import phases
+    from drubric_jax.rounds import phases
 
     rb = ctx.generator.generate_batch(
         generator_params, key,

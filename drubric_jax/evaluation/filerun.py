@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from drubric_jax.evaluation import aggregate, intervals, judges
-from drubric_jax.rubric_generator import RubricInput
+from drubric_jax.evaluator.rubric_generator import RubricInput
 from drubric_jax.text import rubric_format
 
 DIFFERENCES = (("soft", "hard"), ("hard_ctx", "hard"), ("soft_ctx", "soft"))

@@ -21,12 +21,12 @@ import zlib
 import jax
 import numpy as np
 
-from drubric_jax import rewards
+from drubric_jax.rl import rewards
 from drubric_jax.text.budget import fit_prompt
 from drubric_jax.text.prompts import direct_judge_messages, pairwise_judge_messages
-from drubric_jax.verdicts import (NULL_RESPONSE, VERDICT_MODES, contextual_calibration,
+from drubric_jax.evaluator.verdicts import (NULL_RESPONSE, VERDICT_MODES, contextual_calibration,
                                   verdicts_from_p_yes)
-from drubric_jax.verifier import judge_shares
+from drubric_jax.evaluator.verifier import judge_shares
 
 RUBRIC_METHODS = ("dynamic", "static")
 PAIRWISE_VARIANTS = ("direct_pairwise_ab", "direct_pairwise_ba", "direct_pairwise_avg")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
-from drubric_jax.run_logging import read_metrics
+from drubric_jax.rounds.run_logging import read_metrics
 
 
 def policy_curve(metrics_path: str) -> tuple[np.ndarray, np.ndarray, list]:

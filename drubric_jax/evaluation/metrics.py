@@ -21,7 +21,7 @@ from typing import NamedTuple, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax.rewards import delta_gap, ordered_pairs
+from drubric_jax.rl.rewards import delta_gap, ordered_pairs
 
 __all__ = [
     "auc", "delta_gap", "pairwise_counts", "pairwise_accuracy", "strict_top1", "ndcg",

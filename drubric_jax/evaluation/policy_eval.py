@@ -30,8 +30,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from drubric_jax import sampling, sharding
-from drubric_jax import tokenizer as tok_lib
+from drubric_jax import sampling, parallel
+from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.evaluation import judges
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
 
@@ -53,13 +53,13 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     Returns:
         (U answer strings, truncated bool[U]: the answer hit max_new_tokens).
     """
-    from drubric_jax.phases import policy_prompt_ids
+    from drubric_jax.rounds.phases import policy_prompt_ids
 
     histories = histories or [[] for _ in requests]
     n = len(requests)
     # Under several processes each samples its block of the requests (padded with copies
     # of the last to a multiple of the process count) and the answers are gathered.
-    block, rows = sharding.process_share(requests, histories)
+    block, rows = parallel.process_share(requests, histories)
     ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens) for r, h in zip(*rows)]
     stop = tok_lib.stop_ids(tokenizer)
     out = sampling.generate_chunked(
@@ -71,8 +71,8 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     texts = [tokenizer.decode([int(t) for t in row[m] if int(t) not in stops],
                               skip_special_tokens=True)
              for row, m in zip(out.tokens, out.mask)]
-    return (sharding.gather_texts(texts)[:n],
-            sharding.gather_rows(np.asarray(out.truncated, bool))[:n])
+    return (parallel.gather_texts(texts)[:n],
+            parallel.gather_rows(np.asarray(out.truncated, bool))[:n])
 
 
 def judge_pairs(verifier, params, prompts, policy_answers, references, max_tokens: int,

@@ -95,7 +95,7 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
             the message says the source was taken as a hub id.
         ValueError: a truncated or corrupt file, a bad config.json field (see `weights`).
     """
-    from drubric_jax import tokenizer as tok_lib
+    from drubric_jax.text import tokenizer as tok_lib
 
     kind = check_source(source)
     if kind == "preset":

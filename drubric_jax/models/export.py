@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from drubric_jax import sharding
+from drubric_jax import parallel
 from drubric_jax.models import registry
 from drubric_jax.models.config import ModelConfig
 
@@ -67,11 +67,11 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     tensors = {}
     fam = registry.family(cfg)
     for key in fam.top_keys(cfg):
-        w = sharding.fetch(params[key])  # one leaf at a time on the host
+        w = parallel.fetch(params[key])  # one leaf at a time on the host
         if writer:  # checkpoints store linear weights [out, in]; ours are [in, out]
             tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
     for key in fam.layer_keys(cfg):
-        stacked = sharding.fetch(params["layers"][key])
+        stacked = parallel.fetch(params["layers"][key])
         if not writer:
             continue
         # Hugging Face names one tensor per layer: the stacked [L, ...] leaf is split.

@@ -65,7 +65,7 @@ TOP_WEIGHT_NAMES = {
     "final_norm": ("model.norm.weight", "output_norm.weight"),
     "lm_head": ("lm_head.weight", "output.weight"),
 }
-# How each leaf is split over the mesh (`sharding.param_specs`): fsdp splits D, tensor
+# How each leaf is split over the mesh (`registry.param_specs`): fsdp splits D, tensor
 # splits heads / F / V, the stacked layer axis L stays whole; norms are replicated.
 PARAM_SPECS = {
     "embed": P("tensor", "fsdp"),          # [V, D]

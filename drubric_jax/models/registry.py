@@ -9,7 +9,7 @@ A family is one module that implements, over a plain parameter pytree:
     unstack_layers(params) -> params in the per-layer form used by decode loops
     LAYER_WEIGHT_NAMES, TOP_WEIGHT_NAMES, TRANSPOSED, layer_keys(cfg), top_keys(cfg)
         checkpoint names for `models.weights` (loading) and `models.export` (Hugging Face export)
-    PARAM_SPECS  {leaf name: PartitionSpec} over the mesh axes (`sharding.param_specs`)
+    PARAM_SPECS  {leaf name: PartitionSpec} over the mesh axes (`param_specs`)
 
 and uses the shared `models.cache.KVCache`. `FAMILIES` maps `ModelConfig.family` to its
 module, and `HF_MODEL_TYPES` maps a Hugging Face `config.json` `model_type` to a family.
@@ -28,6 +28,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from drubric_jax import parallel
 from drubric_jax.models import cache as cache_lib
 from drubric_jax.models import llama, qwen3_moe
 from drubric_jax.models.cache import KVCache
@@ -120,3 +121,35 @@ def positions_from_mask(token_mask: jax.Array) -> jax.Array:
     """int32[R, T] RoPE positions counting only real tokens (left padding gets 0)."""
     # Real tokens count 0, 1, ... from each row's first; left padding (cumsum 0) clamps to 0.
     return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def param_specs() -> dict:
+    """{leaf name: PartitionSpec} of every registered model family (`PARAM_SPECS` of each
+    family module; a name two families share must have one spec).
+
+    fsdp splits D, tensor splits heads / F / V; the stacked layer axis L stays whole; norms
+    (and anything not named, e.g. optimizer counters) are replicated. The same rules apply
+    to optimizer moments, whose tree mirrors the params.
+
+    Raises:
+        ValueError: two families give the same leaf name different specs.
+    """
+    specs: dict = {}
+    for name, module in FAMILIES.items():
+        for leaf, spec in module.PARAM_SPECS.items():
+            if specs.setdefault(leaf, spec) != spec:
+                raise ValueError(f"family {name!r} gives {leaf!r} the spec {spec}, another "
+                                 f"family {specs[leaf]}")
+    return specs
+
+
+def param_shardings(tree, mesh) -> object:
+    """`parallel.param_shardings` with the model families' rules (`param_specs`): the
+    NamedSharding pytree of params, a TrainState or their shapes on `mesh`."""
+    return parallel.param_shardings(tree, mesh, param_specs())
+
+
+def leaf_sharder(mesh):
+    """`parallel.leaf_sharder` with the model families' rules: `(path, shape) ->
+    NamedSharding` for loaders that place one tensor at a time."""
+    return parallel.leaf_sharder(mesh, param_specs())

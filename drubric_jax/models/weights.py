@@ -27,7 +27,7 @@ from drubric_jax.models.safetensors_files import (LazyStack, LazyTensor, json_fi
 from drubric_jax.models.config import ModelConfig, RopeScaling
 
 # A pytree of shardings matching the params, or a callable (path, shape) -> sharding with
-# paths like "layers/wq" (e.g. `sharding.leaf_sharder(mesh)`).
+# paths like "layers/wq" (e.g. `models.leaf_sharder(mesh)`).
 Shardings = Union[None, dict, Callable[[str, tuple], Optional[jax.sharding.Sharding]]]
 
 

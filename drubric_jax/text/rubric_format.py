@@ -8,7 +8,7 @@ Pure Python plus numpy; nothing here touches a model.
   "An invalid rubric list"; cases 11 and 13), with one counter per drop reason
   (`COUNTER_KEYS`).
 - `pad_rubrics`: B parsed lists -> padded texts, weights and masks with M items, the inputs
-  of Eq. 12, 13 in `drubric_jax.rewards`.
+  of Eq. 12, 13 in `drubric_jax.rl.rewards`.
 - `MIN_WEIGHT` / `MAX_WEIGHT`: the valid weight range of w_m, shared with `rewards`.
 - `CRITERION_PLACEHOLDER` / `WEIGHT_PLACEHOLDER`: the placeholders of the generator
   prompt's output format line (`text.prompts` writes them; the parser drops items that only

@@ -1,6 +1,6 @@
 """Rubric scores and generator rewards (METHOD sections 3, 11, 12): Eq. 12, 13, 15, 2.
 
-Group advantages (Eq. 21, 24-25) are in `drubric_jax.advantages`.
+Group advantages (Eq. 21, 24-25) are in `drubric_jax.rl.advantages`.
 
 Axis legend: K responses per prompt, G rubric lists (or responses) in one GRPO
 group, M rubric items, N anchor-list length, R flat rows of a batch. A leading

@@ -5,8 +5,8 @@ fills the rows' packed bitmasks, int32[B, W] with W = ceil(V / 32) (token v is a
 bit v % 32 of word v // 32 is set: llguidance's layout, 1/8 of the bytes of a bool[B, V]
 mask), on llguidance's threads; the jitted step unpacks it on the device (`unpack_bitmask`).
 
-A step is two jitted calls, `sampling.sample_token` (needs the mask) and
-`sampling.forward_token` (needs the token), so the host fills the mask of step t + 1 while
+A step is two jitted calls, `sampler.sample_token` (needs the mask) and
+`sampler.forward_token` (needs the token), so the host fills the mask of step t + 1 while
 the device runs the forward of step t (`decode`):
 
     host:    fill m_0 | get y_0, advance, fill m_1 | get y_1, advance, fill m_2 | ...
@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import models, sampling, sharding
+from drubric_jax import models, parallel
+from drubric_jax.sampling import decode as sampler
+from drubric_jax.sampling.methods import Method
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -70,20 +72,20 @@ def unpack_bitmask(words: jax.Array, vocab_size: int) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("method", "pad_id"), donate_argnums=(0,))
 def _sample(state, words, force_stop, method, stop_ids, pad_id):
     allowed = unpack_bitmask(words, state.logits.shape[-1])
-    state, tok, emitted = sampling.sample_token(state, method, stop_ids, pad_id, allowed,
+    state, tok, emitted = sampler.sample_token(state, method, stop_ids, pad_id, allowed,
                                                 force_stop)
     # Every row of every process done: the loop's exit, the same on all processes.
     all_done = jnp.all(~emitted | jnp.isin(tok, stop_ids))
     return state, tok, emitted, all_done
 
 
-_forward = jax.jit(sampling.forward_token, static_argnames="cfg", donate_argnums=(2,))
+_forward = jax.jit(sampler.forward_token, static_argnames="cfg", donate_argnums=(2,))
 _decode_cache = jax.jit(models.decode_cache)
 
 
-def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constraint,
-           method: sampling.Method, stop_ids: jax.Array, pad_id: int,
-           rows: Optional[jax.sharding.Sharding] = None) -> sampling.SamplerState:
+def decode(params, cfg: models.ModelConfig, state: sampler.SamplerState, constraint,
+           method: Method, stop_ids: jax.Array, pad_id: int,
+           rows: Optional[jax.parallel.Sharding] = None) -> sampler.SamplerState:
     """Decodes under a host-side constraint until every row stopped or N tokens were made.
 
     The constraint (duck-typed; `JsonSchemaConstraint` is the JSON-schema one):
@@ -95,10 +97,10 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
     - `advance(tokens int32[B], live bool[B])`: consumes each live row's sampled token.
 
     Args:
-        params, cfg: the model.  state: `sampling.prefill`'s state (donated).
+        params, cfg: the model.  state: `sampler.prefill`'s state (donated).
         constraint: as above.  method: sampling method.
         stop_ids: int32[K] ids that end a row.  pad_id: filler after the stop token.
-        rows: the rows' sharding (`sharding.batch_sharding(mesh)`; default: the state's
+        rows: the rows' sharding (`parallel.batch_sharding(mesh)`; default: the state's
             tokens'). Under several processes the constraint holds the rows it puts on
             this process's devices (its prompts) and the masks are assembled from every
             process's rows.
@@ -114,11 +116,11 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
         b = state.tokens.shape[0]
 
         def put(x):
-            return sharding.put(x, rows)
+            return parallel.put(x, rows)
     else:
         # Several processes: the constraint holds this process's rows only, and the masks
         # are assembled from every process's rows.
-        block = sharding._row_span(rows, state.tokens.shape[0])
+        block = parallel.row_span(rows, state.tokens.shape[0])
         b = block.stop - block.start
 
         def put(x):
@@ -126,11 +128,11 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
                 rows, x, state.tokens.shape[:1] + x.shape[1:])
     constraint.reset(b)
     # One host buffer: it is refilled only after the sample that read it returned its tokens
-    # (`sharding.put` may alias it on CPU; a transfer to a GPU ends before the sample runs).
+    # (`parallel.put` may alias it on CPU; a transfer to a GPU ends before the sample runs).
     # -1 sets every bit: all tokens allowed until the first fill writes the rows' masks.
     mask = np.full((b, bitmask_words(state.logits.shape[-1])), -1, np.int32)
-    layer_params = sampling.decode_params(params, cfg)  # one copy per call, not per step
-    # The per-layer form on CPU, as `sampling.decode_loop` uses.
+    layer_params = sampler.decode_params(params, cfg)  # one copy per call, not per step
+    # The per-layer form on CPU, as `sampler.decode_loop` uses.
     state = state.replace(cache=_decode_cache(state.cache))
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill
     for step in range(n):
@@ -138,12 +140,12 @@ def decode(params, cfg: models.ModelConfig, state: sampling.SamplerState, constr
                                                 method, stop_ids, pad_id)
         if step + 1 < n:  # dispatched before waiting for `tok`: runs while the host fills
             state = _forward(layer_params, cfg, state, tok, emitted)
-        tok, emitted = sharding.fetch_process_rows((tok, emitted), rows)
+        tok, emitted = parallel.fetch_process_rows((tok, emitted), rows)
         constraint.advance(tok, emitted)  # the last token too: `finished()` sees it
         done = ~emitted | np.isin(tok, stop)  # = state.done (a row not emitting is done)
         # One process's rows all done is not the exit: all_done covers every process.
         if step + 1 == n or (done.all() if b == state.tokens.shape[0]
-                             else bool(sharding.fetch(all_done))):
+                             else bool(parallel.fetch(all_done))):
             break
         constraint.fill(mask, ~done)
     return state

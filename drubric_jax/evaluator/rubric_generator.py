@@ -27,9 +27,9 @@ from typing import Optional, Sequence, Union
 import jax
 import numpy as np
 
-from drubric_jax import sampling, sharding
-from drubric_jax import tokenizer as tok_lib
-from drubric_jax.constrained import JsonSchemaConstraint
+from drubric_jax import sampling, parallel
+from drubric_jax.text import tokenizer as tok_lib
+from drubric_jax.sampling.constrained import JsonSchemaConstraint
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.text import rubric_format
 from drubric_jax.text.budget import fit_prompt
@@ -165,7 +165,7 @@ class RubricGenerator:
         Returns:
             RubricBatch with a leading B axis. Under several processes (a mesh spanning
             them) every process decodes only its block of the inputs
-            (`sharding.process_block`, the inputs padded with copies of the last to a
+            (`parallel.process_block`, the inputs padded with copies of the last to a
             multiple of the process count) and the lists are then gathered, so every
             field holds all B inputs except `rollout`, which holds this process's rows
             (what its devices train on).
@@ -190,7 +190,7 @@ class RubricGenerator:
                                        int(num_lists), float(temperature))
         # Copies of the last input fill the batch to a multiple of the process count:
         # decoded, not counted, then dropped.
-        block, (mine, my_statics) = sharding.process_share(inputs, statics)
+        block, (mine, my_statics) = parallel.process_share(inputs, statics)
         local = self._generate_rows(
             params, key, mine, my_statics, block.start, k_max, int(num_lists),
             float(temperature), real=max(0, min(block.stop, b) - block.start))
@@ -299,7 +299,7 @@ def gather_rubrics(local: RubricBatch, n: int) -> RubricBatch:
     def texts(nested, depth):
         flat = [t for row in nested for t in (row if depth == 1 else
                                                [u for lst in row for u in lst])]
-        flat = sharding.gather_texts(flat)
+        flat = parallel.gather_texts(flat)
         per = g if depth == 1 else g * m
         rows = [flat[i * per:(i + 1) * per] for i in range(len(flat) // per)][:n]
         if depth == 1:
@@ -307,11 +307,11 @@ def gather_rubrics(local: RubricBatch, n: int) -> RubricBatch:
         return [[row[j * m:(j + 1) * m] for j in range(g)] for row in rows]
 
     keys = sorted(local.counters)  # each process counted its real inputs only
-    summed = sharding.gather_rows(np.array([[local.counters[k] for k in keys]], np.int64))
+    summed = parallel.gather_rows(np.array([[local.counters[k] for k in keys]], np.int64))
     counters = dict(zip(keys, (int(x) for x in summed.sum(0))))
 
     def arr(x):
-        return sharding.gather_rows(x)[:n]
+        return parallel.gather_rows(x)[:n]
 
     return dataclasses.replace(
         local, texts=texts(local.texts, 2), weights=arr(local.weights),

@@ -13,7 +13,7 @@ Masked positions may hold garbage (0, -1e9, -inf, NaN): `grpo_loss` replaces
 it with `jnp.where` before any exp or subtraction, so it reaches neither the
 loss nor its gradient. The building blocks `k3_kl` and `clipped_surrogate`
 expect inputs that are already clean. Log-probs of a sequence come from
-`drubric_jax.logprobs`.
+`drubric_jax.rl.logprobs`.
 """
 
 import numbers

@@ -32,11 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from drubric_jax import grpo, models, sharding
+from drubric_jax import models, parallel
+from drubric_jax.rl import grpo
 from drubric_jax.models import lora
-from drubric_jax.train_config import (TrainConfig, learning_rate_schedule, make_optimizer,
+from drubric_jax.rl.train_config import (TrainConfig, learning_rate_schedule, make_optimizer,
                                       schedule_count)
-from drubric_jax.logprobs import sequence_logprobs
+from drubric_jax.rl.logprobs import sequence_logprobs
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.types import Rollout
 
@@ -279,7 +280,7 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
     """`(optimizer, step)`: the sharded `(state, batch, ref_params) -> (state, metrics)`;
     the state is donated.
 
-    State in/out and ref_params: `sharding.param_shardings` of the trainee's TrainState /
+    State in/out and ref_params: `models.param_shardings` of the trainee's TrainState /
     params (shapes from `jax.eval_shape`, nothing allocated); batch rows over
     ("data", "fsdp") (R and micro_batch_size should be multiples of data * fsdp); metrics
     replicated. Put the state with `shard_train_state` first.
@@ -290,15 +291,15 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
     optimizer = make_optimizer(train_cfg)
     # Shapes only: the shardings are known before any array exists (STYLE 6).
     shapes = jax.eval_shape(lambda: init_train_state(trainable_init(model_cfg), optimizer))
-    state_sh = sharding.param_shardings(shapes, mesh)
+    state_sh = models.param_shardings(shapes, mesh)
     # ref_params: the full base params (for LoRA, the frozen base the adapters sit on).
-    base_sh = sharding.param_shardings(jax.eval_shape(lambda: models.init_params(
+    base_sh = models.param_shardings(jax.eval_shape(lambda: models.init_params(
         model_cfg, jax.random.PRNGKey(0))), mesh)
     step = jax.jit(
         functools.partial(train_step, model_cfg=model_cfg, train_cfg=train_cfg,
                           optimizer=optimizer),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh), base_sh),
-        out_shardings=(state_sh, sharding.replicated(mesh)),
+        in_shardings=(state_sh, parallel.batch_sharding(mesh), base_sh),
+        out_shardings=(state_sh, parallel.replicated(mesh)),
         # The old state's buffers are reused for the new one: params and moments are not held twice.
         donate_argnums=(0,))
     return optimizer, step
@@ -322,7 +323,7 @@ def trainable_init(model_cfg: ModelConfig, key: Optional[jax.Array] = None,
 
 def shard_train_state(state: TrainState, mesh) -> TrainState:
     """`jax.device_put` of a state onto the shardings `make_sharded_train_step` expects."""
-    return jax.device_put(state, sharding.param_shardings(state, mesh))
+    return jax.device_put(state, models.param_shardings(state, mesh))
 
 
 def check_finite(metrics: dict, step: int) -> dict:
@@ -334,7 +335,7 @@ def check_finite(metrics: dict, step: int) -> dict:
     Raises:
         FloatingPointError: "step S: metric NAME is nan" for the first bad metric.
     """
-    host = {k: float(v) for k, v in sharding.fetch(metrics).items()}
+    host = {k: float(v) for k, v in parallel.fetch(metrics).items()}
     for name, value in host.items():
         if not np.isfinite(value):
             raise FloatingPointError(f"step {step}: metric {name!r} is {value}")

@@ -30,6 +30,7 @@ import os
 import shutil
 from typing import Any, Optional
 
+import jax
 import numpy as np
 
 # mallopt parameter numbers, from glibc's <malloc.h>.
@@ -153,3 +154,12 @@ def unpark(tree: Any, shardings: Any, directory: Optional[str] = None) -> Any:
     if directory:
         shutil.rmtree(directory, ignore_errors=True)
     return out
+
+
+def measured_peaks() -> dict:
+    """Peaks measured so far: the process's peak RSS, and the largest device peak where the
+    backend reports one (`memory_stats()`; None on CPU)."""
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+    return {"peak_rss_gb": peak_rss_bytes() / 1e9,
+            "peak_device_gb": max(peaks) / 1e9 if peaks else None}

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from drubric_jax import sharding
+from drubric_jax import parallel
 from drubric_jax.sampling import bucket_length
 
 
@@ -84,6 +84,6 @@ def plan_passes(lengths: Sequence[Sequence[int]], *, bucket_of: Callable[[int], 
 
 
 def gather_row_lengths(local: np.ndarray) -> list[np.ndarray]:
-    """Every process's int64[R_q, W_q] table of row token counts (`sharding.gather_ragged`:
+    """Every process's int64[R_q, W_q] table of row token counts (`parallel.gather_ragged`:
     one collective): the input of `plan_passes` on every process. One process: [local]."""
-    return sharding.gather_ragged(np.asarray(local, np.int64))
+    return parallel.gather_ragged(np.asarray(local, np.int64))

@@ -29,13 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import constrained as constrained_lib
-from drubric_jax import models, sampling, sharding
-from drubric_jax import train_step as ts
-from drubric_jax import verifier_passes as passes
+from drubric_jax.sampling import constrained as constrained_lib
+from drubric_jax import models, sampling, parallel
+from drubric_jax.rl import train_step as ts
+from drubric_jax.evaluator import passes
 from drubric_jax.models import lora
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.train_config import TrainConfig
+from drubric_jax.rl.train_config import TrainConfig
 
 SCALE_DEPTHS = (2, 4)  # depths compiled by `scaled` (a scan of length 1 is special-cased)
 
@@ -81,7 +81,7 @@ def param_structs(cfg: ModelConfig, mesh, trainable: bool = False):
     make = (lambda: ts.trainable_init(cfg)) if trainable else (
         lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
     shapes = jax.eval_shape(make)
-    return _structs(shapes, sharding.param_shardings(shapes, mesh))
+    return _structs(shapes, models.param_shardings(shapes, mesh))
 
 
 def sampler_params(trainee_cfg: ModelConfig, base_cfg: ModelConfig, mesh):
@@ -99,10 +99,10 @@ def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: Train
     optimizer, step = ts.make_sharded_train_step(trainee_cfg, train_cfg, mesh)
     shapes = jax.eval_shape(lambda: ts.init_train_state(ts.trainable_init(trainee_cfg),
                                                         optimizer))
-    state = _structs(shapes, sharding.param_shardings(shapes, mesh))
+    state = _structs(shapes, models.param_shardings(shapes, mesh))
     # Batch rows over (data, fsdp), as the sharded step takes them; structs only: the step is
     # lowered and compiled, never run.
-    rows_sh = sharding.batch_sharding(mesh)
+    rows_sh = parallel.batch_sharding(mesh)
     t = prompt + new
 
     def arr(shape, dtype):

@@ -21,7 +21,7 @@ config.checkpoint.allow_data_change.
 
 Several processes (`jax.distributed`, one per host): every process runs this loop on the
 same global batches (the iterators are seeded, so every process draws the same rows) and
-samples, decodes and trains on its own block of each (`sharding.process_block`, its own
+samples, decodes and trains on its own block of each (`parallel.process_block`, its own
 devices' rows); the device work is one program over the global mesh, and the texts other
 roles read are gathered (`phases.sample_responses`, `RubricGenerator.generate_batch`), so
 the numbers are those of one process with the same mesh. All processes save and restore
@@ -42,11 +42,12 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from drubric_jax import checkpoint as ckpt_lib
-from drubric_jax import (compilation, config_check, data, hostmem, phases, planner,
-                         rule_rewards, run_logging, sharding)
+from drubric_jax import config_check, data, parallel
+from drubric_jax.rl import rule_rewards
+from drubric_jax.rounds import checkpoint as ckpt_lib
+from drubric_jax.rounds import compilation, hostmem, phases, run_logging
 from drubric_jax.models import export_hf_dir
-from drubric_jax.roles import build_roles, check_model_sources, role_memory
+from drubric_jax.rounds.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
 
 # Order within a round (evaluator first); a phase's index here is its fold_in value.
@@ -112,10 +113,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load
     # Every process reads whole global batches (the iterators' defaults, host 0 of 1): the
-    # rows of a batch are a global value, as `sharding.put` expects.
+    # rows of a batch are a global value, as `parallel.put` expects.
     loaded = data.load_data(c)
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
-    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
+    mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])
     roles = build_roles(c, mesh)
     return Run(
@@ -318,16 +319,15 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
 
 
 def finish(run: Run) -> None:
-    """curves.png, memory.json (MiB per role measured, the peaks measured, and the memory
-    planner's figures under "planned") and the Hugging Face exports (process 0 writes; every
-    process takes part in gathering the exported leaves)."""
+    """curves.png, memory.json (MiB per role and the peaks, measured; `experiments.plan`
+    prints the planner's figures for the same config) and the Hugging Face exports (process
+    0 writes; every process takes part in gathering the exported leaves)."""
     if is_primary():
         run_logging.plot_curves(run.writer.path, os.path.join(run.workdir, "curves.png"))
-    # MiB, the unit of `planner.planned_role_mib` printed beside it.
+    # MiB, the unit of `memory.planner.planned_role_mib`.
     measured = {k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}
-    _write_json(os.path.join(run.workdir, "memory.json"), {
-        **measured, **planner.measured_peaks(),
-        "planned": planner.memory_json(run.config, run.ctx.mesh)})
+    _write_json(os.path.join(run.workdir, "memory.json"),
+                {**measured, **hostmem.measured_peaks()})
     if run.config.export:
         for trainee in (run.ctx.roles.policy, run.ctx.roles.generator):
             tok = trainee.model.tokenizer

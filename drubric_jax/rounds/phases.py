@@ -27,16 +27,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from drubric_jax import advantages as adv_lib
-from drubric_jax import hostmem, rewards, sampling, sharding
-from drubric_jax import train_step as ts
-from drubric_jax import tokenizer as tok_lib
-from drubric_jax.roles import Roles
-from drubric_jax.rubric_generator import RubricGenerator, RubricInput
+from drubric_jax.rl import advantages as adv_lib
+from drubric_jax import sampling, parallel
+from drubric_jax.rounds import hostmem
+from drubric_jax.rl import rewards
+from drubric_jax.rl import train_step as ts
+from drubric_jax.text import tokenizer as tok_lib
+from drubric_jax.rounds.roles import Roles
+from drubric_jax.evaluator.rubric_generator import RubricGenerator, RubricInput
 from drubric_jax.text.budget import fit_prompt
 from drubric_jax.types import Role, Rollout
-from drubric_jax.verdicts import verdicts_from_p_yes
-from drubric_jax.verifier import Verifier
+from drubric_jax.evaluator.verdicts import verdicts_from_p_yes
+from drubric_jax.evaluator.verifier import Verifier
 
 # Eq. 24-25 weights (of z(R_disc), of z(R_anchor)) of each generator-training variant
 # (METHOD 6); "full" uses config.generator.lam for the second.
@@ -135,7 +137,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     state of it, e.g. in an evaluation).
 
     Under several processes each process samples only its block of the B prompts
-    (`sharding.process_block`; B is padded with copies of the last prompt to a multiple of
+    (`parallel.process_block`; B is padded with copies of the last prompt to a multiple of
     the process count, the filler dropped) and the texts are gathered.
 
     Returns:
@@ -146,7 +148,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     model, p = ctx.roles.policy.model, ctx.config.policy
     stop = ctx.policy_stop_ids
     n = len(prompts)
-    block, rows = sharding.process_share(prompts, histories)
+    block, rows = parallel.process_share(prompts, histories)
     ids = [policy_prompt_ids(model.tokenizer, x, h, p.max_prompt_tokens) for x, h in zip(*rows)]
     with timer("sampling"):
         out = sampling.generate_chunked(
@@ -161,7 +163,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
     out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
     texts = decode(model.tokenizer, out, set(stop.tolist()))
-    return out, sharding.gather_texts(texts)[:n * k]
+    return out, parallel.gather_texts(texts)[:n * k]
 
 
 def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
@@ -189,17 +191,17 @@ def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer
 
 def own_items(n: int) -> np.ndarray:
     """Indices of this process's items among a step's n (prompts, anchor lists): the real
-    ones of its `sharding.process_share` block, the block it sampled and generated rubric
+    ones of its `parallel.process_share` block, the block it sampled and generated rubric
     lists for. One process: all n. int64[n_p]."""
     count = jax.process_count()
-    block = sharding.process_block(-(-n // count) * count)
+    block = parallel.process_block(-(-n // count) * count)
     return np.arange(block.start, min(block.stop, n))
 
 
 def gather_items(x) -> np.ndarray:
     """Every process's per-item values [n_p, ...] (its `own_items`), joined in item order:
-    [n, ...] on every process (`sharding.gather_ragged`; the trailing shape must agree)."""
-    return np.concatenate(sharding.gather_ragged(np.asarray(x)))
+    [n, ...] on every process (`parallel.gather_ragged`; the trailing shape must agree)."""
+    return np.concatenate(parallel.gather_ragged(np.asarray(x)))
 
 
 def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets, timer: Timer,
@@ -275,7 +277,7 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     trainee = ctx.roles.trainee(role)
     # A global batch, rows over (data, fsdp), from every process's own rows (jit refuses
     # numpy under several processes).
-    batch = sharding.put_process_rows(ts.batch_from_rollout(rollout, advantages), ctx.mesh,
+    batch = parallel.put_process_rows(ts.batch_from_rollout(rollout, advantages), ctx.mesh,
                                       rollout.num_rows * jax.process_count())
     hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
     with timer("update"):
@@ -415,7 +417,7 @@ def rule_policy_rollout(ctx: Context, key, items,
         # the scores are gathered: the advantages need whole groups, the metrics all rows.
         mine = np.array([reward_fn(items[g], responses[g * k + i % k])
                          for i, g in enumerate(rollout.group_ids)], np.float32)
-        scores = sharding.gather_rows(mine) if ctx.mesh is not None else mine
+        scores = parallel.gather_rows(mine) if ctx.mesh is not None else mine
     adv, metrics = _policy_advantages(scores, np.repeat(np.arange(len(items)), k), len(items))
     trace = [{"prompt": items[i].prompt, "responses": responses[i * k:(i + 1) * k],
               "scores": [float(s) for s in scores[i * k:(i + 1) * k]]}

@@ -3,26 +3,78 @@ optimizer that follows from it (METHOD section 4: the paper's learning rates 1e-
 policy and 5e-6 for the generator, beta = 0.01).
 
 `TrainConfig.from_config(node, field, ...)` is the one conversion from a config node
-(`configs/base.py: trainer_config`) to this dataclass; every check lives in
-`config_check.TRAINER_RULES`, so a bad value is reported with its config field whichever
-way the dataclass is built.
+(`configs/base.py: trainer_config`, whose defaults are this dataclass's) to this
+dataclass; every check lives in `TRAINER_RULES`, so a bad value is reported with its config
+field whichever way the dataclass is built.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from drubric_jax import config_check, sharding
+from drubric_jax import parallel
+from drubric_jax.rl import grpo
+from drubric_jax.types import require
+
+AGGREGATIONS = tuple(grpo.AGGREGATIONS)
+KL_ESTIMATORS = tuple(sorted(grpo.KL_ESTIMATORS))
+DTYPES = ("float32", "bfloat16")
+
+# field -> (predicate, what a good value is). micro_batch_size is checked against the
+# step's rows separately (0 means "all rows" in a config, and is resolved by TrainConfig).
+TRAINER_RULES: dict[str, tuple[Callable, str]] = {
+    "learning_rate": (lambda v: v > 0, "must be > 0"),
+    "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
+    "weight_decay": (lambda v: v >= 0, "must be >= 0"),
+    "b1": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "b2": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "eps": (lambda v: v > 0, "must be > 0"),
+    "max_grad_norm": (lambda v: v > 0, "must be > 0"),
+    "clip_eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
+    "beta": (lambda v: v >= 0, "must be >= 0"),
+    "kl_estimator": (lambda v: v in KL_ESTIMATORS, f"must be one of {KL_ESTIMATORS}"),
+    "aggregation": (lambda v: v in AGGREGATIONS, f"must be one of {AGGREGATIONS}"),
+    "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "logits_chunk": (lambda v: v >= 1, "must be >= 1"),
+    "mu_dtype": (lambda v: v in DTYPES, f"must be one of {DTYPES}"),
+    "remat": (lambda v: isinstance(v, bool), "must be True or False"),
+}
+
+
+def check_trainer(values: Mapping, prefix: str, rows: Optional[int] = None) -> None:
+    """Checks a trainee's values against TRAINER_RULES.
+
+    Args:
+        values: field -> value (a ConfigDict node or `dataclasses.asdict(TrainConfig)`).
+        prefix: dotted name used in messages ("config.policy.train" or "TrainConfig").
+        rows: the step's rows; given for config nodes, where micro_batch_size 0 = all rows.
+
+    Raises:
+        ConfigError: "<prefix>.<field>: <reason> (got <value>)".
+    """
+    for name, (ok, message) in TRAINER_RULES.items():
+        if name in values:
+            require(ok(values[name]), f"{prefix}.{name}", f"{message} (got {values[name]!r})")
+    mb = values.get("micro_batch_size")
+    if mb is None:
+        return
+    # A built TrainConfig has its micro-batch resolved: 0 ("all rows") is no longer allowed.
+    if rows is None:
+        require(mb >= 1, f"{prefix}.micro_batch_size", f"must be >= 1 (got {mb})")
+    else:
+        require(mb >= 0 and (mb == 0 or rows % mb == 0), f"{prefix}.micro_batch_size",
+                 f"{mb} must be 0 or divide the {rows} rows of a step")
+
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Hyperparameters of one GRPO trainee. Validated on construction
-    (`config_check.ConfigError`, a ValueError naming the field)."""
+    (`types.ConfigError`, a ValueError naming the field)."""
 
     learning_rate: float = 1e-6     # peak AdamW step size (paper: 1e-6 policy, 5e-6 generator)
     warmup_steps: int = 0           # optimizer updates of linear warm-up; 0 = none
@@ -37,12 +89,12 @@ class TrainConfig:
     aggregation: str = "seq_mean_token_mean"  # grpo.AGGREGATIONS; paper: per-response mean
     micro_batch_size: int = 8       # rows per forward/backward; R % micro_batch_size == 0
     temperature: float = 1.0        # sampler temperature; log-probs use it; 0 (greedy) -> 1
-    logits_chunk: int = 512         # tokens per logits chunk (bounds the [R, chunk, V] buffer)
+    logits_chunk: int = 128         # tokens per logits chunk (bounds the [R, chunk, V] buffer)
     mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
     remat: bool = True              # recompute each layer in the backward pass (see below)
 
     def __post_init__(self):
-        config_check.check_trainer(dataclasses.asdict(self), "TrainConfig")
+        check_trainer(dataclasses.asdict(self), "TrainConfig")
 
     @classmethod
     def from_config(cls, node, field: str, *, rows: int, temperature: float) -> "TrainConfig":
@@ -56,10 +108,10 @@ class TrainConfig:
             temperature: the sampler's temperature for this trainee.
 
         Raises:
-            config_check.ConfigError: a bad field, named "config.<field>.<name>".
+            types.ConfigError: a bad field, named "config.<field>.<name>".
         """
         values = {f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node}
-        config_check.check_trainer(values, f"config.{field}", rows=rows)
+        check_trainer(values, f"config.{field}", rows=rows)
         values["micro_batch_size"] = values.get("micro_batch_size") or rows
         return cls(**values, temperature=float(temperature))
 
@@ -89,7 +141,7 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
 def _decay_mask(params):
     """True for matrices, False for norm scales (`*norm` keys)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: not (sharding.leaf_name(path) or "").endswith("norm"), params)
+        lambda path, _: not (parallel.leaf_name(path) or "").endswith("norm"), params)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

@@ -40,11 +40,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from drubric_jax import hostmem, sharding
-from drubric_jax import train_step as ts
+from drubric_jax import models, parallel
+from drubric_jax.rounds import hostmem
+from drubric_jax.rl import train_step as ts
 from drubric_jax.models import check_source, load_model, lora
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.train_config import TrainConfig
+from drubric_jax.rl.train_config import TrainConfig
 from drubric_jax.types import Role
 
 
@@ -93,7 +94,7 @@ def check_model_sources(config: ml_collections.ConfigDict) -> None:
 
 def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, LoadedModel]:
     """{source: LoadedModel} for the distinct sources of policy, generator and verifier,
-    each loaded once, tensor by tensor straight onto `mesh` (`sharding.leaf_sharder`) when
+    each loaded once, tensor by tensor straight onto `mesh` (`models.leaf_sharder`) when
     given.
 
     Raises:
@@ -104,7 +105,7 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
     fields = _source_fields(config)
     models = {}
     # Each tensor is placed onto its shards as it is read (`models.weights`).
-    sharder = None if mesh is None else sharding.leaf_sharder(mesh)
+    sharder = None if mesh is None else models.leaf_sharder(mesh)
     for source, names in fields.items():
         try:
             cfg, params, tok = load_model(source, config.model.dtype, shardings=sharder,
@@ -189,18 +190,18 @@ def make_trainee(role: Role, model: LoadedModel, cfg: ModelConfig, train_config:
         # Shapes first, then a jit with out_shardings: the adapters are born sharded (STYLE 6).
         shapes = jax.eval_shape(lambda: ts.trainable_init(cfg, key, model.params))
         params = jax.jit(lambda k: ts.trainable_init(cfg, k, model.params),
-                         out_shardings=sharding.param_shardings(shapes, mesh))(key)
+                         out_shardings=models.param_shardings(shapes, mesh))(key)
     else:  # ours, not the base's buffers: the step donates them (eager copy keeps shardings)
         params = jax.tree.map(lambda x: jnp.copy(x).astype(cfg.weight_dtype), model.params)
         # Exactly the shardings the compiled step's in_shardings name.
-        params = jax.device_put(params, sharding.param_shardings(params, mesh))
+        params = jax.device_put(params, models.param_shardings(params, mesh))
     # The moments mirror the params' tree, so the same leaf-name rules shard them.
     opt_shapes = jax.eval_shape(optimizer.init, params)
-    opt_state = jax.jit(optimizer.init, out_shardings=sharding.param_shardings(
+    opt_state = jax.jit(optimizer.init, out_shardings=models.param_shardings(
         opt_shapes, mesh))(params)
     # The step counter on the mesh too (replicated): Orbax refuses a host-local array on
     # several processes.
-    step = jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(mesh))
+    step = jax.device_put(jnp.zeros((), jnp.int32), parallel.replicated(mesh))
     state = ts.TrainState(step=step, params=params, opt_state=opt_state)
     return Trainee(role, model, cfg, train_config, optimizer, step_fn, state)
 

@@ -39,14 +39,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import sharding
-from drubric_jax import verifier_passes as passes
-from drubric_jax import verifier_plan
+from drubric_jax import parallel
+from drubric_jax.evaluator import passes
+from drubric_jax.evaluator import schedule as verifier_plan
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import bucket_length
-from drubric_jax.verdicts import (CALIBRATIONS, NULL_RESPONSE, contextual_calibration,
+from drubric_jax.evaluator.verdicts import (CALIBRATIONS, NULL_RESPONSE, contextual_calibration,
                                   yes_no_token_ids)
-from drubric_jax.verifier_text import VerifierText, add_count
+from drubric_jax.evaluator.verifier_prompts import VerifierText, add_count
 
 STATS = ("prefix_cut", "item_cut", "prefixes", "judgements")  # the `stats=` counters
 
@@ -75,7 +75,7 @@ class Verifier(VerifierText):
         min_bucket: smallest token bucket.
         mesh: optional device mesh: the rows of every pass are split over its
             ("data", "fsdp") axes (each chunk padded to a multiple of data x fsdp); the
-            params should be on the same mesh (`sharding.param_shardings`).
+            params should be on the same mesh (`models.param_shardings`).
 
     Raises:
         ValueError: a budget < 16 tokens, or the tokenizer has no yes/no tokens.
@@ -101,7 +101,7 @@ class Verifier(VerifierText):
         self.mesh = mesh
         # Every pass's rows are padded to a multiple of data x fsdp, the mesh's row shards.
         self._row_shards = 1 if mesh is None else int(np.prod(
-            [mesh.shape[a] for a in sharding.BATCH_AXES]))
+            [mesh.shape[a] for a in parallel.BATCH_AXES]))
 
     @staticmethod
     def budgets(cfg: ModelConfig, device_bytes: int, fraction: float) -> dict:
@@ -124,18 +124,18 @@ class Verifier(VerifierText):
     def _put(self, x: np.ndarray) -> jax.Array:
         """This process's rows of a pass input on the device(s): one process's whole pass,
         or under several processes its block of the global pass (rows over ("data",
-        "fsdp"), assembled from every process's block: `sharding.put_process_rows`)."""
+        "fsdp"), assembled from every process's block: `parallel.put_process_rows`)."""
         if self.mesh is None:
             return jnp.asarray(x)
         if self._collective():
-            return sharding.put_process_rows(x, self.mesh, x.shape[0] * jax.process_count())
-        return sharding.put(x, sharding.batch_sharding(self.mesh))
+            return parallel.put_process_rows(x, self.mesh, x.shape[0] * jax.process_count())
+        return parallel.put(x, parallel.batch_sharding(self.mesh))
 
     def _take(self, x: jax.Array) -> np.ndarray:
         """This process's rows of a pass output, as numpy (`_put`'s rows)."""
         if self._collective():
-            return sharding.fetch_process_rows(x, sharding.batch_sharding(self.mesh))
-        return sharding.fetch(x)
+            return parallel.fetch_process_rows(x, parallel.batch_sharding(self.mesh))
+        return parallel.fetch(x)
 
     def _tables(self, table: np.ndarray) -> tuple[list, int]:
         """(every process's int64[R_q, W_q] row-length table, this process's index) from
@@ -176,7 +176,7 @@ class Verifier(VerifierText):
                 (summed over the processes).
             process_rows: under several processes, False: every process passes the same
                 R rows and gets all of them back, while each judges (tokenises, schedules,
-                reads back) only its block of them (`sharding.process_share`) and the
+                reads back) only its block of them (`parallel.process_share`) and the
                 results are gathered; True: the rows are this process's own (R may differ
                 between processes, or be 0) and so is the result. Either way every process
                 must call at the same point: the passes are programs of all processes,
@@ -364,7 +364,7 @@ class Verifier(VerifierText):
 def judge_shares(judge, columns: list, width: int, stats: Optional[dict] = None) -> np.ndarray:
     """Rows that every process holds alike, judged by each process for its share only.
 
-    Each process takes its block of the R rows (`sharding.process_share`: padded with
+    Each process takes its block of the R rows (`parallel.process_share`: padded with
     copies of the last row to a multiple of the process count), calls
     `judge(its columns, its stats) -> float32[R_p, <= width]` (a collective call, e.g.
     `Verifier.p_yes(process_rows=True)`), and the blocks are gathered in row order.
@@ -381,14 +381,14 @@ def judge_shares(judge, columns: list, width: int, stats: Optional[dict] = None)
     r = len(columns[0])
     if r == 0:
         return np.zeros((0, width), np.float32)
-    _, mine = sharding.process_share(*columns)
+    _, mine = parallel.process_share(*columns)
     local_stats: Optional[dict] = {} if stats is not None else None
     got = np.asarray(judge(mine, local_stats), np.float32).reshape(len(mine[0]), -1)
     got = np.pad(got, ((0, 0), (0, width - got.shape[1])))
     if stats is not None:
-        summed = sharding.gather_rows(np.array([[local_stats.get(k, 0) for k in STATS]],
+        summed = parallel.gather_rows(np.array([[local_stats.get(k, 0) for k in STATS]],
                                                np.int64)).sum(axis=0)
         for k, n in zip(STATS, summed):
             add_count(stats, k, int(n))
     # Every process's block has the same row count (process_share pads with copies).
-    return sharding.gather_rows(got)[:r]
+    return parallel.gather_rows(got)[:r]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from drubric_jax import models
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.verdicts import p_yes_from_logits
+from drubric_jax.evaluator.verdicts import p_yes_from_logits
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_slots"))

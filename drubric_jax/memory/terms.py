@@ -11,7 +11,7 @@
 
 Every array's bytes come from `jax.eval_shape` of the real constructors
 (`models.init_params`, `train_step.trainable_init`, the optimizer's `init`) and its shard
-shape under `sharding.param_shardings` on an `AbstractMesh` (no devices needed).
+shape under `models.param_shardings` on an `AbstractMesh` (no devices needed).
 Activations are counted from the shapes the jitted functions create, as the number of
 buffers of each shape alive at their peak (constants below); `planner_compiled` measures
 the same steps from XLA's compiled memory analysis, and tests hold the two within 25%.
@@ -40,14 +40,14 @@ import jax
 import ml_collections
 from jax.sharding import AbstractMesh
 
-from drubric_jax import config_check, models, sharding
-from drubric_jax import train_step as ts
+from drubric_jax import config_check, models, parallel
+from drubric_jax.rl import train_step as ts
 from drubric_jax.models import lora, weights
 from drubric_jax.models.attention import AUTO_BLOCKWISE_MIN_SCORES
 from drubric_jax.models.config import PRESETS, SMOLLM2_135M, ModelConfig
 from drubric_jax.models.default import DEFAULT_MODEL
-from drubric_jax.roles import LoadedModel, trainee_config
-from drubric_jax.train_config import TrainConfig, make_optimizer
+from drubric_jax.rounds.roles import LoadedModel, trainee_config
+from drubric_jax.rl.train_config import TrainConfig, make_optimizer
 
 GB = 1e9
 ATTENTIONS = ("auto", "dense", "blockwise")
@@ -138,18 +138,18 @@ def abstract_mesh(config: ml_collections.ConfigDict, devices: int,
     devices, without devices (shard shapes only)."""
     if sizes is None:
         sizes = tuple(config_check.mesh_axis_sizes(config, devices)[a]
-                      for a in sharding.MESH_AXES)
+                      for a in parallel.MESH_AXES)
     if math.prod(sizes) != devices:
         raise ValueError(f"mesh {sizes} has {math.prod(sizes)} devices, not {devices}")
-    return AbstractMesh(tuple(sizes), sharding.MESH_AXES)
+    return AbstractMesh(tuple(sizes), parallel.MESH_AXES)
 
 
 def tree_bytes(shapes, mesh: Optional[AbstractMesh] = None) -> int:
-    """Bytes per device of a pytree of arrays or structs under `sharding.param_shardings`
+    """Bytes per device of a pytree of arrays or structs under `models.param_shardings`
     on `mesh` (None: the whole arrays)."""
     if mesh is None:
         return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
-    shard = jax.tree.leaves(sharding.param_shardings(shapes, mesh))
+    shard = jax.tree.leaves(models.param_shardings(shapes, mesh))
     # One device's shard of each leaf (a replicated dim counts whole).
     return sum(math.prod(s.shard_shape(tuple(x.shape))) * x.dtype.itemsize
                for x, s in zip(jax.tree.leaves(shapes), shard))

@@ -14,8 +14,7 @@ data x fsdp), so the step's global batch is reached in chunks.
 The rollout micro-batch it prints goes into `policy.rollout_micro_batch` /
 `generator.rollout_micro_batch` (rows per sampler call; 0 = all). Figures in GB
 (1e9 bytes) per device. `experiments/plan.py` prints a plan, with the compiled figures of
-`planner_compiled` beside it; `memory_json` is what a run writes under "planned" in its
-memory.json.
+`memory.compiled` beside it; a run's memory.json holds the measured figures to compare.
 """
 from __future__ import annotations
 
@@ -26,14 +25,14 @@ from typing import Callable, Optional
 import jax
 import ml_collections
 
-from drubric_jax import config_check, hostmem
-from drubric_jax.planner_terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
+from drubric_jax import config_check
+from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
                                        resident_terms, sampling_terms, train_terms,
                                        tree_bytes, verification_terms)
-from drubric_jax.rubric_generator import RubricGenerator
+from drubric_jax.evaluator.rubric_generator import RubricGenerator
 from drubric_jax.sampling import bucket_length
-from drubric_jax.verifier import Verifier
-from drubric_jax.verifier_passes import pow2_floor, suffix_bucket
+from drubric_jax.evaluator.verifier import Verifier
+from drubric_jax.evaluator.passes import pow2_floor, suffix_bucket
 
 PHASES = ("generator", "policy")
 DEFAULT_HEADROOM = 0.10  # of the device memory, for the runtime, compiled code, fragmentation
@@ -301,29 +300,3 @@ def planned_role_mib(config: ml_collections.ConfigDict, idle: str = "generator")
             moved = away and role == idle and (leaf.ndim or away == "offloaded_to_host")
             out[away if moved else role] += tree_bytes(leaf) / 2 ** 20
     return out
-
-
-def measured_peaks() -> dict:
-    """Peaks measured so far: the process's peak RSS, and the largest device peak where the
-    backend reports one (`memory_stats()`; None on CPU)."""
-    stats = [d.memory_stats() or {} for d in jax.local_devices()]
-    peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
-    return {"peak_rss_gb": hostmem.peak_rss_bytes() / GB,
-            "peak_device_gb": max(peaks) / GB if peaks else None}
-
-
-def memory_json(config: ml_collections.ConfigDict, mesh) -> dict:
-    """The "planned" entry of a run's memory.json: the plan of what the run does (no
-    search) on its mesh, against the first device's memory limit where known, and the
-    planned MiB per role as the run ends (the generator idle) beside the measured ones.
-    A config the planner cannot size gives {"error": why} (a finished run never fails
-    here)."""
-    # None on CPU: no capacity, so the plan carries no verdict.
-    stats = jax.local_devices()[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    try:
-        p = plan(config, mesh.size, None if limit is None else limit / GB,
-                 tuple(mesh.shape[a] for a in mesh.axis_names), search=False)
-        return {**p.to_json(), "role_mib": planned_role_mib(config)}
-    except (ValueError, OSError) as e:  # e.g. a hub id of no known preset
-        return {"error": f"{type(e).__name__}: {e}"}

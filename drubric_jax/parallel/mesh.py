@@ -1,0 +1,197 @@
+"""Device mesh, and the sharding of parameters and batches on it.
+
+One small place: a mesh with three named axes, and PartitionSpecs keyed by parameter
+names, which each model family declares next to its parameters (`PARAM_SPECS`, gathered by
+`models.param_specs`). Arrays are created already sharded by
+`jax.jit(f, out_shardings=param_shardings(jax.eval_shape(f, ...), mesh))`.
+
+Mesh axes:
+    data    pure data parallelism (params replicated across it).
+    fsdp    data parallelism whose members also split the model dim D of every matrix
+            (ZeRO-3 style; XLA all-gathers a layer's weights when it is used).
+    tensor  Megatron-style model parallelism over heads (H*Dh), the MLP width F and V.
+
+Multi-process row crossing is in `parallel.rows`.
+
+Axis legend (parameter shapes): V vocab, D model dim, L layers, H query heads, Hkv KV heads,
+Dh head dim, F MLP width, B batch rows. L is never sharded (layers run in a `lax.scan`).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the leading (row) axis of every batch array
+
+
+def axis_sizes(n: int, data: int = -1, fsdp: int = 1, tensor: int = 1) -> tuple:
+    """(data, fsdp, tensor) of a mesh over n devices: at most one axis may be -1, meaning
+    "the remaining devices"; the product must equal n.
+
+    Raises:
+        ValueError: more than one -1, a size < 1 (other than -1), a -1 that does not divide
+            evenly, or a product different from n.
+    """
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got data={data}, fsdp={fsdp}, "
+                         f"tensor={tensor}")
+    for name, s in zip(MESH_AXES, sizes):
+        if s != -1 and s < 1:
+            raise ValueError(f"mesh axis {name!r} must be >= 1 or -1, got {s}")
+    if -1 in sizes:
+        known = int(np.prod([s for s in sizes if s != -1]))
+        if n % known:
+            raise ValueError(f"{n} devices cannot be split into data={data}, fsdp={fsdp}, "
+                             f"tensor={tensor}: {n} is not a multiple of {known}")
+        sizes[sizes.index(-1)] = n // known
+    if int(np.prod(sizes)) != n:
+        raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = "
+                         f"{int(np.prod(sizes))} devices, but {n} are available")
+    return tuple(sizes)
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Optional[list] = None) -> Mesh:
+    """Mesh with axes ("data", "fsdp", "tensor") over all (or the given) devices.
+
+    Args:
+        data, fsdp, tensor: axis sizes; at most one may be -1, meaning "the remaining
+            devices". The product must equal the number of devices.
+        devices: defaults to `jax.devices()`.
+
+    Returns:
+        jax.sharding.Mesh of shape (data, fsdp, tensor).
+
+    Raises:
+        ValueError: as `axis_sizes`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = axis_sizes(len(devices), data, fsdp, tensor)
+    # Auto axes: shardings are propagated by XLA inside jit (not JAX's explicit-sharding mode).
+    return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def spec_for(rule: Optional[P], shape: tuple, mesh: Mesh) -> P:
+    """The PartitionSpec `rule` adapted to a leaf of `shape` on `mesh`.
+
+    No rule, or one whose rank differs from the leaf's, gives P() (replicated). A dim whose
+    size does not divide by its mesh axes is replicated (that dim only).
+    """
+    if rule is None or len(rule) != len(shape):
+        return P()
+    dims = []
+    for size, axes in zip(shape, rule):
+        ways = 1 if axes is None else int(np.prod(
+            [mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+        # Uneven dims are replicated, not padded: the result is the same, only less split.
+        dims.append(axes if size % ways == 0 else None)
+    return P(*dims)
+
+
+def leaf_name(path) -> Optional[str]:
+    """The last dict key on a pytree path (e.g. "wq" for params["layers"]["wq"]), or None."""
+    # The nearest dict key: Adam's mu / nu subtrees end in the same keys as the params, so
+    # they find the same rule through the optax state's sequence and attribute entries.
+    for entry in reversed(path):
+        if isinstance(entry, jax.tree_util.DictKey):
+            return str(entry.key)
+    return None
+
+
+def param_shardings(tree: Any, mesh: Mesh, rules: dict) -> Any:
+    """Pytree of NamedSharding matching `tree` (params, a TrainState, or their shapes).
+
+    Args:
+        tree: pytree whose leaves have `.shape` (arrays or `jax.eval_shape` output).
+            A leaf's rule is found from the nearest dict key on its path, so params,
+            Adam moments and a whole TrainState all work; scalars are replicated.
+        mesh: from `make_mesh`.
+        rules: {leaf name: PartitionSpec} (`models.param_specs()` for the model
+            families).
+
+    Returns:
+        Pytree of `NamedSharding` with the structure of `tree`.
+    """
+    def one(path, leaf):
+        return NamedSharding(mesh, spec_for(rules.get(leaf_name(path)), tuple(leaf.shape),
+                                            mesh))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def leaf_sharder(mesh: Mesh, rules: dict):
+    """`(path, shape) -> NamedSharding` for loaders that place one tensor at a time
+    (`models.load_model(..., shardings=leaf_sharder(mesh, rules))`): the rule of the path's last
+    name, as `param_shardings` would give it."""
+    def sharder(path: str, shape: tuple) -> NamedSharding:
+        # The leaf name is the path's last component, as `leaf_name` finds it in a pytree.
+        return NamedSharding(mesh, spec_for(rules.get(path.split("/")[-1]), tuple(shape),
+                                            mesh))
+
+    return sharder
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of batch arrays [B, ...]: rows over ("data", "fsdp"), the rest replicated.
+
+    B must be a multiple of data * fsdp. As a pytree prefix it covers a whole batch.
+    """
+    # Dim 0 split over data and fsdp jointly (data-major); the other dims replicated.
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def put(x, target: Optional[jax.sharding.Sharding]) -> jax.Array:
+    """A host value on the devices of `target` (None: the default device).
+
+    Args:
+        x: array-like holding the *global* value (every process passes the same one).
+        target: the array's sharding; under several processes it may span devices of
+            other processes, and each process then transfers only its own shards.
+
+    Returns:
+        jax.Array of x's shape and dtype with sharding `target`.
+    """
+    x = np.asarray(x)
+    if target is None:
+        return jax.numpy.asarray(x)
+    # jax.device_put accepts a global value for a multi-process sharding (every process
+    # gives the same x and sends its addressable slices only).
+    return jax.device_put(x, target)
+
+
+def put_rows(tree: Any, mesh: Mesh) -> Any:
+    """`put` of every leaf of a batch pytree (host values [B, ...]) with its rows split
+    over ("data", "fsdp") (`batch_sharding`)."""
+    rows = batch_sharding(mesh)
+    return jax.tree.map(lambda x: put(x, rows), tree)
+
+
+def fetch(tree: Any) -> Any:
+    """Host numpy of every array leaf of `tree`, the global value on every process.
+
+    Arrays whose shards all live on this process are read directly; a fully replicated
+    array is read from a local copy; any other multi-process array is gathered
+    (`multihost_utils.process_allgather`, a collective: every process must call `fetch`
+    on it at the same point of the program).
+    """
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.device_get(jax.tree.map(one, tree))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Fully replicated sharding (metrics, scalars)."""
+    return NamedSharding(mesh, P())

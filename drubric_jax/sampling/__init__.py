@@ -1,0 +1,16 @@
+"""Sampling: how a token is drawn (`methods`), prompt buckets and padding (`buckets`), the
+jitted decode primitives on a KV cache (`decode`), JSON-schema constrained decoding
+(`constrained`), and `generate` on top of both (`generate`).
+
+Layers inside the package: methods, buckets < decode < constrained < generate. The public
+names are exported here (`sampling.generate`, `sampling.Greedy()`, ...); modules inside the
+package import each other's modules, never this file.
+"""
+from drubric_jax.sampling.buckets import (BUCKET_POW2_UNTIL, BUCKET_STEP, bucket_length,
+                                          left_pad)
+from drubric_jax.sampling.decode import (SamplerState, decode_loop, decode_params,
+                                         forward_token, layer_copy, prefill, sample_token)
+from drubric_jax.sampling.generate import generate, generate_chunked
+from drubric_jax.sampling.methods import (Greedy, Method, Temperature, TopK, TopP,
+                                          method_from_flags, sample_logits,
+                                          scoring_temperature, truncated_logits)

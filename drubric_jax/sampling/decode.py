@@ -1,0 +1,210 @@
+"""The decode primitives of the sampler: prefill, one sampled token, one forward token,
+and the jitted decode loop, on a static-shape KV cache.
+
+A step is `sample_token` then `forward_token`; `decode_loop` runs them in a
+`lax.while_loop` until every row has emitted a stop id or N tokens were generated. With a
+per-row token constraint the two run as separate jitted calls from a host loop
+(`sampling.constrained.decode`).
+
+Axis legend (docs/CONVENTIONS.md): B rows, P padded prompt length, N max new tokens,
+S = P + N cache slots, V vocab.
+
+Log-probs: `logprobs[b, t]` is log softmax(logits / temperature) of the sampled token over
+the full vocabulary (before top-k/top-p truncation and before any constraint mask), the
+quantity the GRPO ratio uses (METHOD section 11). Greedy decoding reports temperature-1
+log-probs; logits are never divided by 0.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from drubric_jax import models, parallel
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.sampling.methods import Method, sample_logits, scoring_temperature
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@flax.struct.dataclass
+class SamplerState:
+    """Decode-loop carry.
+
+    Attributes:
+        cache: KVCache with S = P + N slots.
+        logits: float32[B, V] logits for the next token.
+        positions: int32[B] RoPE position of the next token.
+        tokens: int32[B, N] generated ids (stop token included; `pad_id` after it).
+        logprobs: float32[B, N] log-probs of generated tokens (0 where masked).
+        mask: bool[B, N] True up to and including the first stop token (False at a step
+            with no allowed token).
+        done: bool[B] row has stopped.
+        invalid: bool[B] row met a step with no allowed token.
+        step: int32[] tokens generated so far.
+        key: PRNG key of this call.
+        row_ids: None, or int32[B] each row's id for its own draws (`sample_logits`).
+    """
+
+    cache: models.KVCache
+    logits: jax.Array
+    positions: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    done: jax.Array
+    invalid: jax.Array
+    step: jax.Array
+    key: jax.Array
+    row_ids: Optional[jax.Array] = None
+
+
+def _shard_cache(cache, cfg: ModelConfig, mesh):
+    """Cache rows over ("data", "fsdp") and KV heads over "tensor" (when they divide)."""
+    if mesh is None:
+        return cache
+    # KV heads that do not divide over "tensor" stay whole (replicated over it).
+    heads = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
+    # The cache k / v layout is [L, B, Hkv, S, Dh].
+    kv = NamedSharding(mesh, P(None, parallel.BATCH_AXES, heads, None, None))
+    return cache.replace(k=jax.lax.with_sharding_constraint(cache.k, kv),
+                         v=jax.lax.with_sharding_constraint(cache.v, kv),
+                         valid=jax.lax.with_sharding_constraint(
+                             cache.valid, parallel.batch_sharding(mesh)))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "mesh"))
+def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: int,
+            mesh=None, row_ids=None):
+    """Prefills left-padded prompts and returns the initial SamplerState.
+
+    Args:
+        params: model params.  cfg: static model config.
+        tokens: int32[B, P] left-padded prompts.  token_mask: bool[B, P].
+        key: PRNG key for the whole generation.
+        max_new_tokens: N.
+        mesh: optional mesh: the KV cache [L, B, Hkv, S, Dh] is laid out rows over
+            ("data", "fsdp") and heads over "tensor" (the decode loop keeps that layout).
+        row_ids: None, or int32[B] row ids for per-row draws (`generate`).
+    """
+    b, p = tokens.shape
+    # S = P + N slots: the whole generation fits without reallocating the cache.
+    cache = _shard_cache(models.init_cache(cfg, b, p + max_new_tokens), cfg, mesh)
+    positions = models.positions_from_mask(token_mask)
+    hidden, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask, cache)
+    cache = _shard_cache(cache, cfg, mesh)
+    # Left padding: column -1 is every row's last real prompt token.
+    logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
+    return SamplerState(
+        # The first new token continues each prompt's own positions (padding does not count).
+        cache=cache, logits=logits, positions=positions[:, -1] + 1,
+        tokens=jnp.zeros((b, max_new_tokens), jnp.int32),
+        logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
+        mask=jnp.zeros((b, max_new_tokens), bool), done=jnp.zeros((b,), bool),
+        invalid=jnp.zeros((b,), bool), step=jnp.zeros((), jnp.int32), key=key,
+        row_ids=row_ids)
+
+
+def _token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
+    """float32[B] log softmax(logits / temperature)[tokens] over the full vocabulary."""
+    # `temperature` is a scoring temperature: never 0 (greedy is scored at 1).
+    logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
+    return jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+
+
+def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, allowed=None,
+                 force_stop=None):
+    """Samples one token per row from `state.logits` and records it (no model call).
+
+    The token is drawn from the constrained logits (`allowed: bool[B, V]`), but its log-prob
+    is taken from the unconstrained ones, so it equals what a full forward pass of the model
+    gives (module docstring). A row with no allowed token is stopped without a token:
+    filler, mask False, flagged `invalid`. `force_stop: bool[B]` ends rows with
+    `stop_ids[0]` (their constraint is complete).
+
+    Returns:
+        (state with the step recorded, tok int32[B] the recorded ids, emitted bool[B] rows
+        that produced a real token this step).
+    """
+    logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
+    # One key per step, from (key, step) alone: `decode_loop` and the host-driven constrained
+    # loop use the same keys.
+    tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method,
+                                state.row_ids)
+    live = ~state.done
+    if force_stop is not None:
+        # A completed grammar may allow nothing more: its row ends with the stop id, not `invalid`.
+        tok = jnp.where(force_stop, stop_ids[0], tok)
+        bad = bad & ~force_stop
+    emitted = live & ~bad
+    # Unconstrained logits: the log-prob the training forward pass computes (pi_old, METHOD 11).
+    logp = _token_logprobs(state.logits, tok, scoring_temperature(method))
+    tok = jnp.where(emitted, tok, pad_id)
+    logp = jnp.where(emitted, logp, 0.0)
+    stopped = live & (jnp.isin(tok, stop_ids) | bad)
+    state = state.replace(
+        tokens=state.tokens.at[:, state.step].set(tok),
+        logprobs=state.logprobs.at[:, state.step].set(logp),
+        mask=state.mask.at[:, state.step].set(emitted),
+        done=state.done | stopped, invalid=state.invalid | (live & bad),
+        step=state.step + 1)
+    return state, tok, emitted
+
+
+def forward_token(params, cfg: ModelConfig, state: SamplerState, tok: jax.Array,
+                  emitted: jax.Array) -> SamplerState:
+    """Runs the model on the step's tokens `tok: int32[B]` (cache slots of rows that did not
+    emit, `emitted: bool[B]` False, are masked out) and stores the next logits."""
+    hidden, cache = models.forward_hidden(
+        params, cfg, tok[:, None], state.positions[:, None], emitted[:, None], state.cache)
+    return state.replace(
+        cache=cache, logits=models.logits_from_hidden(params, cfg, hidden[:, 0]),
+        positions=state.positions + 1)
+
+
+# The per-layer weight copy as a program of its own (`decode_params`; the planner lowers it).
+layer_copy = jax.jit(models.decode_params, static_argnames="cfg")
+
+
+def decode_params(params, cfg: ModelConfig):
+    """The weights in the form a decode loop runs on: on CPU (`models.per_layer_decode`) a
+    per-layer copy of the block weights (`models.decode_params`), made by a program of its
+    own; elsewhere `params` itself (no copy).
+
+    `generate` and `constrained.decode` make this copy once per call, before the loop. Made
+    inside `decode_loop`'s program instead, the same copy took 40-165 ms longer per call
+    (SmolLM2-135M float32, B = 1 and 8, 2-core CPU; the copy alone takes 36 ms).
+    """
+    return layer_copy(params, cfg) if models.per_layer_decode() else params
+
+
+# The state is donated: the returned cache reuses its buffers (no second cache alive).
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id"), donate_argnums=(2,))
+def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
+                stop_ids: jax.Array, pad_id: int) -> SamplerState:
+    """Decodes until every row stopped or N tokens were generated (`lax.while_loop`).
+
+    On CPU the loop runs on per-layer copies of the weights and of the cache
+    (`models.decode_params`, `models.decode_cache`); the returned cache is stacked again.
+    Pass `decode_params(params, cfg)` (as `generate` does) to make the weight copy outside
+    this program, where it is faster; stacked `params` are copied here.
+    """
+    max_new = state.tokens.shape[1]
+
+    def cond(s):
+        return (s.step < max_new) & ~jnp.all(s.done)
+
+    layer_params = models.decode_params(params, cfg)  # one copy per call, not one per step
+
+    def body(s):
+        return forward_token(layer_params, cfg, *sample_token(s, method, stop_ids, pad_id))
+
+    # Per-layer cache on CPU (`models.per_layer_decode`), stacked again on the way out.
+    state = state.replace(cache=models.decode_cache(state.cache))
+    state = jax.lax.while_loop(cond, body, state)
+    return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers

@@ -1,0 +1,132 @@
+"""The package's import graph: imports only go down the layers, and no module takes part
+in an import cycle (lazy imports inside functions included).
+
+Layers, lowest first (docs/CONVENTIONS.md, "Architecture"): a module may import modules of
+its own package and of packages in lower layers, never of a higher one.
+"""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "drubric_jax"
+
+# Top-level packages and modules of drubric_jax, by layer (lowest first).
+LAYERS = [
+    {"types"},
+    {"text", "data"},
+    {"parallel"},
+    {"models"},
+    {"sampling"},
+    {"rl"},
+    {"evaluator"},
+    {"config_check"},
+    {"rounds"},
+    {"memory"},
+    {"evaluation"},
+]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def _modules() -> dict:
+    """{dotted module name: path} of every module under drubric_jax/."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph() -> dict:
+    """{module: set of drubric_jax modules it imports anywhere in its source}."""
+    mods = _modules()
+    graph = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name.startswith("drubric_jax")}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolved against the importing package
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                if not base.startswith("drubric_jax"):
+                    continue
+                for a in node.names:  # `from pkg import submodule` is an edge to it
+                    edges.add(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base)
+        graph[name] = {e for e in edges if e in mods and e != name}
+    return graph
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_top_level_name_has_a_layer():
+    tops = {_top(m) for m in _modules()} - {""}
+    assert tops <= set(RANK), f"not in LAYERS: {sorted(tops - set(RANK))}"
+
+
+def test_imports_only_go_down_the_layers():
+    upward = [(m, e) for m, edges in import_graph().items() for e in edges
+              if _top(m) and _top(e) and _top(m) != _top(e) and RANK[_top(e)] > RANK[_top(m)]]
+    assert not upward, "upward imports:\n" + "\n".join(f"  {m} -> {e}" for m, e in upward)
+
+
+def find_cycle(graph: dict):
+    """One import cycle of `graph` as a list of modules, or None (depth-first search)."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for e in sorted(graph.get(m, ())):
+            if state.get(e) == "open":
+                return stack[stack.index(e):] + [e]
+            if e not in state:
+                found = visit(e)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_see_an_upward_import_and_a_cycle():
+    """The two checks on a toy graph: each fires on what it must catch."""
+    toy = {"drubric_jax.a.x": {"drubric_jax.a.y"}, "drubric_jax.a.y": {"drubric_jax.a.x"}}
+    assert find_cycle(toy) == ["drubric_jax.a.x", "drubric_jax.a.y", "drubric_jax.a.x"]
+    assert find_cycle({"drubric_jax.a.x": {"drubric_jax.a.y"}}) is None
+    assert RANK["models"] < RANK["sampling"] < RANK["rounds"]
+
+
+@pytest.mark.parametrize("limit_lines, limit_class", [(400, 200)])
+def test_files_and_classes_stay_small(limit_lines, limit_class):
+    """One job per file: no module over 400 lines, no class over 200."""
+    long_files, long_classes = [], []
+    for name, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > limit_lines:
+            long_files.append((name, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > limit_class:
+                long_classes.append((f"{name}.{node.name}", node.end_lineno - node.lineno + 1))
+    assert not long_files, f"files over {limit_lines} lines: {long_files}"
+    assert not long_classes, f"classes over {limit_class} lines: {long_classes}"
