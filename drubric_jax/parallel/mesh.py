@@ -146,6 +146,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def row_shards(mesh: Mesh) -> int:
+    """data x fsdp: how many ways the rows of a batch are split (`batch_sharding`)."""
+    return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
 def put(x, target: Optional[jax.sharding.Sharding]) -> jax.Array:
     """A host value on the devices of `target` (None: the default device).
 

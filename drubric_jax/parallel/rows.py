@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from drubric_jax.parallel.mesh import BATCH_AXES, batch_sharding, fetch
+from drubric_jax.parallel.mesh import batch_sharding, fetch, row_shards
 
 
 def process_block(n: int) -> slice:
@@ -58,7 +58,7 @@ def process_rows(n: int, mesh: Mesh) -> slice:
         ValueError: n is not a multiple of data x fsdp, or the rows are not one
             contiguous block (a mesh whose row devices are not grouped by process).
     """
-    shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+    shards = row_shards(mesh)
     if n % shards:
         raise ValueError(f"{n} rows cannot be split over data x fsdp = {shards} devices")
     return row_span(batch_sharding(mesh), n)

@@ -18,6 +18,7 @@ import optax
 
 from drubric_jax import parallel
 from drubric_jax.rl import grpo
+from drubric_jax.sampling.methods import temperature_for_scoring
 from drubric_jax.types import require
 
 AGGREGATIONS = tuple(grpo.AGGREGATIONS)
@@ -118,7 +119,7 @@ class TrainConfig:
     @property
     def scoring_temperature(self) -> float:
         """Temperature of the log-probs: the sampler's, or 1.0 for greedy (METHOD 11)."""
-        return self.temperature if self.temperature > 0 else 1.0
+        return temperature_for_scoring(self.temperature)
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:

@@ -13,4 +13,5 @@ from drubric_jax.sampling.decode import (SamplerState, decode_loop, decode_param
 from drubric_jax.sampling.generate import generate, generate_chunked
 from drubric_jax.sampling.methods import (Greedy, Method, Temperature, TopK, TopP,
                                           method_from_flags, sample_logits,
-                                          scoring_temperature, truncated_logits)
+                                          scoring_temperature, temperature_for_scoring,
+                                          truncated_logits)

@@ -100,7 +100,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     longest = max(len(p) for p in prompts)
     n, put = len(prompts), jnp.asarray
     if mesh is not None:
-        shards = int(np.prod([mesh.shape[a] for a in parallel.BATCH_AXES]))
+        shards = parallel.row_shards(mesh)
         count = jax.process_count()
         if shards % count:
             raise ValueError(f"data x fsdp = {shards} row shards cannot split rows over "

@@ -77,7 +77,13 @@ def method_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0) ->
 
 def scoring_temperature(method: Method) -> float:
     """Temperature at which log-probs are reported: the sampling one, 1.0 for greedy."""
-    return method.temperature if method.temperature > 0 else 1.0
+    return temperature_for_scoring(method.temperature)
+
+
+def temperature_for_scoring(temperature: float) -> float:
+    """The one rule of METHOD 11: log-probs are taken at the sampling temperature, and at
+    1.0 for greedy decoding (temperature 0), so logits are never divided by 0."""
+    return temperature if temperature > 0 else 1.0
 
 
 def truncated_logits(logits: jax.Array, method: Method) -> jax.Array:
@@ -144,7 +150,7 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=Non
     safe = jnp.where(invalid[:, None], 0.0, logits)
     if isinstance(method, Greedy) or method.temperature == 0:
         tokens = _argmax(safe)
-        temp = 1.0
+        temp = temperature_for_scoring(0.0)
     else:
         truncated = truncated_logits(safe, method)
         if row_ids is None:
