@@ -103,7 +103,7 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
         that cannot be rebuilt from one message is re-raised as is, with the fields as a note.
     """
     fields = _source_fields(config)
-    models = {}
+    loaded = {}
     # Each tensor is placed onto its shards as it is read (`models.weights`).
     sharder = None if mesh is None else models.leaf_sharder(mesh)
     for source, names in fields.items():
@@ -116,8 +116,8 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
             if named is e:
                 raise
             raise named from e
-        models[source] = LoadedModel(source, cfg, params, tok)
-    return models
+        loaded[source] = LoadedModel(source, cfg, params, tok)
+    return loaded
 
 
 @dataclasses.dataclass
@@ -271,7 +271,7 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
     Raises:
         config_check.ConfigError: a bad trainer field (named).
     """
-    models = load_models(config, mesh)
+    loaded = load_models(config, mesh)
     p, g = config.policy, config.generator
     # R of a step: B*K responses (policy), B*G rubric lists (generator). Log-probs are scored
     # at each trainee's own sampling temperature (METHOD 11).
@@ -281,13 +281,13 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
     generator_tc = TrainConfig.from_config(g.train, "generator.train",
                                            rows=g.anchors_per_step * g.num_lists,
                                            temperature=g.temperature)
-    pol, gen = models[config.model.policy], models[config.model.generator]
+    pol, gen = loaded[config.model.policy], loaded[config.model.generator]
     return Roles(
         policy=make_trainee(Role.POLICY, pol, trainee_config(pol, config), policy_tc, mesh,
                             config.seed),
         generator=make_trainee(Role.GENERATOR, gen, trainee_config(gen, config), generator_tc,
                                mesh, config.seed),
-        verifier=models[config.model.verifier])
+        verifier=loaded[config.model.verifier])
 
 
 def role_memory(roles: Roles) -> dict:
