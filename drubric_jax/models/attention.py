@@ -134,14 +134,23 @@ def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=
 
     Arguments and result as `attend`. Temporaries are one block of float32 scores
     [B, Hkv, G, Q, C] plus O(T) statistics; the gradient (a custom VJP) recomputes the
-    blocks instead of storing them. Block pairs wholly in a query block's causal future
-    are skipped (`lax.cond`), in both directions.
+    blocks instead of storing them.
+
+    No conditional runs inside the loops (on GPU each `lax.cond` copies its predicate to
+    the host and waits). With a static `start` (a Python int: a call without a cache, a
+    prefill into a fresh one, every training forward) block pairs wholly in a query
+    block's causal future are skipped through the loop bounds: query block i scans only
+    its visible key blocks, key block j only the query blocks that see it. With a traced
+    `start` (a cached call) every pair is computed, and pairs out of view add exactly
+    nothing (their scores are -inf: p = 0, the running max unchanged, alpha = 1), so the
+    result is the same bits as skipping them.
     """
     b, t, h, dh = q.shape
     hkv = k.shape[1]
     # A call shorter than a block runs as one block (no padding past T or S).
     bq, bc = min(block_q, t), min(block_kv, k.shape[2])
-    out = _flash(bq, bc, q.reshape(b, t, hkv, h // hkv, dh), k, v, valid,
+    static_start = int(start) if isinstance(start, int) else None
+    out = _flash(bq, bc, static_start, q.reshape(b, t, hkv, h // hkv, dh), k, v, valid,
                  jnp.asarray(start, jnp.int32))
     return out.reshape(b, t, h * dh)
 
@@ -179,9 +188,16 @@ def _unblock_q(x, t):
     return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :t]
 
 
-def _in_view(i, j, bq, bc, start):
-    """Whether key block j holds a slot at or before the last query of query block i."""
-    return j * bc <= start + i * bq + bq - 1
+def _kv_blocks_in_view(i: int, bq: int, bc: int, nc: int, start: int) -> int:
+    """How many key blocks (0, 1, ...) hold a slot at or before the last query of query
+    block i: key block j is in view iff j * C <= start + i * Q + Q - 1."""
+    return max(0, min(nc, (start + i * bq + bq - 1) // bc + 1))
+
+
+def _first_q_block_in_view(j: int, bq: int, bc: int, nq: int, start: int) -> int:
+    """The first query block whose last query sees a slot of key block j (nQ if none)."""
+    # The smallest i with start + i * Q + Q - 1 >= j * C.
+    return max(0, min(nq, -(-(j * bc - start - bq + 1) // bq)))
 
 
 def _scores(qi, kj, valid_j, i, j, start):
@@ -197,7 +213,7 @@ def _scores(qi, kj, valid_j, i, j, start):
     return jnp.where(vis[:, None, None], s, -jnp.inf)
 
 
-def _forward(bq, bc, q, k, v, valid, start):
+def _forward(bq, bc, static_start, q, k, v, valid, start):
     """Online-softmax forward: (out [B, T, Hkv, G, Dh] in v's dtype, lse float32[nQ, B, Hkv,
     G, Q]).
 
@@ -207,52 +223,52 @@ def _forward(bq, bc, q, k, v, valid, start):
     qb, (kb, vb, validb) = _q_blocks(q, bq), _kv_blocks(bc, k, v, valid)
     nq, nc = qb.shape[0], kb.shape[0]
 
-    def q_block(_, xs):
-        qi, i = xs
+    def q_block(qi, i, num_kv):
         stats = qi.shape[:-1]                                         # [B, Hkv, G, Q]
 
-        def kv_block(carry, ys):
-            kj, vj, valid_j, j = ys
-
-            def update(carry):
-                m, l, acc = carry
-                s = _scores(qi, kj, valid_j, i, j, start)
-                m_new = jnp.maximum(m, s.max(-1))
-                m_ref = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # no key seen yet
-                p = jnp.exp(s - m_ref[..., None])
-                # Rescales what was accumulated under the previous running max (0 while m is -inf).
-                alpha = jnp.exp(m - m_ref)
-                acc = alpha[..., None] * acc + jnp.einsum(
-                    "bkgqc,bkcd->bkgqd", p.astype(vj.dtype), vj,
-                    preferred_element_type=jnp.float32)
-                return m_new, alpha * l + p.sum(-1), acc
-
-            return jax.lax.cond(_in_view(i, j, bq, bc, start), update, lambda c: c,
-                                carry), None
+        def kv_block(carry, j):
+            # Block j read in place (a slice kb[:n] would be a copy per query block).
+            kj, vj, valid_j = kb[j], vb[j], validb[j]
+            m, l, acc = carry
+            s = _scores(qi, kj, valid_j, i, j, start)
+            m_new = jnp.maximum(m, s.max(-1))
+            m_ref = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # no key seen yet
+            p = jnp.exp(s - m_ref[..., None])
+            # Rescales what was accumulated under the previous running max (0 while m is -inf).
+            alpha = jnp.exp(m - m_ref)
+            acc = alpha[..., None] * acc + jnp.einsum(
+                "bkgqc,bkcd->bkgqd", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
+            return (m_new, alpha * l + p.sum(-1), acc), None
 
         # Running max m, normaliser l and unnormalised output acc of each query.
         init = (jnp.full(stats, -jnp.inf), jnp.zeros(stats), jnp.zeros(qi.shape, jnp.float32))
-        (m, l, acc), _ = jax.lax.scan(kv_block, init, (kb, vb, validb, jnp.arange(nc)))
+        (m, l, acc), _ = jax.lax.scan(kv_block, init, jnp.arange(num_kv))
         seen = l > 0
         out = (acc / jnp.where(seen, l, 1.0)[..., None]).astype(v.dtype)
-        return None, (out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf))
+        return out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
 
-    _, (out, lse) = jax.lax.scan(q_block, None, (qb, jnp.arange(nq)))
+    if static_start is None:  # every pair; out-of-view pairs add exact zeros
+        _, (out, lse) = jax.lax.scan(lambda _, xs: (None, q_block(*xs, nc)), None,
+                                     (qb, jnp.arange(nq)))
+    else:  # query block i scans its visible key blocks only (static bounds)
+        parts = [q_block(qb[i], i, _kv_blocks_in_view(i, bq, bc, nc, static_start))
+                 for i in range(nq)]
+        out, lse = (jnp.stack(x) for x in zip(*parts))
     return _unblock_q(out, q.shape[1]), lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash(bq, bc, q, k, v, valid, start):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _flash(bq, bc, static_start, q, k, v, valid, start):
     """q [B, T, Hkv, G, Dh] -> [B, T, Hkv, G, Dh] in v's dtype; see `blockwise`."""
-    return _forward(bq, bc, q, k, v, valid, start)[0]
+    return _forward(bq, bc, static_start, q, k, v, valid, start)[0]
 
 
-def _flash_fwd(bq, bc, q, k, v, valid, start):
-    out, lse = _forward(bq, bc, q, k, v, valid, start)
+def _flash_fwd(bq, bc, static_start, q, k, v, valid, start):
+    out, lse = _forward(bq, bc, static_start, q, k, v, valid, start)
     return out, (q, k, v, valid, start, out, lse)
 
 
-def _flash_bwd(bq, bc, res, dout):
+def _flash_bwd(bq, bc, static_start, res, dout):
     """FlashAttention-2 backward: per block pair p = exp(s - lse), dv += p^T do,
     ds = p * (do v^T - rowsum(do * out)), dq += ds k, dk += ds^T q (times the scale)."""
     q, k, v, valid, start, out, lse = res
@@ -264,40 +280,43 @@ def _flash_bwd(bq, bc, res, dout):
     nq, nc = qb.shape[0], kb.shape[0]
 
     # Outer loop over key blocks: a block's dk, dv are complete after its inner loop over
-    # query blocks; dq accumulates across key blocks in the scan carry.
-    def kv_block(dq, xs):
-        kj, vj, valid_j, j = xs
-
-        def q_block(carry, ys):
-            qi, doi, lse_i, delta_i, i = ys
-
-            def grads(carry):
-                dk, dv = carry
-                # The forward's softmax, recomputed from the saved log-sum-exp.
-                p = jnp.exp(_scores(qi, kj, valid_j, i, j, start) - lse_i[..., None])
-                dv = dv + jnp.einsum("bkgqc,bkgqd->bkcd", p.astype(doi.dtype), doi,
-                                     preferred_element_type=jnp.float32)
-                dp = jnp.einsum("bkgqd,bkcd->bkgqc", doi, vj,
-                                preferred_element_type=jnp.float32)
-                # Softmax backward: dS = P * (dP - rowsum(dO * O)), times the score scale.
-                ds = (p * (dp - delta_i[..., None]) * scale).astype(qi.dtype)
-                dk = dk + jnp.einsum("bkgqc,bkgqd->bkcd", ds, qi,
-                                     preferred_element_type=jnp.float32)
-                dq_i = jnp.einsum("bkgqc,bkcd->bkgqd", ds, kj,
-                                  preferred_element_type=jnp.float32)
-                return (dk, dv), dq_i
-
-            # A block pair wholly in the causal future: no work, a zero dq contribution.
-            return jax.lax.cond(_in_view(i, j, bq, bc, start), grads,
-                                lambda c: (c, jnp.zeros(qi.shape, jnp.float32)), carry)
+    # query blocks; dq accumulates across key blocks in place (one [nQ, ...] buffer).
+    def kv_block(kj, vj, valid_j, j, first, dq):
+        def q_block(carry, i):
+            # Block i read in place (a slice qb[first:] would be a copy per key block).
+            qi, doi, lse_i, delta_i = qb[i], dob[i], lse[i], deltab[i]
+            dk, dv, dq = carry
+            # The forward's softmax, recomputed from the saved log-sum-exp.
+            p = jnp.exp(_scores(qi, kj, valid_j, i, j, start) - lse_i[..., None])
+            dv = dv + jnp.einsum("bkgqc,bkgqd->bkcd", p.astype(doi.dtype), doi,
+                                 preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bkgqd,bkcd->bkgqc", doi, vj, preferred_element_type=jnp.float32)
+            # Softmax backward: dS = P * (dP - rowsum(dO * O)), times the score scale.
+            ds = (p * (dp - delta_i[..., None]) * scale).astype(qi.dtype)
+            dk = dk + jnp.einsum("bkgqc,bkgqd->bkcd", ds, qi, preferred_element_type=jnp.float32)
+            dq = dq.at[i].add(jnp.einsum("bkgqc,bkcd->bkgqd", ds, kj,
+                                         preferred_element_type=jnp.float32))
+            return (dk, dv, dq), None
 
         zeros = jnp.zeros(kj.shape, jnp.float32)
-        (dk, dv), dq_j = jax.lax.scan(q_block, (zeros, zeros),
-                                      (qb, dob, lse, deltab, jnp.arange(nq)))
-        return dq + dq_j, (dk, dv)
+        (dk, dv, dq), _ = jax.lax.scan(q_block, (zeros, zeros, dq), jnp.arange(first, nq))
+        return dk, dv, dq
 
-    dq, (dk, dv) = jax.lax.scan(kv_block, jnp.zeros(qb.shape, jnp.float32),
-                                (kb, vb, validb, jnp.arange(nc)))
+    dq = jnp.zeros(qb.shape, jnp.float32)
+    if static_start is None:  # every pair; out-of-view pairs add exact zeros (p = 0)
+        def step(dq, xs):
+            dk, dv, dq = kv_block(*xs, 0, dq)
+            return dq, (dk, dv)
+
+        dq, (dk, dv) = jax.lax.scan(step, dq, (kb, vb, validb, jnp.arange(nc)))
+    else:  # key block j scans the query blocks that see it only (static bounds)
+        dks, dvs = [], []
+        for j in range(nc):
+            first = _first_q_block_in_view(j, bq, bc, nq, static_start)
+            dk_j, dv_j, dq = kv_block(kb[j], vb[j], validb[j], j, first, dq)
+            dks.append(dk_j)
+            dvs.append(dv_j)
+        dk, dv = jnp.stack(dks), jnp.stack(dvs)
     s = k.shape[2]
 
     def unblock_kv(x):  # [nC, B, Hkv, C, Dh] -> [B, Hkv, S, Dh]

@@ -1,0 +1,52 @@
+"""Compiled programs at the users' shapes (few layers): what equality tests on tiny models
+cannot see. Lowered or compiled on the CPU, with abstract inputs (nothing is allocated).
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from drubric_jax import models
+from drubric_jax.models import attention
+from drubric_jax.models.config import QWEN3_8B
+
+
+def _training_forward_and_backward_text(cfg, rows: int, t: int) -> str:
+    """StableHLO of d/d(params) of the mean final hidden state over `rows` x `t` tokens,
+    with each layer recomputed in the backward pass (as the train step runs)."""
+    params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+    tokens = jax.ShapeDtypeStruct((rows, t), jnp.int32)
+
+    def loss(p, tok):
+        pos = jnp.broadcast_to(jnp.arange(tok.shape[1]), tok.shape)
+        hidden, _ = models.forward_hidden(p, cfg, tok, pos, remat=True)
+        return hidden.astype(jnp.float32).mean()
+
+    return jax.jit(jax.grad(loss)).lower(params, tokens).as_text()
+
+
+def test_attention_has_no_conditionals():
+    """The training forward and backward of a 2-layer Qwen3-8B at 8K tokens runs blockwise
+    attention (auto: T * S = 2^26 scores per head) with no conditional anywhere: on GPU a
+    conditional copies its predicate to the host and blocks, once per block pair."""
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, attention="auto")
+    t = 8192
+    assert attention.choose(cfg.attention, t, t, cached=False) == "blockwise"
+    text = _training_forward_and_backward_text(cfg, 1, t)
+    assert "stablehlo.while" in text  # the block loops are there
+    for op in ("stablehlo.case", "stablehlo.if"):
+        assert op not in text, f"{op} in the lowered training step"
+
+
+def test_blockwise_skips_the_causal_future_through_loop_bounds():
+    """Static start: query block i scans key blocks 0..i only (and key block j the query
+    blocks j..), so the work is the causal triangle, not the square; a cached call
+    (traced start) computes every pair."""
+    nq = nc = 16  # 8192 tokens in blocks of 512
+    visible = sum(attention._kv_blocks_in_view(i, 512, 512, nc, 0) for i in range(nq))
+    assert visible == nq * (nq + 1) // 2
+    seen_by = sum(nq - attention._first_q_block_in_view(j, 512, 512, nq, 0)
+                  for j in range(nc))
+    assert seen_by == visible
+    # A query block of 64 tokens starting at slot 1000 sees key blocks of 256 up to slot 1063.
+    assert attention._kv_blocks_in_view(0, 64, 256, 8, 1000) == 1063 // 256 + 1
