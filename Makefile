@@ -1,8 +1,10 @@
-# Two commands for a fresh machine with Python 3.11:
-#   make run    set up .venv and run the main job on the embedded default
-#   make test   set up .venv and run the test suite
-#   (make test-fast: the same without the tests marked slow, for development;
-#    make setup: only create .venv and install)
+# Targets, for a fresh machine with Python 3.11 (README "Commands"):
+#   make run        set up .venv and run the main job on the embedded default
+#   make test       set up .venv and run the test suite
+#   make test-fast  the same without the tests marked slow, for development
+#   make setup      only create .venv and install
+#   make sample     one chat answer of the default model
+#   make clean      remove .venv, runs/ and the pytest cache
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python

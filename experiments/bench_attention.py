@@ -19,7 +19,6 @@ Output: one JSON object per (T, implementation) line, sizes in MiB:
 from __future__ import annotations
 
 import functools
-import json
 import time
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from drubric_jax.models import attention
+from experiments.bench_common import emit
 
 _SMALL = flags.DEFINE_bool("small", False, "CPU-size layer (H=4, Hkv=2, Dh=64)")
 _LENGTHS = flags.DEFINE_list("lengths", None, "T values (default per --small)")
@@ -65,12 +65,11 @@ def main(argv):
     heads, kv_heads, head_dim = (4, 2, 64) if _SMALL.value else (32, 8, 128)
     default = [512, 1024, 2048, 4096] if _SMALL.value else [1024, 4096, 8192, 24576]
     lengths = [int(x) for x in _LENGTHS.value] if _LENGTHS.value else default
-    print(json.dumps({"backend": jax.default_backend(), "H": heads, "Hkv": kv_heads,
-                      "Dh": head_dim, "B": 1, "dtype": "bfloat16"}), flush=True)
+    emit(backend=jax.default_backend(), H=heads, Hkv=kv_heads, Dh=head_dim, B=1,
+         dtype="bfloat16")
     for t in lengths:
         for impl in ("materialized", "blockwise"):
-            print(json.dumps(measure(t, heads, kv_heads, head_dim, impl, _BLOCK.value)),
-                  flush=True)
+            emit(**measure(t, heads, kv_heads, head_dim, impl, _BLOCK.value))
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ difference `device_unpack_ms` is what unpacking on the device costs.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 
 from absl import app, flags
+
+from experiments.bench_common import emit, median_seconds, timed
 
 _BATCHES = flags.DEFINE_list("batches", ["8", "64", "256"], "batch sizes B")
 _VOCABS = flags.DEFINE_list("vocabs", ["49152", "151936"],
@@ -67,12 +67,6 @@ def _documents(tok, batch: int, rng) -> list:
     return docs
 
 
-def _timed(fn, *args):
-    t = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t
-
-
 def host_costs(constraint, docs, vocab: int, before: bool) -> dict:
     """Replays `docs` through `constraint`'s matchers; returns the per-step host times (ms).
 
@@ -95,27 +89,27 @@ def host_costs(constraint, docs, vocab: int, before: bool) -> dict:
     for s in range(steps):
         live = s <= lengths  # rows that have not emitted their stop token
         if before:
-            _, dt = _timed(lambda: [lln.fill_next_token_bitmask(m, words, i)
-                                    for i, m in enumerate(constraint.matchers)])
+            _, dt = timed(lambda: [lln.fill_next_token_bitmask(m, words, i)
+                                   for i, m in enumerate(constraint.matchers)])
             constraint.fills += 1
             parts["fill"] += dt
-            allowed, dt = _timed(lambda: np.unpackbits(words.view(np.uint8), axis=-1,
-                                                       bitorder="little")[:, :vocab].astype(bool))
+            allowed, dt = timed(lambda: np.unpackbits(words.view(np.uint8), axis=-1,
+                                                      bitorder="little")[:, :vocab].astype(bool))
             parts["unpack"] += dt
-            _, dt = _timed(lambda: jax.block_until_ready(jnp.asarray(allowed)))
+            _, dt = timed(lambda: jax.block_until_ready(jnp.asarray(allowed)))
         else:
-            _, dt = _timed(constraint.fill, words, live)
+            _, dt = timed(constraint.fill, words, live)
             parts["fill"] += dt
-            _, dt = _timed(lambda: jax.block_until_ready(jnp.asarray(words)))
+            _, dt = timed(lambda: jax.block_until_ready(jnp.asarray(words)))
         parts["send"] += dt
         tokens = np.array([d[s] if s < len(d) else 0 for d in docs], np.int32)
         feed = s < lengths
         if before:
-            _, dt = _timed(lambda: [m.consume_token(int(tokens[i]))
-                                    for i, m in enumerate(constraint.matchers)
-                                    if feed[i] and not m.is_stopped()])
+            _, dt = timed(lambda: [m.consume_token(int(tokens[i]))
+                                   for i, m in enumerate(constraint.matchers)
+                                   if feed[i] and not m.is_stopped()])
         else:
-            _, dt = _timed(constraint.advance, tokens, feed)
+            _, dt = timed(constraint.advance, tokens, feed)
         parts["advance"] += dt
     if any(constraint.errors()) or not constraint.finished().all():
         raise RuntimeError(f"a document was rejected: {constraint.errors()}")
@@ -144,8 +138,8 @@ def device_costs(batch: int, vocab: int, reps: int, seed: int) -> dict:
         raise RuntimeError("bitmask and bool mask disagree")
 
     def median_ms(fn, *args):
-        times = [_timed(lambda: jax.block_until_ready(fn(*args)))[1] for _ in range(reps)]
-        return 1000 * statistics.median(times)
+        # Both programs already ran once (the agreement check above): no warm-up call.
+        return 1000 * median_seconds(fn, *args, reps=reps, warmup=False)
 
     bool_ms, bits_ms = median_ms(by_bool, logits, allowed), median_ms(by_bits, logits, words)
     return dict(device_apply_bool_ms=round(bool_ms, 3), device_apply_bitmask_ms=round(bits_ms, 3),
@@ -164,7 +158,7 @@ def main(argv):
 
     tok = tok_lib.tokenizer_from_gguf(models.default_gguf_path())
     schema = RUBRIC_JSON_SCHEMA(MAX_ITEMS, MAX_CHARS)
-    print(json.dumps(dict(devices=str(jax.devices()), tokenizer_size=len(tok))), flush=True)
+    emit(devices=str(jax.devices()), tokenizer_size=len(tok))
     for vocab in (int(v) for v in _VOCABS.value):
         c = constrained.JsonSchemaConstraint(tok, schema, vocab, tok.eos_token_id,
                                              num_threads=_THREADS.value or None)
@@ -185,7 +179,7 @@ def main(argv):
             row.update(before_mb_sent=round(b * vocab / 2**20, 2),
                        after_mb_sent=round(4 * b * constrained.bitmask_words(vocab) / 2**20, 2))
             row.update(device_costs(b, vocab, _REPS.value, _SEED.value))
-            print(json.dumps(row), flush=True)
+            emit(**row)
 
 
 if __name__ == "__main__":

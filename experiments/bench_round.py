@@ -21,15 +21,15 @@ Prints JSON lines.
 Each part runs in a fresh process so its peak RSS is its own. Steps are timed after one
 warm-up step (which compiles).
 """
-import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 
 from absl import app, flags
+
+from experiments.bench_common import emit, peak_rss_mb
 
 _PART = flags.DEFINE_enum("part", "all", ["all", "cost", "tunix_shape"], "What to time.")
 _STEPS = flags.DEFINE_integer("steps", 2, "Timed (warm) steps per measurement.")
@@ -46,14 +46,6 @@ _QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
               "What is 12 times 7?", "Write a haiku about the sea.", "Who wrote Hamlet?",
               "What is photosynthesis?", "Give a synonym for happy.",
               "How many legs does a spider have?"]
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _emit(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 def _timed_steps(step, n):
@@ -107,12 +99,12 @@ def cost_part(steps: int) -> None:
     p = sum(s for s, _ in plain) / len(plain)
     shape = dict(prompts=c.policy.prompts_per_step, K=c.policy.num_responses,
                  new_tokens=c.policy.max_new_tokens, model="smollm2-135m", dtype="float32")
-    _emit(part="cost", impl="dynamic_rubric", step_s=round(d, 3),
-          phases=_phase_seconds(dyn), **shape)
-    _emit(part="cost", impl="rule_grpo", step_s=round(p, 3), phases=_phase_seconds(plain),
-          **shape)
-    _emit(part="cost", ratio=round(d / p, 3), paper_ratio=3.0, goal="<= 2.0",
-          remat=_REMAT.value, peak_rss_mb=round(_peak_rss_mb(), 1))
+    emit(part="cost", impl="dynamic_rubric", step_s=round(d, 3),
+         phases=_phase_seconds(dyn), **shape)
+    emit(part="cost", impl="rule_grpo", step_s=round(p, 3), phases=_phase_seconds(plain),
+         **shape)
+    emit(part="cost", ratio=round(d / p, 3), paper_ratio=3.0, goal="<= 2.0",
+         remat=_REMAT.value, peak_rss_mb=round(peak_rss_mb(), 1))
 
 
 def tunix_shape_part(steps: int) -> None:
@@ -150,13 +142,13 @@ def tunix_shape_part(steps: int) -> None:
         finally:
             loop.close(run)
     step_s = sum(s for s, _ in runs) / len(runs)
-    peak = _peak_rss_mb()
+    peak = peak_rss_mb()
     tunix_s = _TUNIX.value or _TUNIX_STEP_S
-    _emit(part="tunix_shape", impl="drubric_jax", prompts=4, G=4, prompt_len_padded=128,
-          new_tokens=64, beta=0.04, warm_step_s=round(step_s, 3), phases=_phase_seconds(runs),
-          remat=_REMAT.value, peak_rss_mb=round(peak, 1), tunix_step_s=tunix_s,
-          tunix_peak_gb=_TUNIX_PEAK_GB, step_ratio=round(step_s / tunix_s, 3),
-          memory_ratio=round(peak / 1024 / _TUNIX_PEAK_GB, 3))
+    emit(part="tunix_shape", impl="drubric_jax", prompts=4, G=4, prompt_len_padded=128,
+         new_tokens=64, beta=0.04, warm_step_s=round(step_s, 3), phases=_phase_seconds(runs),
+         remat=_REMAT.value, peak_rss_mb=round(peak, 1), tunix_step_s=tunix_s,
+         tunix_peak_gb=_TUNIX_PEAK_GB, step_ratio=round(step_s / tunix_s, 3),
+         memory_ratio=round(peak / 1024 / _TUNIX_PEAK_GB, 3))
 
 
 def main(argv):

@@ -1,4 +1,5 @@
-"""Sampler throughput: prefill and decode tokens/s of `drubric_jax.sampling` on CPU.
+"""Sampler throughput: prefill and decode tokens/s of `drubric_jax.sampling` on CPU, beside
+the machine's roofline, and optionally transformers' `generate` or a peer's JSON lines.
 
     python -m experiments.bench_sampler                          # JAX, float32, batch 1, 8, 32
     python -m experiments.bench_sampler --dtype=bfloat16         # bf16 weights and compute
@@ -6,87 +7,22 @@
     python -m experiments.bench_sampler --peer_json=tunix.jsonl  # + ratios against tunix
     python -m experiments.bench_sampler --profile                # + time by kind of op
 
-Workload (the one of ../shared/peers): random prompts of `--prompt_len` tokens (ids 3..V-1,
-no padding, so the prompt bucket is exactly 128), greedy, `--new_tokens` new tokens. The
-stop id is -1, which no sampled token can equal, so every row produces all N tokens.
-
-Output: one JSON object per line.
-- `{"impl": "matmul", ...}`: the machine's float32 (and compute-dtype) matmul peak,
-  `--matmul_n`^3 `jnp.dot`, in GFLOP/s.
-- `{"impl": "load", ...}`: the model (`n_params`) and its load time (`load_s`).
-- `{"impl": "bandwidth", ...}`: the memory roofline of this machine: `read_gb_s`, a jitted
-  `jnp.sum` over a float32 array of the model's size (the rate a decode step can at best
-  stream its weights at), and per batch B `matmul_stream_gb_s`, the rate XLA's dot streams
-  weights at for [B, D] @ L distinct [D, F] matrices (the MLP's shape; for B >= 2 the CPU
-  GEMM path packs its operands, so it streams slower than a B = 1 matrix-vector product).
-- `{"impl": "jax", ...}` per batch B:
-  `prefill_s`, `decode_s`: the median seconds of one prefill and one decode (below), and
-  `decode_ms_per_step` = decode_s / N;
-  `prefill_tok_s` = B * P / time of one jitted `sampling.prefill` call (block_until_ready);
-  `decode_tok_s` = B * N / time of `sampling.decode_params` (on CPU the per-layer weight
-  copy) and one `sampling.decode_loop` call, as `generate` runs them (N sampling steps and
-  N forward passes; the last forward's logits are unused — the peers' B * (N - 1) tokens
-  over N - 1 forwards is the same per-step rate);
-  `compile_s` = ahead-of-time compile time of prefill + decode_loop for the shape (what
-  the first call of a new shape pays on top; with the persistent cache
-  (`--compile_cache_dir`, on by default as in the run configs) a second run of the same
-  shapes loads them instead; `first_run_s` is the first execution after
-  it, the warm-up that is not counted); `peak_rss_mb` = the process's peak resident
-  memory so far (it only grows);
-  `prefill_mfu` = 2 * n_params * prefill_tok_s / float32 matmul peak (n_params counts the
-  tied embedding, which the prefill uses only for the last position's logits, so this
-  overstates; `prefill_mfu_blocks` uses the parameters outside the embedding);
-  `decode_bytes_per_step` = the bytes a decode step must read: every parameter (the tied
-  embedding as the output head) plus the KV cache's S = P + N slots of every layer (the
-  attention reads all of them; the unwritten ones are masked), and
-  `decode_roofline_frac` = (those bytes / `read_gb_s`) / the measured time per step: 1.0
-  would be a step as fast as this machine's memory allows; `decode_mfu` = 2 * n_params *
-  decode_tok_s / float32 matmul peak (what bounds large batches, where the step computes
-  more than it reads). Warm figures are the median of `--reps` calls.
-  With `--profile`, the row also has `prefill_ops` (ms per call) and `decode_ops` (ms per
-  step, of the loop without the weight copy): one more traced call each, its time split
-  into weight matmuls, the output head, attention, slicing a layer out of stacked arrays
-  and the rest, with the slowest operations (`experiments/op_profile.py`).
-- `{"impl": "transformers", ...}`: transformers' `generate` on the same GGUF weights (torch
-  CPU, float32): prefill = generate of 1 new token, decode = generate of N minus that
-  (`transformers_timer`; the peer script's own figures beside them as `peer_script_*`),
-  with `ratio_prefill` and `ratio_decode` = ours / theirs: with `--impl=all` our calls and
-  theirs alternate (`paired_rounds`, the order reversed every other round) and each ratio
-  is the median over the `--reps` rounds of that round's ratio, so a drift of this shared
-  machine's speed between the two does not bias it. `peak_rss_mb` then includes the torch
-  model (`--impl=jax` gives ours alone). Needs `torch` and `accelerate` importable, e.g.
-  from a separate venv layered over the project's one:
-      python3.11 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch==2.13.0 accelerate
-      PYTHONPATH=.venv/lib/python3.11/site-packages \
-          /tmp/tvenv/bin/python -m experiments.bench_sampler --impl=all
-  When they are not importable, one line `{"impl": "transformers", "skipped": "<why>"}` is
-  printed. Torch's OpenMP threads collapse when other processes hold the cores; compare only
-  on an otherwise idle machine.
-- `--peer_json FILE`: JSON lines of another system (same keys: impl, batch, prefill_tok_s,
-  decode_tok_s; lines with `mode` other than "greedy" are ignored), re-printed with
-  `ratio_prefill` / `ratio_decode` = ours / theirs. For tunix, produce the file with the
-  setup in the docstring of ../shared/peers/anchor_tunix.py:
-      /tmp/tvenv/bin/python anchor_tunix.py convert
-      /tmp/tunixvenv/bin/python anchor_tunix.py sampler | grep '"tunix-vanilla"' > tunix.jsonl
-  (its rows are `"impl": "tunix-vanilla", "mode": "greedy", "batch": ..., "prefill_tok_s",
-  "decode_tok_s"`). The measured figures of ../shared/peers/README.md can also be written
-  into such a file by hand. tunix runs in its own venv, so its calls cannot alternate with
-  ours in one process; alternate the processes instead and take the median of the rounds'
-  ratios (one round is about 6 minutes here):
-      for i in 1 2 3; do
-        /tmp/tunixvenv/bin/python anchor_tunix.py sampler --batches 1 8 32 > tunix_$i.jsonl
-        python -m experiments.bench_sampler --impl=jax --reps=5 --peer_json=tunix_$i.jsonl
-      done
+Prints one JSON object per line (impl = matmul, load, bandwidth, jax, transformers, or a
+peer's). The workload, every field and the comparison recipes (transformers in a layered
+venv, tunix with alternating processes): docs/BENCHMARKS.md, "Sampler". The roofline,
+paired-statistics and peer-JSON code is shared with the other benchmarks
+(experiments/bench_common.py).
 """
 from __future__ import annotations
 
-import json
+import importlib
 import os
-import resource
-import statistics
 import time
 
 from absl import app, flags
+
+from experiments import bench_common as bench
+from experiments.bench_common import emit
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                              "'smollm2-135m-instruct', a .gguf path or a Hugging Face directory")
@@ -107,74 +43,6 @@ _CACHE_DIR = flags.DEFINE_string(
     "compile_cache_dir", "~/.cache/drubric_jax/xla",
     "JAX persistent compilation cache, as config.compile.cache_dir ('' = off): a second run "
     "of the same shapes loads them, and its compile_s is what a resumed run pays")
-
-
-def _emit(**row):
-    print(json.dumps(row), flush=True)
-
-
-def _peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def _median_s(fn, *args, reps: int) -> float:
-    """Median wall seconds of `reps` calls of jitted `fn(*args)`, after one warm-up call
-    (compiles); each call waits for its result."""
-    fn(*args).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn(*args).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def matmul_gflops(n: int, dtype: str, reps: int = 5) -> float:
-    """GFLOP/s of a jitted n x n x n `jnp.dot` in `dtype` (median of `reps` warm calls)."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32).astype(dtype)
-    return 2 * n ** 3 / _median_s(jax.jit(jnp.dot), a, b, reps=reps) / 1e9
-
-
-def read_gb_s(nbytes: int, reps: int = 5) -> float:
-    """GB/s (1e9 bytes) of a jitted `jnp.sum` over float32[nbytes / 4] (median of `reps`)."""
-    import jax
-    import jax.numpy as jnp
-
-    x = jnp.ones((max(nbytes // 4, 1),), jnp.float32)
-    return x.nbytes / _median_s(jax.jit(jnp.sum), x, reps=reps) / 1e9
-
-
-def matmul_stream_gb_s(rows: int, d: int, f: int, layers: int, dtype: str,
-                       reps: int = 5) -> float:
-    """GB/s at which a jitted `[rows, d] @ w` streams `layers` distinct `w: [d, f]` matrices
-    (one program, as a decode step's layers; too many bytes to stay in cache), median of
-    `reps` calls: the weight-streaming rate XLA's dot kernel reaches at this batch size."""
-    import jax
-    import jax.numpy as jnp
-
-    keys = jax.random.split(jax.random.PRNGKey(2), layers + 1)
-    ws = [jax.random.normal(k, (d, f), jnp.float32).astype(dtype) for k in keys[1:]]
-    h = jax.random.normal(keys[0], (rows, d), jnp.float32).astype(dtype)
-    # Each product is reduced so that all of them stay live (none is optimised away).
-    chain = jax.jit(lambda h, ws: sum(jnp.sum(h @ w) for w in ws))
-    return sum(w.nbytes for w in ws) / _median_s(chain, h, ws, reps=reps) / 1e9
-
-
-def decode_bytes_per_step(cfg, params, batch: int, num_slots: int) -> int:
-    """Bytes one decode step reads at least: all params (a mixture of experts reads only its
-    routed experts: there this overcounts), and the KV cache
-    k, v: [L, B, Hkv, S, Dh] in the compute dtype (`models.init_cache`)."""
-    import jax
-    import jax.numpy as jnp
-
-    weights = sum(x.nbytes for x in jax.tree.leaves(params))
-    cache = (2 * cfg.num_layers * batch * cfg.num_kv_heads * num_slots * cfg.head_dim
-             * jnp.dtype(cfg.compute_dtype).itemsize)
-    return int(weights + cache)
 
 
 def jax_timer(cfg, params, batch: int, prompt_len: int, new_tokens: int, seed: int):
@@ -246,30 +114,12 @@ def jax_timer(cfg, params, batch: int, prompt_len: int, new_tokens: int, seed: i
     return compile_s, once, profile
 
 
-def paired_rounds(timers: dict, reps: int) -> dict:
-    """Runs each of `timers` (name -> a callable returning a tuple of seconds) once to warm
-    up, then `reps` rounds of one call each, the order reversed every other round.
-
-    Interleaving puts every implementation under the same drift of this shared machine
-    (its speed moves 10-25% over minutes), so the per-round ratios of two implementations
-    are paired samples; run one after the other, a drift between them would bias the ratio.
-
-    Returns:
-        name -> {"first": the warm-up's tuple, "rounds": list of `reps` tuples}.
-    """
-    out = {name: {"first": fn(), "rounds": []} for name, fn in timers.items()}
-    names = list(timers)
-    for r in range(reps):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            out[name]["rounds"].append(timers[name]())
-    return out
-
-
 def _transformers_model(source: str):
     """(model, why_not): transformers' float32 model of `source`, or None and a reason."""
     try:
-        import torch  # noqa: F401
-        import accelerate  # noqa: F401
+        import torch
+        # Needed by the comparison (docs/BENCHMARKS.md); imported only to check for it.
+        importlib.import_module("accelerate")
         from transformers import AutoModelForCausalLM
     except ImportError as e:
         return None, f"transformers comparison skipped: {e} (needs torch and accelerate)"
@@ -335,33 +185,6 @@ def transformers_timer(model, vocab_size: int, batch: int, prompt_len: int, new_
     return once, script
 
 
-def _row(rounds, batch: int, prompt_len: int, new_steps: int) -> dict:
-    """Medians of (prefill_s, decode_s) rounds as the row's times and tokens/s."""
-    pre = statistics.median(r[0] for r in rounds)
-    dec = statistics.median(r[1] for r in rounds)
-    return dict(prefill_s=round(pre, 4), decode_s=round(dec, 4),
-                prefill_tok_s=round(batch * prompt_len / pre, 1),
-                decode_tok_s=round(batch * new_steps / dec, 1),
-                decode_ms_per_step=round(1000 * dec / new_steps, 2))
-
-
-def _paired_ratios(ours, theirs, new_tokens: int) -> dict:
-    """ratio_prefill, ratio_decode = ours / theirs in tokens/s: the median over rounds of
-    each round's ratio (paired samples, `paired_rounds`). Our decode makes N forwards, theirs
-    N - 1 (their generate(1) includes the first): compared per step."""
-    pre = [t[0] / o[0] for o, t in zip(ours, theirs)]
-    dec = [(t[1] / (new_tokens - 1)) / (o[1] / new_tokens) for o, t in zip(ours, theirs)]
-    return dict(ratio_prefill=round(statistics.median(pre), 3),
-                ratio_decode=round(statistics.median(dec), 3))
-
-
-def _ratios(ours: dict, theirs: dict) -> dict:
-    if ours is None:
-        return {}
-    return dict(ratio_prefill=round(ours["prefill_tok_s"] / theirs["prefill_tok_s"], 3),
-                ratio_decode=round(ours["decode_tok_s"] / theirs["decode_tok_s"], 3))
-
-
 def main(argv):
     del argv
     import jax
@@ -372,34 +195,35 @@ def main(argv):
     compilation.enable_persistent_cache(_CACHE_DIR.value)
     batches = [int(b) for b in _BATCHES.value]
     p, n = _PROMPT_LEN.value, _NEW_TOKENS.value
-    f32_peak = matmul_gflops(_MATMUL_N.value, "float32")
+    f32_peak = bench.matmul_gflops(_MATMUL_N.value, "float32")
     peak = dict(impl="matmul", n=_MATMUL_N.value, float32_gflop_s=round(f32_peak, 1),
                 devices=str(jax.devices()), cpus=os.cpu_count())
     if _DTYPE.value != "float32":
-        peak[f"{_DTYPE.value}_gflop_s"] = round(matmul_gflops(_MATMUL_N.value, _DTYPE.value), 1)
-    _emit(**peak)
+        peak[f"{_DTYPE.value}_gflop_s"] = round(
+            bench.matmul_gflops(_MATMUL_N.value, _DTYPE.value), 1)
+    emit(**peak)
 
     t = time.perf_counter()
     cfg, params, _ = models.load_model(_MODEL.value, _DTYPE.value)
     jax.block_until_ready(params)
     n_params = cfg.num_params()
-    _emit(impl="load", model=_MODEL.value, dtype=_DTYPE.value, n_params=n_params,
-          load_s=round(time.perf_counter() - t, 2))
+    emit(impl="load", model=_MODEL.value, dtype=_DTYPE.value, n_params=n_params,
+         load_s=round(time.perf_counter() - t, 2))
 
     run_ours = _IMPL.value in ("jax", "all")
     model = None
     if _IMPL.value in ("transformers", "all"):
         model, why = _transformers_model(_MODEL.value)
         if model is None:
-            _emit(impl="transformers", skipped=why)
+            emit(impl="transformers", skipped=why)
     if run_ours:
-        weight_bytes = decode_bytes_per_step(cfg, params, 0, 0)
-        read = read_gb_s(weight_bytes)
-        _emit(impl="bandwidth", read_gb_s=round(read, 1), read_mb=round(weight_bytes / 2**20),
-              matmul_stream_gb_s={
-                  b: round(matmul_stream_gb_s(b, cfg.dim, cfg.hidden_dim, cfg.num_layers,
-                                              _DTYPE.value), 1) for b in batches},
-              matmul_shape=f"[B, {cfg.dim}] @ {cfg.num_layers} x [{cfg.dim}, {cfg.hidden_dim}]")
+        weight_bytes = bench.decode_bytes_per_step(cfg, params, 0, 0)
+        read = bench.read_gb_s(weight_bytes)
+        emit(impl="bandwidth", read_gb_s=round(read, 1), read_mb=round(weight_bytes / 2**20),
+             matmul_stream_gb_s={
+                 b: round(bench.matmul_stream_gb_s(b, cfg.dim, cfg.hidden_dim, cfg.num_layers,
+                                                   _DTYPE.value), 1) for b in batches},
+             matmul_shape=f"[B, {cfg.dim}] @ {cfg.num_layers} x [{cfg.dim}, {cfg.hidden_dim}]")
 
     ours = {}
     for b in batches:
@@ -410,45 +234,37 @@ def main(argv):
             timers["transformers"], script = transformers_timer(model, cfg.vocab_size, b, p, n,
                                                                 _SEED.value)
         # Ours and transformers alternate call by call (`paired_rounds`).
-        res = paired_rounds(timers, _REPS.value)
+        res = bench.paired_rounds(timers, _REPS.value)
         if run_ours:
-            row = _row(res["jax"]["rounds"], b, p, n)
+            row = bench.median_rates(res["jax"]["rounds"], b, p, n)
             row.update(compile_s=round(compile_s, 2),
                        first_run_s=round(sum(res["jax"]["first"]), 2))
             if _PROFILE.value:
                 row.update(profile())
             ours[b] = row
-            step_bytes = decode_bytes_per_step(cfg, params, b, p + n)
-            _emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,
-                  prefill_mfu=round(2 * n_params * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
-                  prefill_mfu_blocks=round(2 * (n_params - cfg.vocab_size * cfg.dim)
-                                           * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
-                  decode_mfu=round(2 * n_params * row["decode_tok_s"] / (f32_peak * 1e9), 3),
-                  decode_bytes_per_step=step_bytes,
-                  decode_roofline_frac=round(step_bytes / (read * 1e9)
-                                             / (row["decode_ms_per_step"] / 1e3), 3),
-                  peak_rss_mb=_peak_rss_mb())
+            step_bytes = bench.decode_bytes_per_step(cfg, params, b, p + n)
+            emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,
+                 prefill_mfu=round(2 * n_params * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
+                 prefill_mfu_blocks=round(2 * (n_params - cfg.vocab_size * cfg.dim)
+                                          * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
+                 decode_mfu=round(2 * n_params * row["decode_tok_s"] / (f32_peak * 1e9), 3),
+                 decode_bytes_per_step=step_bytes,
+                 decode_roofline_frac=round(step_bytes / (read * 1e9)
+                                            / (row["decode_ms_per_step"] / 1e3), 3),
+                 peak_rss_mb=round(bench.peak_rss_mb(), 1))
         if model is not None:
-            row = _row(res["transformers"]["rounds"], b, p, n - 1)
-            ratios = (_paired_ratios(res["jax"]["rounds"], res["transformers"]["rounds"], n)
+            row = bench.median_rates(res["transformers"]["rounds"], b, p, n - 1)
+            ratios = (bench.paired_ratios(res["jax"]["rounds"], res["transformers"]["rounds"], n)
                       if run_ours else {})
-            _emit(impl="transformers", dtype="float32", batch=b, prompt_len=p,
-                  new_tokens=n, **row, **script, peak_rss_mb=_peak_rss_mb(), **ratios)
+            emit(impl="transformers", dtype="float32", batch=b, prompt_len=p,
+                 new_tokens=n, **row, **script, peak_rss_mb=round(bench.peak_rss_mb(), 1),
+                 **ratios)
 
     if _PEER_JSON.value:
-        with open(_PEER_JSON.value, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                row = json.loads(line)
-                if not {"batch", "prefill_tok_s", "decode_tok_s"} <= row.keys():
-                    continue
-                if row.get("mode", "greedy") != "greedy" or row["batch"] not in ours:
-                    continue
-                _emit(impl=row.get("impl", "peer"), source=_PEER_JSON.value, batch=row["batch"],
-                      prefill_tok_s=row["prefill_tok_s"], decode_tok_s=row["decode_tok_s"],
-                      **_ratios(ours[row["batch"]], row))
+        for row in bench.peer_rows(_PEER_JSON.value, ours):
+            emit(impl=row.get("impl", "peer"), source=_PEER_JSON.value, batch=row["batch"],
+                 prefill_tok_s=row["prefill_tok_s"], decode_tok_s=row["decode_tok_s"],
+                 **bench.peer_ratios(ours[row["batch"]], row))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import time
 
 from absl import app, flags
+
+from experiments.bench_common import emit, peak_rss_mb, timed
 
 _MODE = flags.DEFINE_enum("mode", None, ["prefix_shared", "naive"],
                           "run one mode in this process (default: both, in child processes)")
@@ -91,15 +91,13 @@ def run_mode(mode: str) -> dict:
     # Compile call. Naive: the first response's M prompts already have the timed call's
     # chunk shape (rows x bucket; every JudgeBench prefix is cut to the same budget), so
     # the expensive naive pass is not run twice. Prefix sharing: the full (cheap) call.
-    t0 = time.time()
     warm = slice(None) if shared else slice(0, 1)
-    ver.p_yes(params, prompts[warm], responses[warm], items, shared_prefix=shared)
-    first = time.time() - t0
+    _, first = timed(ver.p_yes, params, prompts[warm], responses[warm], items,
+                     shared_prefix=shared)
     times = []
     for _ in range(_REPS.value):
-        t0 = time.time()
-        p = ver.p_yes(params, prompts, responses, items, shared_prefix=shared)
-        times.append(time.time() - t0)
+        p, dt = timed(ver.p_yes, params, prompts, responses, items, shared_prefix=shared)
+        times.append(dt)
     sec = statistics.median(times)
     prepared = [ver.prepare(a, b, items) for a, b in pairs]
     pre = [len(x) for x, _ in prepared]
@@ -109,7 +107,7 @@ def run_mode(mode: str) -> dict:
     return {"mode": mode, "K": _K.value, "M": _M.value,
             "judgements_per_s": round(_K.value * _M.value / sec, 3),
             "seconds": round(sec, 3), "warmup_s": round(first, 3),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
             "prefix_tokens_mean": round(float(np.mean(pre)), 1),
             "prefix_tokens_max": int(max(pre)),
             "suffix_tokens_mean": round(float(np.mean(suf)), 1)}
@@ -123,7 +121,7 @@ def main(argv):
                                      f"(pass --data=.../judgebench/gpt.jsonl)"}))
         return
     if _MODE.value:
-        print(json.dumps(run_mode(_MODE.value)), flush=True)
+        emit(**run_mode(_MODE.value))
         return
     import tempfile
 
@@ -144,9 +142,9 @@ def main(argv):
         dp = float(np.abs(np.load(p_files["prefix_shared"]) - np.load(p_files["naive"])).max())
     rows["prefix_shared"]["max_abs_dp_vs_naive"] = dp
     for mode in ("prefix_shared", "naive"):
-        print(json.dumps(rows[mode]), flush=True)
-    print(json.dumps({"speedup": round(rows["prefix_shared"]["judgements_per_s"]
-                                       / rows["naive"]["judgements_per_s"], 2)}), flush=True)
+        emit(**rows[mode])
+    emit(speedup=round(rows["prefix_shared"]["judgements_per_s"]
+                       / rows["naive"]["judgements_per_s"], 2))
 
 
 if __name__ == "__main__":

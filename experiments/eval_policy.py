@@ -39,13 +39,12 @@ def main(argv):
     from drubric_jax import models, parallel
     from drubric_jax.evaluation import code_exec, policy_eval
     from drubric_jax.evaluator.verifier import Verifier
+    from drubric_jax.rounds import compilation
 
     c, workdir = _CONFIG.value, _WORKDIR.value
     cfg_lib.validate(c)
     tasks = [t.strip() for t in c.tasks.split(",") if t.strip()]
-    if c.jax_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(c.jax_cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    compilation.enable_persistent_cache(c.jax_cache_dir, min_compile_seconds=1.0)
     # Every data row is read (and has a reference) before any model loads.
     files = {}
     if "winrate" in tasks:

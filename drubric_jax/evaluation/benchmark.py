@@ -47,7 +47,6 @@ import os
 import time
 import zlib
 
-import jax
 import numpy as np
 from absl import logging
 
@@ -56,6 +55,7 @@ from drubric_jax import data, models
 from drubric_jax.evaluation import aggregate, filerun, report as report_lib
 from drubric_jax.evaluator.rubric_generator import RubricGenerator
 from drubric_jax.evaluator.verifier import Verifier
+from drubric_jax.rounds import compilation
 
 
 class ModelLoader:
@@ -185,10 +185,8 @@ def evaluate(config, workdir: str, loader: ModelLoader | None = None,
         ValueError: a bad config field, or a data row with a bad field (file:line:field).
     """
     eval_config.validate(config)
-    if config.jax_cache_dir:
-        # Compiled sampler / verifier programs are reused by the next run (and the tests).
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.jax_cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    # Compiled sampler / verifier programs are reused by the next run (and the tests).
+    compilation.enable_persistent_cache(config.jax_cache_dir, min_compile_seconds=1.0)
     loader = ModelLoader() if loader is None else loader
     os.makedirs(workdir, exist_ok=True)
     paths = [p.strip() for p in config.data.split(",") if p.strip()]

@@ -24,7 +24,10 @@ COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
 def enable_persistent_cache(cache_dir: str, min_compile_seconds: float = 0.5) -> None:
     """Turns on JAX's persistent compilation cache in `cache_dir` ("" leaves it off).
 
-    Programs that compile in under `min_compile_seconds` are not written (cheap to redo).
+    The one place that sets the cache (the round loop, the evaluator benchmark,
+    experiments.eval_policy and experiments.bench_sampler call it). `cache_dir` may start
+    with "~"; the directory is created if missing. Programs that compile in under
+    `min_compile_seconds` are not written (cheap to redo).
     """
     if not cache_dir:
         return
