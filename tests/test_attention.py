@@ -244,3 +244,21 @@ def test_model_config_selects_the_implementation():
         jaxpr = jax.make_jaxpr(functools.partial(
             _model_logits, cfg.replace(attention=impl)))(params, tokens, mask)
         assert ("custom_vjp_call" in str(jaxpr)) == want, impl
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_values_as_matmul_equal_the_cpu_reduction(dtype):
+    """The accelerator path of one-query attention (a matmul) and the CPU path (a fused
+    multiply-and-reduce) sum the same S float32 products in other orders: they agree to
+    S * eps(float32) * sum|p v| (each partial sum's rounding), the products being exact in
+    float32 for 16-bit inputs and for float32 ones up to one rounding each."""
+    b, hkv, g, s, dh = 2, 2, 3, 96, 16
+    ks = jax.random.split(jax.random.PRNGKey(3), 2)
+    probs = jax.nn.softmax(jax.random.normal(ks[0], (b, hkv, g, s)), axis=-1).astype(dtype)
+    v = jax.random.normal(ks[1], (b, hkv, s, dh), dtype)
+    mm = attention._decode_values(probs, v, as_matmul=True)
+    red = attention._decode_values(probs, v, as_matmul=False)
+    assert mm.dtype == red.dtype == jnp.float32 and mm.shape == (b, hkv, g, dh)
+    bound = 2 * s * np.finfo(np.float32).eps * jnp.einsum(
+        "bkgs,bksd->bkgd", jnp.abs(probs.astype(jnp.float32)), jnp.abs(v.astype(jnp.float32)))
+    assert bool(jnp.all(jnp.abs(mm - red) <= bound))

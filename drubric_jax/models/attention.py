@@ -104,12 +104,8 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
         probs = jax.nn.softmax(jnp.where(vis, scores, _MASK_VALUE), axis=-1)
         # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
         probs = jnp.where(vis, probs, 0.0).astype(v.dtype)
-        # probs @ v as multiply-and-reduce over the slots. As a dot this is B*Hkv tiny
-        # matmuls with a transposed result, which XLA CPU runs several times slower than
-        # one fused loop.
-        out = jnp.sum(probs[:, :, :, 0, :, None].astype(jnp.float32)
-                      * v[:, :, None].astype(jnp.float32), axis=-2)[:, None].astype(v.dtype)
-        return out.reshape(b, t, h * dh)
+        out = _decode_values(probs[:, :, :, 0], v, as_matmul=jax.default_backend() != "cpu")
+        return out[:, None].astype(v.dtype).reshape(b, t, h * dh)
     # The G query heads of a key/value head as G*T rows of one [G*T, Dh] x [Dh, S] matmul
     # per (row, key head): plain matmuls, where the 5-axis einsums made XLA CPU transpose
     # the scores and the output.
@@ -126,6 +122,22 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     # (`where`, not `maximum(total, 1)`: maximum would halve the gradient at total == 1.)
     out = (out / jnp.where(total > 0, total, 1.0)).astype(v.dtype)
     return out.reshape(b, hkv, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
+
+
+def _decode_values(probs: jax.Array, v: jax.Array, as_matmul: bool) -> jax.Array:
+    """float32[B, Hkv, G, Dh] = probs @ v for one query per row: probs [B, Hkv, G, S] in
+    v's dtype, v [B, Hkv, S, Dh] (the cache).
+
+    As a matmul (accelerators): one [G, S] x [S, Dh] product per (row, key head), the
+    cache read once per step in its own dtype. As a multiply-and-reduce over the slots
+    (CPU): there the dot is B * Hkv tiny matmuls with a transposed result, which XLA CPU
+    runs several times slower than one fused loop; on an accelerator that loop would read
+    the cache G times, in float32.
+    """
+    if as_matmul:
+        return jnp.einsum("bkgs,bksd->bkgd", probs, v, preferred_element_type=jnp.float32)
+    return jnp.sum(probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32),
+                   axis=-2)
 
 
 def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=0,
