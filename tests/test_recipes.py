@@ -4,11 +4,13 @@ and used end to end at the smallest scale:
 
 - add a KL estimator: a row of `rl.grpo.KL_ESTIMATORS`, used by `grpo_loss`;
 - add a model family alias: a row of `models.registry.ALIASES`, whose config.json loads,
-  initialises and runs a tiny model, and exports and loads back bit for bit;
+  initialises and runs a tiny model, and exports and loads back bit for bit; the same for
+  a toy family module (the `llama` one renamed) in `models.registry.FAMILIES`;
 - add a rule reward: a row of `rl.rule_rewards.RULES`, accepted by `config_check.validate`
   and scoring a response through `rule_rewards.from_config`.
 """
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,7 @@ import pytest
 
 from configs import smollm2_cpu
 from drubric_jax import config_check, models
-from drubric_jax.models import registry, weights
+from drubric_jax.models import llama, registry, weights
 from drubric_jax.models.config import TINY_QWEN3
 from drubric_jax.models.export import hf_config_dict
 from drubric_jax.rl import grpo, rule_rewards
@@ -63,6 +65,25 @@ TOY_HF = {"model_type": TOY_TYPE, "vocab_size": 64, "hidden_size": 16,
           "num_key_value_heads": 1, "head_dim": 8, "tie_word_embeddings": False}
 
 
+def _load_run_export_load(hf: dict, directory) -> tuple:
+    """config.json `hf` -> ModelConfig -> tiny random model -> logits -> export to
+    `directory` -> load back; asserts the logits are finite and the reload is bit for bit.
+    Returns (cfg, params, the written config.json)."""
+    cfg = weights.config_from_hf(hf)
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.array([[1, 5, 9, 3]], jnp.int32)
+    logits, _ = models.apply(params, cfg, tokens, jnp.arange(4)[None])
+    assert logits.shape == (1, 4, cfg.vocab_size) and bool(jnp.all(jnp.isfinite(logits)))
+    models.export_hf_dir(params, cfg, str(directory))
+    with open(directory / "config.json") as f:
+        written = json.load(f)
+    cfg2, params2 = models.load_hf_dir(str(directory))
+    assert cfg2 == cfg
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 params, params2)
+    return cfg, params, written
+
+
 def test_recipe_family_alias(monkeypatch, tmp_path):
     """A row in ALIASES: its config.json gives the family's config with the alias's fields
     fixed (over config.json's own), the tiny model initialises and runs, and its export
@@ -70,26 +91,26 @@ def test_recipe_family_alias(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="model_type"):
         weights.config_from_hf(TOY_HF)
     monkeypatch.setitem(registry.ALIASES, TOY_TYPE, TOY_ALIAS)
-    cfg = weights.config_from_hf(TOY_HF)
+    cfg, params, written = _load_run_export_load(TOY_HF, tmp_path)
     assert (cfg.family, cfg.qk_norm, cfg.tie_embeddings, cfg.dim) == ("llama", True, True, 16)
-
-    params = models.init_params(cfg, jax.random.PRNGKey(0))
     assert "q_norm" in params["layers"] and "lm_head" not in params
-    tokens = jnp.array([[1, 5, 9, 3]], jnp.int32)
-    logits, _ = models.apply(params, cfg, tokens, jnp.arange(4)[None])
-    assert logits.shape == (1, 4, 64) and bool(jnp.all(jnp.isfinite(logits)))
-
-    models.export_hf_dir(params, cfg, str(tmp_path))
-    with open(tmp_path / "config.json") as f:
-        written = json.load(f)
     assert (written["model_type"], written["architectures"]) == (
         TOY_TYPE, [TOY_ALIAS.architecture])
-    cfg2, params2 = models.load_hf_dir(str(tmp_path))
-    assert cfg2 == cfg
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 params, params2)
     # A config the alias's fields do not match keeps its own model type.
     assert hf_config_dict(TINY_QWEN3, 1, 2)["model_type"] == "qwen3"
+
+
+def test_recipe_model_family(monkeypatch, tmp_path):
+    """A family module in FAMILIES (here the `llama` module under another NAME and model
+    type): loading, the forward pass and export reach it through the registry alone."""
+    toy = types.SimpleNamespace(**{k: v for k, v in vars(llama).items()
+                                   if not k.startswith("__")})
+    toy.NAME, toy.HF_MODEL_TYPE, toy.HF_ARCHITECTURE = "toy", "toy", "ToyForCausalLM"
+    monkeypatch.setitem(registry.FAMILIES, toy.NAME, toy)
+    cfg, _, written = _load_run_export_load({**TOY_HF, "model_type": "toy"}, tmp_path)
+    assert (cfg.family, cfg.qk_norm, cfg.tie_embeddings) == ("toy", False, False)
+    assert (written["model_type"], written["architectures"]) == ("toy", ["ToyForCausalLM"])
+    assert registry.lora_targets() == llama.LORA_TARGETS  # the toy adds no new target
 
 
 def _yes_fraction(item, response: str) -> float:
