@@ -12,9 +12,9 @@ from typing import Optional
 
 import ml_collections
 
-from drubric_jax import parallel
+from drubric_jax import models, parallel
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
-from drubric_jax.rl.rule_rewards import REWARDS
+from drubric_jax.rl import rule_rewards
 from drubric_jax.rl.train_config import DTYPES, check_trainer
 from drubric_jax.types import ConfigError, require as _require  # noqa: F401
 
@@ -23,8 +23,6 @@ from drubric_jax.types import ConfigError, require as _require  # noqa: F401
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
 # demo: the packaged set; shared: ../shared/data; custom: config.data.*_paths.
 DATA_NAMES = ("demo", "shared", "custom")
-# The stacked matrices of the llama family (`models.llama.layer_keys`).
-LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def mesh_axis_sizes(config: ml_collections.ConfigDict, device_count: int) -> dict:
@@ -76,8 +74,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
          f"{c.model.master_dtype!r} not in {DTYPES}")
     need(c.lora.rank >= 0, "lora.rank", "must be >= 0 (0 = full fine-tuning)")
     need(c.lora.alpha > 0, "lora.alpha", "must be > 0")
-    need(len(c.lora.targets) > 0 and set(c.lora.targets) <= set(LORA_TARGETS), "lora.targets",
-         f"{tuple(c.lora.targets)} must be a non-empty subset of {LORA_TARGETS}")
+    # The registry's tables are read at each call: a family or rule added to them counts.
+    targets = models.lora_targets()  # the model families' LORA_TARGETS
+    need(len(c.lora.targets) > 0 and set(c.lora.targets) <= set(targets), "lora.targets",
+         f"{tuple(c.lora.targets)} must be a non-empty subset of {targets}")
     need(c.data.name in DATA_NAMES, "data.name", f"{c.data.name!r} not in {DATA_NAMES}")
     if c.data.name == "custom":
         need(len(c.data.anchor_paths) > 0, "data.anchor_paths", "needed when data.name=custom")
@@ -102,7 +102,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
     need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
     need(p.heldout_temperature >= 0, "policy.heldout_temperature", "must be >= 0")
-    need(p.reward in REWARDS, "policy.reward", f"{p.reward!r} not in {REWARDS}")
+    rewards = rule_rewards.reward_names()
+    need(p.reward in rewards, "policy.reward", f"{p.reward!r} not in {rewards}")
     need(p.reward_max_words >= 1, "policy.reward_max_words", "must be >= 1")
     for node, field in ((p, "policy"), (g, "generator")):
         need(node.rollout_micro_batch >= 0, f"{field}.rollout_micro_batch",

@@ -246,9 +246,9 @@ def _attention(cfg: ModelConfig, rows: int, queries: int, keys: int, buffers: in
 
 
 def _widths(cfg: ModelConfig, rows: int, tokens: int, widths: tuple, tensor: int = 1) -> int:
-    d, f, q = widths
-    per_token = ((d * cfg.dim + q * -(-cfg.num_heads * cfg.head_dim // tensor)) * 4
-                 + f * -(-cfg.hidden_dim // tensor) * cfg.compute_dtype.itemsize)
+    (d, f, q), (dim, ffn, heads) = widths, models.family(cfg).activation_widths(cfg)
+    per_token = ((d * dim + q * -(-heads // tensor)) * 4
+                 + f * -(-ffn // tensor) * cfg.compute_dtype.itemsize)
     return rows * tokens * per_token
 
 

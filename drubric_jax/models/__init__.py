@@ -9,8 +9,9 @@ from drubric_jax.models.cache import KVCache, repeat_rows, stack_cache, unstack_
 from drubric_jax.models.config import ModelConfig, PRESETS, preset
 from drubric_jax.models.registry import (FAMILIES, apply, decode_cache, decode_params, family,
                                          forward_hidden, init_cache, init_params,
-                                         leaf_sharder, logits_from_hidden, param_shardings,
-                                         param_specs, per_layer_decode, positions_from_mask)
+                                         leaf_sharder, logits_from_hidden, lora_targets,
+                                         param_shardings, param_specs, per_layer_decode,
+                                         positions_from_mask)
 from drubric_jax.models.export import export_hf_dir
 from drubric_jax.models.weights import load_gguf, load_hf_dir
 from drubric_jax.models.default import (DEFAULT_MODEL, check_source, default_gguf_path,

@@ -1,6 +1,7 @@
 """Writing params as a Hugging Face directory (config.json + model.safetensors) that
-transformers loads as `LlamaForCausalLM` / `Qwen3ForCausalLM`, and `models.weights.load_hf_dir`
-loads back bit for bit. Checkpoint tensor names come from the model family's module.
+transformers loads (`LlamaForCausalLM`, `Qwen3ForCausalLM`, ...) and `models.weights.load_hf_dir`
+loads back bit for bit. The config.json fields and the checkpoint tensor names come from the
+model family's module, the model type from the registry (`registry.to_hf_model_type`).
 """
 from __future__ import annotations
 
@@ -18,28 +19,16 @@ from drubric_jax.models.config import ModelConfig
 
 
 def hf_config_dict(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
-    """A `config.json` dict that transformers reads as LlamaForCausalLM / Qwen3ForCausalLM."""
-    # Within the llama family, q/k-norm is what tells Qwen3 from Llama.
-    qwen = cfg.qk_norm
-    out = {
-        "architectures": ["Qwen3ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen3" if qwen else "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-        "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
-        "mlp_bias": False, "bos_token_id": bos_id, "eos_token_id": eos_id,
-        "torch_dtype": cfg.param_dtype,
-    }
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        out["rope_scaling"] = {
-            "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings}
-    return out
+    """A `config.json` dict that transformers reads as the class of `cfg`'s family or alias
+    (`registry.to_hf_model_type`; e.g. LlamaForCausalLM, Qwen3ForCausalLM), with the
+    family's fields (`config_to_hf` of the family module) and the token ids.
+
+    Raises:
+        NotImplementedError: a family without export (`qwen3_moe`).
+    """
+    fields = registry.family(cfg).config_to_hf(cfg, bos_id, eos_id)
+    model_type, architecture = registry.to_hf_model_type(cfg)
+    return {"architectures": [architecture], "model_type": model_type, **fields}
 
 
 def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None,
@@ -55,13 +44,12 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
     local files) and then copied there with `etils.epath`.
 
     Raises:
-        NotImplementedError: a mixture-of-experts model (only trainees are exported, and
-            the one such family here, `qwen3_moe`, is the frozen verifier).
+        NotImplementedError: a family without export (`qwen3_moe`: only trainees are
+            exported, and it is the frozen verifier), before any leaf is gathered.
     """
     from safetensors.numpy import save_file
 
-    if cfg.num_experts:
-        raise NotImplementedError(f"export of the {cfg.family!r} family is not implemented")
+    config_json = hf_config_dict(cfg, bos_id, eos_id)
 
     writer = jax.process_index() == 0
     tensors = {}
@@ -88,7 +76,7 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
                   os.path.join(local, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(local, "config.json"), "w") as f:
-            json.dump(hf_config_dict(cfg, bos_id, eos_id), f, indent=2)
+            json.dump(config_json, f, indent=2)
         if tokenizer is not None:
             tokenizer.save_pretrained(local)
 

@@ -28,7 +28,11 @@ slice of the weights and of the cache before its matmul on every step. Both form
 same numbers.
 
 This file is the `llama` family of `drubric_jax.models.registry` (Llama 2/3/3.1, SmolLM2 and
-dense Qwen3, whose q/k-norm is `cfg.qk_norm`); callers reach it through that interface.
+dense Qwen3, whose q/k-norm is `cfg.qk_norm`: the registry's alias "qwen3"); callers reach it
+through that interface. Besides the model it declares what loading, export, LoRA, sharding
+and the memory planner read of the family: `NAME`, `HF_MODEL_TYPE`, `HF_ARCHITECTURE`,
+`LORA_TARGETS`, the checkpoint names, `PARAM_SPECS`, `config_from_hf`, `config_to_hf` and
+`activation_widths`.
 """
 from __future__ import annotations
 
@@ -39,11 +43,18 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from drubric_jax.models import lora
+from drubric_jax.models import hf_config, lora
 from drubric_jax.models.attention import attend
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
+# The registry's row: `ModelConfig.family`, and the Hugging Face `model_type` and
+# transformers class of a plain member (aliases of the family: `registry.ALIASES`).
+NAME = "llama"
+HF_MODEL_TYPE = "llama"
+HF_ARCHITECTURE = "LlamaForCausalLM"
+# The matrices `lora.linear` runs (`_layer`, `swiglu_mlp`): what `lora.targets` may name.
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Checkpoint names, used by `models.weights` (load) and `models.export` for this family.
 # ours -> (Hugging Face suffix under model.layers.{i}., GGUF suffix under blk.{i}.)
 LAYER_WEIGHT_NAMES = {
@@ -78,9 +89,30 @@ PARAM_SPECS = {
     "w_up": P(None, "fsdp", "tensor"),     # [L, D, F]
     "w_down": P(None, "tensor", "fsdp"),   # [L, F, D]
 }
-PARAM_SPECS.update(lora.adapter_specs(PARAM_SPECS))  # LoRA A / B beside their matrix
+# LoRA A / B beside their matrix.
+PARAM_SPECS.update(lora.adapter_specs({k: PARAM_SPECS[k] for k in LORA_TARGETS}))
 # Linear weights: checkpoints store [out, in], ours are [in, out].
 TRANSPOSED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"})
+
+
+def config_from_hf(hf: dict) -> dict:
+    """The ModelConfig fields (no dtype, no family) of a Hugging Face `config.json` of this
+    family: the dense decoder's (`hf_config.dense_from_hf`, which raises ValueError naming a
+    bad field)."""
+    return hf_config.dense_from_hf(hf)
+
+
+def config_to_hf(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
+    """The `config.json` fields of `cfg` that transformers' `LlamaConfig` (and Qwen3's) read,
+    with the token ids, without `model_type` and `architectures`
+    (`models.export.hf_config_dict`)."""
+    return hf_config.dense_to_hf(cfg, bos_id, eos_id)
+
+
+def activation_widths(cfg: ModelConfig) -> tuple[int, int, int]:
+    """Per-token widths of one layer's activations, (D, F, H*Dh): the units of the memory
+    planner's width counts (`memory.terms`)."""
+    return cfg.dim, cfg.hidden_dim, cfg.num_heads * cfg.head_dim
 
 
 def layer_keys(cfg: ModelConfig) -> list[str]:

@@ -30,10 +30,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from drubric_jax.models import llama
+from drubric_jax.models import hf_config, llama
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
+# The registry's row (`models.llama` lists what each of these is for).
+NAME = "qwen3_moe"
+HF_MODEL_TYPE = "qwen3_moe"
+HF_ARCHITECTURE = "Qwen3MoeForCausalLM"
+# Attention goes through `lora.linear` (`llama._layer`); the experts' grouped matmuls do not.
+LORA_TARGETS = ("wq", "wk", "wv", "wo")
 _EXPERT = "mlp.experts.{e}."
 # ours -> (Hugging Face suffix under model.layers.{i}. ("{e}": one tensor per expert,
 # stacked on the E axis), GGUF name: none, this family loads from safetensors only)
@@ -137,20 +143,41 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                 remat=remat, mlp=moe_mlp)
 
 
-def hf_config_fields(hf: dict, field) -> dict:
-    """The ModelConfig fields of a Hugging Face `qwen3_moe` config.json beyond the dense
-    ones; `field(name, kind, default)` reads and checks one (`weights._hf_field`).
+def config_from_hf(hf: dict) -> dict:
+    """The ModelConfig fields (no dtype, no family) of a Hugging Face `qwen3_moe`
+    config.json: the dense ones (`hf_config.dense_from_hf`) with F the expert width
+    `moe_intermediate_size`, q/k-norm, and E, k and the routing normalisation.
 
     Raises:
         ValueError: a layout with dense layers (`mlp_only_layers`, `decoder_sparse_step`
-            other than 1), which this family does not implement.
+            other than 1), which this family does not implement; a required field absent or
+            of the wrong kind (named).
     """
+    def field(name, kind, default=None):
+        return hf_config.hf_field(hf, name, kind, default)
+
     if hf.get("mlp_only_layers") or field("decoder_sparse_step", int, 1) != 1:
         raise ValueError("config.json: qwen3_moe with dense layers (mlp_only_layers, "
                          "decoder_sparse_step != 1) is not supported; every layer must be "
                          "sparse")
     # transformers 5 writes num_local_experts; the Qwen checkpoints say num_experts.
     experts = field("num_experts", int, hf.get("num_local_experts"))
-    return dict(hidden_dim=field("moe_intermediate_size", int), num_experts=experts,
-                num_experts_per_tok=field("num_experts_per_tok", int),
-                norm_topk_prob=field("norm_topk_prob", bool, False), qk_norm=True)
+    moe = dict(hidden_dim=field("moe_intermediate_size", int), num_experts=experts,
+               num_experts_per_tok=field("num_experts_per_tok", int),
+               norm_topk_prob=field("norm_topk_prob", bool, False), qk_norm=True)
+    return {**hf_config.dense_from_hf(hf, hidden_dim=moe["hidden_dim"]), **moe}
+
+
+def config_to_hf(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
+    """Export's config.json fields: not implemented (only trainees are exported, and this
+    family is the frozen verifier).
+
+    Raises:
+        NotImplementedError: always (names the family).
+    """
+    raise NotImplementedError(f"export of the {cfg.family!r} family is not implemented")
+
+
+# The planner counts an expert's activations at width F, as a dense layer's (what it
+# counted before the families declared their widths).
+activation_widths = llama.activation_widths

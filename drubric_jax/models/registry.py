@@ -7,13 +7,25 @@ A family is one module that implements, over a plain parameter pytree:
     forward_hidden(params, cfg, tokens, positions, token_mask, cache, remat) -> (hidden, cache)
     logits_from_hidden(params, cfg, hidden) -> float32[..., V]
     unstack_layers(params) -> params in the per-layer form used by decode loops
-    LAYER_WEIGHT_NAMES, TOP_WEIGHT_NAMES, TRANSPOSED, layer_keys(cfg), top_keys(cfg)
-        checkpoint names for `models.weights` (loading) and `models.export` (Hugging Face export)
-    PARAM_SPECS  {leaf name: PartitionSpec} over the mesh axes (`param_specs`)
 
-and uses the shared `models.cache.KVCache`. `FAMILIES` maps `ModelConfig.family` to its
-module, and `HF_MODEL_TYPES` maps a Hugging Face `config.json` `model_type` to a family.
-Adding a family = its module + one row in each table (docs/CONVENTIONS.md has the recipe).
+uses the shared `models.cache.KVCache`, and declares everything else the package reads of
+it, so that nothing outside the module names a family:
+
+    NAME                       `ModelConfig.family`
+    HF_MODEL_TYPE, HF_ARCHITECTURE   config.json `model_type` and transformers class
+    config_from_hf(hf) -> dict       ModelConfig fields of a config.json (`models.weights`)
+    config_to_hf(cfg, bos_id, eos_id) -> dict   config.json fields of an export
+                                     (`models.export`)
+    LAYER_WEIGHT_NAMES, TOP_WEIGHT_NAMES, TRANSPOSED, layer_keys(cfg), top_keys(cfg)
+                               checkpoint tensor names (loading and export)
+    LORA_TARGETS               the matrices LoRA may adapt (`lora_targets`, `config_check`)
+    PARAM_SPECS                {leaf name: PartitionSpec} over the mesh axes (`param_specs`)
+    activation_widths(cfg)     (D, F, H*Dh) per-token widths (the planner, `memory.terms`)
+
+`FAMILIES` lists the family modules by `NAME`; `ALIASES` adds Hugging Face model types that
+are a family with some ModelConfig fields fixed (dense Qwen3: the `llama` family with
+q/k-norm). Adding a family = its module + its row in `FAMILIES`; adding an alias = a row
+in `ALIASES` (docs/CONVENTIONS.md has both recipes).
 
 The functions below dispatch on `cfg.family`; `cfg` is a static (hashable) argument under
 `jax.jit`, so the dispatch costs nothing at run time.
@@ -23,7 +35,7 @@ Axis legend (docs/CONVENTIONS.md): R rows, T tokens, S cache slots, D width, V v
 from __future__ import annotations
 
 import types
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +46,25 @@ from drubric_jax.models import llama, qwen3_moe
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
-FAMILIES: dict[str, types.ModuleType] = {
-    "llama": llama,  # Llama 2/3/3.1, SmolLM2, dense Qwen3 (cfg.qk_norm)
-    "qwen3_moe": qwen3_moe,  # Qwen3 mixture of experts (Qwen3-30B-A3B)
+FAMILIES: dict[str, types.ModuleType] = {module.NAME: module for module in (
+    llama,  # Llama 2/3/3.1, SmolLM2, dense Qwen3 (alias "qwen3")
+    qwen3_moe,  # Qwen3 mixture of experts (Qwen3-30B-A3B)
+)}
+
+
+class Alias(NamedTuple):
+    """A Hugging Face `model_type` served by a family with some ModelConfig fields fixed:
+    loading sets `fields` over what config.json says; export writes this model type and
+    `architecture` for a config whose fields match."""
+
+    family: str        # a key of FAMILIES
+    architecture: str  # the transformers class named in config.json "architectures"
+    fields: dict       # {ModelConfig field: value}
+
+
+ALIASES: dict[str, Alias] = {
+    "qwen3": Alias("llama", "Qwen3ForCausalLM", {"qk_norm": True}),
 }
-# Dense Qwen3 is a Llama with q/k-norm (`cfg.qk_norm`): both model types map to `llama`.
-HF_MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen3": "llama", "qwen3_moe": "qwen3_moe"}
 
 
 def family(cfg: ModelConfig) -> types.ModuleType:
@@ -53,6 +78,44 @@ def family(cfg: ModelConfig) -> types.ModuleType:
     except KeyError:
         raise KeyError(f"unknown model family {cfg.family!r}; known: {sorted(FAMILIES)}") \
             from None
+
+
+def from_hf_model_type(model_type: str) -> tuple[types.ModuleType, dict]:
+    """(family module, fixed ModelConfig fields) of a config.json `model_type`: a family's
+    own `HF_MODEL_TYPE` (no fixed fields) or an alias.
+
+    Raises:
+        ValueError: an unknown model type, listing the supported ones.
+    """
+    for module in FAMILIES.values():
+        if module.HF_MODEL_TYPE == model_type:
+            return module, {}
+    if model_type in ALIASES:
+        alias = ALIASES[model_type]
+        return FAMILIES[alias.family], dict(alias.fields)
+    known = sorted([m.HF_MODEL_TYPE for m in FAMILIES.values()] + list(ALIASES))
+    raise ValueError(f"config.json model_type {model_type!r} is not supported "
+                     f"({', '.join(known)})")
+
+
+def to_hf_model_type(cfg: ModelConfig) -> tuple[str, str]:
+    """(config.json `model_type`, transformers class) of `cfg`: the alias of its family
+    whose fixed fields `cfg` has (the one fixing most fields when several do), else the
+    family's own."""
+    module = family(cfg)
+    matches = [(len(a.fields), name, a.architecture) for name, a in ALIASES.items()
+               if a.family == cfg.family
+               and all(getattr(cfg, k) == v for k, v in a.fields.items())]
+    if not matches:
+        return module.HF_MODEL_TYPE, module.HF_ARCHITECTURE
+    _, name, architecture = max(matches)
+    return name, architecture
+
+
+def lora_targets() -> tuple:
+    """The matrices LoRA may adapt in some registered family (`LORA_TARGETS` of each, in
+    order, without repeats): what `config.lora.targets` may name."""
+    return tuple(dict.fromkeys(t for m in FAMILIES.values() for t in m.LORA_TARGETS))
 
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> dict:

@@ -271,67 +271,18 @@ def load_gguf(path: str, dtype: str = "float32", shardings: Shardings = None,
 # --------------------------------------------------------------------------- Hugging Face
 
 
-def _hf_field(hf: dict, name: str, kind: type, default=None, where: str = "config.json"):
-    """`hf[name]` as `kind` (int/float: a positive number; bool: true or false), `default`
-    when absent or null. Raises ValueError naming the field when it is absent and required
-    (no default) or of the wrong kind."""
-    value = hf.get(name)
-    if value is None and default is None:
-        raise ValueError(f"{where} lacks the field {name!r}")
-    if value is None:
-        return default
-    # bool is an int subclass in Python: excluded from the numbers by hand.
-    ok = isinstance(value, bool) if kind is bool else (
-        isinstance(value, (int, float) if kind is float else int)
-        and not isinstance(value, bool) and value > 0)
-    if not ok:
-        what = "true or false" if kind is bool else f"a positive {kind.__name__}"
-        raise ValueError(f"{where} field {name!r} must be {what}, got {value!r}")
-    return kind(value)
-
-
 def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
-    """ModelConfig from a Hugging Face `config.json` dict (Llama, Qwen3 or Qwen3-MoE).
+    """ModelConfig from a Hugging Face `config.json` dict: the family (or alias) of its
+    `model_type` (`registry.from_hf_model_type`) maps the fields (`config_from_hf` of the
+    family module), an alias fixes its own.
 
     Raises:
         ValueError: unsupported `model_type` or rope scaling type; a required field absent or
             a field of the wrong kind (named).
     """
-    model_type = hf.get("model_type")
-    if model_type not in registry.HF_MODEL_TYPES:
-        raise ValueError(f"config.json model_type {model_type!r} is not supported "
-                         f"({', '.join(sorted(registry.HF_MODEL_TYPES))})")
-    # Newer transformers configs name the block rope_parameters (rope_theta may sit in it).
-    scaling = hf.get("rope_scaling") or (hf.get("rope_parameters") or {})
-    if not isinstance(scaling, dict):
-        raise ValueError(f"config.json field 'rope_scaling' must be an object, got {scaling!r}")
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise ValueError(f"config.json rope_scaling type {rope_type!r} is not supported")
-    field = lambda name, kind, default=None: _hf_field(hf, name, kind, default)  # noqa: E731
-    fam = registry.FAMILIES[registry.HF_MODEL_TYPES[model_type]]
-    # Fields a family adds to the dense ones (a mixture of experts: E, k, expert width).
-    extra = fam.hf_config_fields(hf, field) if hasattr(fam, "hf_config_fields") else {}
-    rope = lambda name, kind: _hf_field(scaling, name, kind,  # noqa: E731
-                                        where="config.json rope_scaling")
-    dim, heads = field("hidden_size", int), field("num_attention_heads", int)
-    return ModelConfig(**{**dict(
-        vocab_size=field("vocab_size", int), dim=dim,
-        num_layers=field("num_hidden_layers", int), num_heads=heads,
-        num_kv_heads=field("num_key_value_heads", int, heads),
-        head_dim=field("head_dim", int, dim // heads),
-        hidden_dim=extra.get("hidden_dim") or field("intermediate_size", int),
-        rope_theta=field("rope_theta", float, _hf_field(scaling, "rope_theta", float, 1e4)),
-        rope_scaling=RopeScaling(
-            factor=rope("factor", float), low_freq_factor=rope("low_freq_factor", float),
-            high_freq_factor=rope("high_freq_factor", float),
-            original_max_position_embeddings=rope("original_max_position_embeddings", int),
-        ) if rope_type == "llama3" else None,
-        # rms_norm_eps and tie_word_embeddings default as in transformers' LlamaConfig.
-        norm_eps=field("rms_norm_eps", float, 1e-6),
-        tie_embeddings=field("tie_word_embeddings", bool, False), qk_norm=model_type == "qwen3",
-        max_seq_len=field("max_position_embeddings", int, 8192),
-        dtype=dtype, param_dtype=dtype, family=registry.HF_MODEL_TYPES[model_type]), **extra})
+    fam, fixed = registry.from_hf_model_type(hf.get("model_type"))
+    return ModelConfig(**{**fam.config_from_hf(hf), **fixed, "dtype": dtype,
+                          "param_dtype": dtype, "family": fam.NAME})
 
 
 def load_hf_dir(directory: str, dtype: str = "float32",

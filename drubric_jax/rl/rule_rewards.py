@@ -13,17 +13,20 @@
 A rule reward is a host function (prompt item, response text) -> float; the policy phase
 turns the K rewards of a prompt into advantages exactly as it does rubric scores (Eq. 21,
 `phases.rule_policy_rollout`). A non-finite value marks the row unscorable (METHOD 11).
+
+`RULES` is the registry: name -> a function of `config.policy` that returns the rule.
+Adding a rule = its function here and a row in `RULES` (docs/CONVENTIONS.md); `from_config`
+and `config_check.validate` read the table when called.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 RUBRIC = "rubric"
-RULES = ("word_limit", "exact_match")
-REWARDS = (RUBRIC,) + RULES  # the values of config.policy.reward
+Rule = Callable[[object, str], float]  # (prompt item, response text) -> reward
 
 
-def word_limit_reward(max_words: int) -> Callable[[object, str], float]:
+def word_limit_reward(max_words: int) -> Rule:
     """The `word_limit` rule for N = max_words (module docstring).
 
     Raises:
@@ -48,15 +51,27 @@ def exact_match_reward(item, response: str) -> float:
     return float(bool(ref) and response.strip().lower() == ref)
 
 
-def from_config(policy_config) -> Callable[[object, str], float]:
-    """The rule of `config.policy` (`reward`, `reward_max_words`).
+# name -> (config.policy -> the rule); the values of config.policy.reward besides RUBRIC.
+RULES: dict[str, Callable[[object], Rule]] = {
+    "word_limit": lambda policy: word_limit_reward(int(policy.reward_max_words)),
+    "exact_match": lambda policy: exact_match_reward,
+}
+
+
+def reward_names() -> tuple:
+    """The values `config.policy.reward` may take: RUBRIC and every registered rule."""
+    return (RUBRIC,) + tuple(RULES)
+
+
+def from_config(policy_config) -> Rule:
+    """The rule of `config.policy` (`reward`, and the fields its row in `RULES` reads, e.g.
+    `reward_max_words`).
 
     Raises:
         ValueError: `reward` is not a rule (names the field and the choices).
     """
     name = policy_config.reward
-    if name == "word_limit":
-        return word_limit_reward(int(policy_config.reward_max_words))
-    if name == "exact_match":
-        return exact_match_reward
-    raise ValueError(f"config.policy.reward={name!r} is not a rule reward (one of {RULES})")
+    if name not in RULES:
+        raise ValueError(f"config.policy.reward={name!r} is not a rule reward "
+                         f"(one of {tuple(RULES)})")
+    return RULES[name](policy_config)
