@@ -23,9 +23,12 @@ from drubric_jax.models.weights import config_from_hf, load_hf_dir
 CFG = PRESETS["tiny_qwen3_moe"]
 
 
-def _naive_moe(cfg, p, h):
-    """The mixture of experts as transformers' loop over experts writes it, in numpy."""
+def _naive_moe(cfg, p, h, capacity=None):
+    """The mixture of experts as transformers' loop over experts writes it, in numpy; with
+    `capacity`, an expert takes the first `capacity` of its (token, expert) pairs in
+    (token, top-k slot) order and drops the rest. Returns (output, pairs dropped)."""
     x = np.asarray(h, np.float64).reshape(-1, cfg.dim)
+    taken, dropped = np.zeros(cfg.num_experts, int), 0
     logits = x @ np.asarray(p["router"], np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
@@ -34,26 +37,58 @@ def _naive_moe(cfg, p, h):
         top = np.argsort(-probs[n], kind="stable")[:cfg.num_experts_per_tok]
         w = probs[n, top] / (probs[n, top].sum() if cfg.norm_topk_prob else 1.0)
         for e, we in zip(top, w):
+            taken[e] += 1
+            if capacity is not None and taken[e] > capacity:
+                dropped += 1
+                continue
             g = x[n] @ np.asarray(p["we_gate"][e], np.float64)
             u = x[n] @ np.asarray(p["we_up"][e], np.float64)
             out[n] += we * ((g / (1 + np.exp(-g))) * u) @ np.asarray(p["we_down"][e], np.float64)
-    return out.reshape(np.shape(h))
+    return out.reshape(np.shape(h)), dropped
 
 
+@pytest.mark.parametrize("dispatch", ["capacity", "ragged"])
 @pytest.mark.parametrize("norm_topk", [True, False])
-def test_moe_mlp_equals_the_loop_over_experts(norm_topk):
-    cfg = CFG.replace(norm_topk_prob=norm_topk)
+def test_moe_mlp_equals_the_loop_over_experts(norm_topk, dispatch):
+    """Both dispatches; at this size (15 tokens, k = 2, E = 4) the default capacity factor
+    2 gives C = min(15, ceil(2 * 30 / 4)) = 15 rows per expert: nothing is dropped."""
+    cfg = CFG.replace(norm_topk_prob=norm_topk, moe_dispatch=dispatch)
     params = registry.init_params(cfg, jax.random.PRNGKey(0))
     p = {k: v[0] for k, v in params["layers"].items()}
     # Larger router weights than init's: tokens then differ clearly in their top-k experts.
     p["router"] = p["router"] * 50
     h = jax.random.normal(jax.random.PRNGKey(1), (3, 5, cfg.dim), jnp.float32)
     got = jax.jit(lambda p, h: qwen3_moe.moe_mlp(cfg, p, h))(p, h)
-    np.testing.assert_allclose(np.asarray(got), _naive_moe(cfg, p, h), atol=1e-5, rtol=1e-4)
+    want, dropped = _naive_moe(cfg, p, h)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-4)
+    assert dropped == 0 and int(qwen3_moe.dropped_pairs(cfg, p["router"], h)) == 0
     weights, experts = qwen3_moe.route(cfg, p["router"], h.reshape(-1, cfg.dim))
     assert experts.shape == (15, 2) and len(np.unique(np.asarray(experts))) > 2
     if norm_topk:
         np.testing.assert_allclose(np.asarray(weights.sum(-1)), 1.0, rtol=1e-6)
+
+
+def test_capacity_dispatch_drops_the_pairs_past_capacity_and_counts_them():
+    """Capacity factor 0.5: C = ceil(0.5 * 30 / 4) = 4 rows per expert for 30 (token,
+    expert) pairs, so some pairs are dropped; the output equals the loop that skips the
+    same pairs (the first C of each expert in token order are kept), and `dropped_pairs`
+    counts them. Factor 0 (C = N) drops nothing."""
+    cfg = CFG.replace(moe_capacity_factor=0.5)
+    params = registry.init_params(cfg, jax.random.PRNGKey(0))
+    p = {k: v[0] for k, v in params["layers"].items()}
+    p["router"] = p["router"] * 50
+    h = jax.random.normal(jax.random.PRNGKey(1), (3, 5, cfg.dim), jnp.float32)
+    assert qwen3_moe.capacity(cfg, 15) == 4
+    want, dropped = _naive_moe(cfg, p, h, capacity=4)
+    assert dropped > 0
+    got = jax.jit(lambda p, h: qwen3_moe.moe_mlp(cfg, p, h))(p, h)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-4)
+    assert int(qwen3_moe.dropped_pairs(cfg, p["router"], h)) == dropped
+    free = cfg.replace(moe_capacity_factor=0.0)
+    assert qwen3_moe.capacity(free, 15) == 15
+    assert int(qwen3_moe.dropped_pairs(free, p["router"], h)) == 0
+    with pytest.raises(ValueError, match="moe_dispatch must be one of"):
+        cfg.replace(moe_dispatch="dense")
 
 
 @pytest.mark.slow

@@ -24,6 +24,9 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
 
+MOE_DISPATCHES = ("capacity", "ragged")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture of one decoder-only LM.
@@ -60,6 +63,14 @@ class ModelConfig:
         num_experts_per_tok: k, experts each token is routed to (top-k of the router).
         norm_topk_prob: the k routing weights are renormalised to sum to 1 (Qwen3-MoE's
             config field of that name).
+        moe_dispatch: how routed rows reach their experts (`models.qwen3_moe.moe_mlp`):
+            "capacity", every expert takes at most C rows in one batched matmul (GShard /
+            Switch style; temporaries grow with the routed rows, on every backend), or
+            "ragged", one grouped matmul (`jax.lax.ragged_dot`; a native grouped GEMM on
+            TPU, a dense masked product on CPU and GPU).
+        moe_capacity_factor: C = min(N, ceil(factor * N * k / E)) rows per expert for N
+            tokens; the (token, expert) pairs past an expert's C rows are dropped (that
+            expert adds nothing to that token). 0 = C = N: nothing is ever dropped.
     """
 
     vocab_size: int
@@ -88,6 +99,8 @@ class ModelConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     norm_topk_prob: bool = True
+    moe_dispatch: str = "capacity"
+    moe_capacity_factor: float = 2.0
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
@@ -107,6 +120,12 @@ class ModelConfig:
         if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok} "
                              f"must be in 1..num_experts={self.num_experts}")
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(f"ModelConfig.moe_dispatch must be one of {MOE_DISPATCHES}, "
+                             f"got {self.moe_dispatch!r}")
+        if self.moe_capacity_factor < 0:
+            raise ValueError(f"ModelConfig.moe_capacity_factor must be >= 0, got "
+                             f"{self.moe_capacity_factor}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"ModelConfig.{name} must be 'float32' or 'bfloat16', "

@@ -9,14 +9,20 @@ a mixture of E SwiGLU experts, following transformers' `Qwen3MoeSparseMoeBlock`:
     w = w / sum(w)                               when cfg.norm_topk_prob
     y = sum_j w_j * SwiGLU_{e_j}(h)
 
-The k (token, expert) pairs of every token are sorted by expert and each expert's rows go
-through its matrices with one grouped matmul (`jax.lax.ragged_dot`), so no token passes
-through an expert it was not routed to and no [N, E, F] tensor exists. Every layer is
+The k (token, expert) pairs of every token are sorted by expert, so each expert's rows are
+contiguous, and reach the experts one of two ways (`ModelConfig.moe_dispatch`):
+- "capacity" (default): each expert takes at most C rows (`capacity`), laid out in an
+  [E, C, D] buffer that goes through the experts as one batched matmul. Temporaries and
+  FLOPs grow with the routed rows (E * C ~ factor * N * k), on every backend; the pairs
+  past an expert's C rows are dropped (GShard, Lepikhin et al. 2020, arXiv:2006.16668;
+  Switch, Fedus et al. 2021, arXiv:2101.03961) and counted by `dropped_pairs`.
+- "ragged": one grouped matmul (`jax.lax.ragged_dot`): a grouped GEMM on TPU, but XLA's
+  CPU and GPU compilers expand it into a dense masked product over all E experts. Every layer is
 sparse (Qwen3-30B-A3B: `decoder_sparse_step` 1, no `mlp_only_layers`; other layouts are
 refused when the config is read). Only the forward pass is needed: the verifier is frozen.
 
 Axis legend (docs/CONVENTIONS.md): N tokens of a call (B * T), E experts, k experts per
-token, D width, F expert width, L layers.
+token, C rows per expert (capacity), D width, F expert width, L layers.
 
 Parameter tree: the `llama` one with q/k norms, and instead of w_gate / w_up / w_down:
     layers/router [L, D, E]
@@ -24,6 +30,7 @@ Parameter tree: the `llama` one with q/k norms, and instead of w_gate / w_up / w
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax
@@ -109,28 +116,75 @@ def route(cfg: ModelConfig, router: jax.Array, x: jax.Array) -> tuple[jax.Array,
     return weights.astype(x.dtype), experts.astype(jnp.int32)
 
 
+def capacity(cfg: ModelConfig, n: int) -> int:
+    """C, rows per expert of the "capacity" dispatch for n tokens: min(n, ceil(factor *
+    n * k / E)), n when the factor is 0 (a token routes to an expert at most once, so an
+    expert never gets more than n rows: nothing is dropped)."""
+    if not cfg.moe_capacity_factor:
+        return n
+    k, e = cfg.num_experts_per_tok, cfg.num_experts
+    return max(1, min(n, math.ceil(cfg.moe_capacity_factor * n * k / e)))
+
+
+def _sorted_pairs(cfg: ModelConfig, experts: jax.Array):
+    """The N * k (token, expert) pairs sorted by expert (stable): (order int32[N * k] into
+    the flat pairs, expert of each sorted pair int32[N * k], its position in its expert's
+    rows int32[N * k], rows per expert int32[E])."""
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=cfg.num_experts).astype(jnp.int32)
+    expert = flat[order]
+    starts = jnp.cumsum(sizes) - sizes
+    return order, expert, jnp.arange(flat.shape[0]) - starts[expert], sizes
+
+
+def dropped_pairs(cfg: ModelConfig, router: jax.Array, h: jax.Array) -> jax.Array:
+    """int32[] (token, expert) pairs of h [B, T, D] that the "capacity" dispatch drops at
+    this layer's router [D, E] (0 under "ragged"): the router-load figure to log."""
+    if cfg.moe_dispatch != "capacity":
+        return jnp.zeros((), jnp.int32)
+    x = h.reshape(-1, h.shape[-1])
+    _, experts = route(cfg, router, x)
+    _, _, position, _ = _sorted_pairs(cfg, experts)
+    return jnp.sum(position >= capacity(cfg, x.shape[0])).astype(jnp.int32)
+
+
 def moe_mlp(cfg: ModelConfig, p: dict, h: jax.Array) -> jax.Array:
     """The mixture-of-experts feed-forward part of one layer, h [B, T, D] -> [B, T, D]."""
     b, t, d = h.shape
-    x = h.reshape(b * t, d)
+    n, k, e = b * t, cfg.num_experts_per_tok, cfg.num_experts
+    x = h.reshape(n, d)
     weights, experts = route(cfg, p["router"], x)
-    k = cfg.num_experts_per_tok
-    # The N * k (token, expert) pairs sorted by expert: each expert's rows are contiguous.
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
+    order, expert, position, sizes = _sorted_pairs(cfg, experts)
     token = order // k                                       # the token of each sorted row
-    sizes = jnp.bincount(flat, length=cfg.num_experts).astype(jnp.int32)   # rows per expert
-    xs = jnp.take(x, token, axis=0)                          # [N * k, D]
     dt = cfg.compute_dtype
+    if cfg.moe_dispatch == "ragged":
+        xs = jnp.take(x, token, axis=0)                      # [N * k, D]
 
-    def grouped(lhs, w):  # row r times the matrix of the expert it belongs to
-        return jax.lax.ragged_dot(lhs, w.astype(dt), sizes,
-                                  preferred_element_type=jnp.float32).astype(dt)
+        def grouped(lhs, w):  # row r times the matrix of the expert it belongs to
+            return jax.lax.ragged_dot(lhs, w.astype(dt), sizes,
+                                      preferred_element_type=jnp.float32).astype(dt)
 
-    act = jax.nn.silu(grouped(xs, p["we_gate"])) * grouped(xs, p["we_up"])
-    y = grouped(act, p["we_down"]) * jnp.take(weights.reshape(-1), order)[:, None]
+        act = jax.nn.silu(grouped(xs, p["we_gate"])) * grouped(xs, p["we_up"])
+        y = grouped(act, p["we_down"])
+    else:
+        c = capacity(cfg, n)
+        # Sorted pair r goes to row `position` of its expert's C rows; pairs past C go to a
+        # spare row E * C, which no expert reads and whose output is 0.
+        slot = jnp.where(position < c, expert * c + position, e * c)
+        xe = jnp.zeros((e * c + 1, d), x.dtype).at[slot].set(jnp.take(x, token, axis=0))
+        xe = xe[:-1].reshape(e, c, d)
+
+        def batched(lhs, w):  # [E, C, .] times each expert's matrix
+            return jnp.einsum("ecd,edf->ecf", lhs, w.astype(dt),
+                              preferred_element_type=jnp.float32).astype(dt)
+
+        act = jax.nn.silu(batched(xe, p["we_gate"])) * batched(xe, p["we_up"])
+        ye = batched(act, p["we_down"]).reshape(e * c, d)
+        y = jnp.concatenate([ye, jnp.zeros((1, d), dt)])[slot]            # [N * k, D]
+    y = y * jnp.take(weights.reshape(-1), order)[:, None]
     # Each token sums its k expert outputs (index_add in transformers), in float32.
-    out = jnp.zeros((b * t, d), jnp.float32).at[token].add(y.astype(jnp.float32))
+    out = jnp.zeros((n, d), jnp.float32).at[token].add(y.astype(jnp.float32))
     return out.astype(h.dtype).reshape(b, t, d)
 
 
