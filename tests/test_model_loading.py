@@ -412,3 +412,20 @@ def test_hf_config_disagreeing_with_tensors_names_tensor(hf_dir):
             as err:
         models.load_hf_dir(str(hf_dir))
     assert str(hf_dir) in str(err.value)
+
+
+def test_lazy_blocks_stay_in_the_stored_dtype():
+    """A safetensors block is read in the file's dtype (bfloat16: 2 bytes an entry on the
+    host, not float32's 4); the cast to the weight dtype happens per block on placing."""
+    import ml_dtypes
+
+    from drubric_jax.models.safetensors_files import LazyStack, LazyTensor
+
+    stored = np.arange(24, dtype=np.float32).reshape(4, 6).astype(ml_dtypes.bfloat16)
+    lazy = LazyTensor(stored, stored.shape, swapped=True)
+    block = lazy[(slice(1, 3), slice(0, 2))]
+    assert block.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(block.astype(np.float32),
+                                  stored.T[1:3, 0:2].astype(np.float32))
+    stack = LazyStack([LazyTensor(stored, stored.shape), LazyTensor(stored, stored.shape)])
+    assert stack[(slice(0, 2), slice(0, 1))].dtype == ml_dtypes.bfloat16

@@ -69,7 +69,8 @@ def _slices(idx, ndim: int) -> tuple:
 
 class LazyTensor:
     """A tensor of an open safetensors file, read only where it is indexed: `shape`, and
-    `x[slices]` reads that block (safetensors' `get_slice`) as float32 numpy. A loader that
+    `x[slices]` reads that block (safetensors' `get_slice`) as numpy in the file's own dtype
+    (bfloat16 stays 2 bytes an entry on the host; `weights._place` casts each block). A loader that
     places each device's block on its own (`weights._place`) thus reads from disk only
     what this process's devices hold.
 
@@ -91,8 +92,8 @@ class LazyTensor:
         idx = _slices(idx, len(self.shape))
         if self.swapped:  # read the block in the file's layout, then swap it
             block = self.part[idx[:-2] + (idx[-1], idx[-2])]
-            return np.swapaxes(np.asarray(block, np.float32), -1, -2)
-        return np.asarray(self.part[idx], np.float32)
+            return np.swapaxes(np.asarray(block), -1, -2)
+        return np.asarray(self.part[idx])
 
 
 class LazyStack:
@@ -109,4 +110,4 @@ class LazyStack:
     def __getitem__(self, idx):
         idx = _slices(idx, len(self.shape))
         rows = range(*idx[0].indices(len(self.members)))
-        return np.stack([np.asarray(self.members[i][idx[1:]], np.float32) for i in rows])
+        return np.stack([np.asarray(self.members[i][idx[1:]]) for i in rows])
