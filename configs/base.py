@@ -129,6 +129,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator = ml_collections.ConfigDict()
     c.generator.anchors_per_step = 1   # anchor examples (x, C_anchor) per generator step
     c.generator.num_lists = 4          # G, rubric lists sampled per (x, C)
+    # Weights of the generator rewards' advantages (Eq. 24-25, rl/generator_rewards.py: one
+    # field per registered reward) in the full objective; the ablation variants override them.
+    c.generator.disc_weight = 1.0      # weight of A_disc (Eq. 24-25; the paper: 1)
     c.generator.lam = 1.0              # lambda, weight of A_anchor (Eq. 17, 24-25)
     c.generator.max_items = 4          # M_max, items per rubric list (JSON schema bound)
     c.generator.max_item_chars = 100   # characters per item text (JSON schema bound)

@@ -11,11 +11,13 @@ import math
 import zlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from drubric_jax.rounds import loop
-from drubric_jax.rounds import phases
+from drubric_jax.rl import generator_rewards, rewards
+from drubric_jax.rounds import heldout, loop, phases
+from drubric_jax.rounds.context import Timer
 from drubric_jax.types import RubricBatch, Rollout
 from tests.test_loop import _tiny_config
 
@@ -56,7 +58,7 @@ class StubGenerator:
 
     def generate_batch(self, params, key, inputs, *, num_lists, temperature, static=False):
         self.calls.append(dict(n=len(inputs), num_lists=num_lists, static=static))
-        b, g, m = len(inputs), num_lists, 3
+        b, g = len(inputs), num_lists
         texts = [[ITEMS[(i * g + j) % len(ITEMS)] for j in range(g)] for i in range(b)]
         weights = np.array([[WEIGHTS[(i * g + j) % len(WEIGHTS)] for j in range(g)]
                             for i in range(b)], np.int32)
@@ -79,24 +81,21 @@ class StubGenerator:
 # ----------------------------------------------------------------------------- the paper by hand
 
 
-MODE = {"verdict": "hard"}  # the verdict mode the hand computations use (set per test)
-
-
-def verdict(resp, item):
+def verdict(resp, item, mode):
     """v of Eq. 12-13: 0/1 (P(yes) > 0.5) for hard verdicts, P(yes) for soft (METHOD 12)."""
     p = np.float32(p_yes_of(resp, item))
-    return float(p > 0.5) if MODE["verdict"] == "hard" else float(p)
+    return float(p > 0.5) if mode == "hard" else float(p)
 
 
-def score(resp, items, weights):
+def score(resp, items, weights, mode):
     """Eq. 12."""
     total = sum(w for t, w in zip(items, weights) if w > 0)
     if total == 0:
         return 0.0
-    return sum(w * verdict(resp, t) for t, w in zip(items, weights) if w > 0) / total
+    return sum(w * verdict(resp, t, mode) for t, w in zip(items, weights) if w > 0) / total
 
 
-def r_disc(responses, items, weights):
+def r_disc(responses, items, weights, mode):
     """Eq. 13, generalised: the population variance of each item's verdicts."""
     total = sum(w for w in weights if w > 0)
     if total == 0:
@@ -104,7 +103,7 @@ def r_disc(responses, items, weights):
     acc = 0.0
     for t, w in zip(items, weights):
         if w > 0:
-            acc += w * np.var([verdict(y, t) for y in responses])
+            acc += w * np.var([verdict(y, t, mode) for y in responses])
     return acc / total
 
 
@@ -143,7 +142,7 @@ def run(tmp_path_factory):
 
 def _ctx(run, variant, mode="hard"):
     config = _tiny_config(variant)
-    config.verifier.verdict = MODE["verdict"] = mode
+    config.verifier.verdict = mode
     return dataclasses.replace(run.ctx, config=config, generator=StubGenerator())
 
 
@@ -159,12 +158,12 @@ def test_generator_phase_rewards_and_advantages_by_hand(run, variant, mode):
     _, responses = phases.sample_responses(ctx, jax.random.split(key)[0],
                                            [a.prompt for a in anchors],
                                            [list(a.history) for a in anchors], k,
-                                           phases.Timer())
+                                           Timer())
     g = c.generator.num_lists
     a = anchors[0]
     lists = [(ITEMS[j % 4], WEIGHTS[j % 4]) for j in range(g)]
-    rd = [r_disc(responses[:k], it, w) for it, w in lists]
-    ra = [r_anchor([score(y, it, w) for y in a.responses], list(a.gold_ranks), any(w))
+    rd = [r_disc(responses[:k], it, w, mode) for it, w in lists]
+    ra = [r_anchor([score(y, it, w, mode) for y in a.responses], list(a.gold_ranks), any(w))
           for it, w in lists]
     w_disc, lam = {"full": (1.0, c.generator.lam), "disc_only": (1.0, 0.0),
                    "anchor_only": (0.0, 1.0)}[variant]
@@ -189,13 +188,13 @@ def test_policy_phase_scores_and_advantages_by_hand(run, variant, mode):
     _, responses = phases.sample_responses(ctx, jax.random.split(key)[0],
                                            [x.prompt for x in items],
                                            [list(x.history) for x in items], k,
-                                           phases.Timer())
+                                           Timer())
     it, w = ITEMS[0], WEIGHTS[0]
-    scores = [score(y, it, w) for y in responses]
+    scores = [score(y, it, w, mode) for y in responses]
     np.testing.assert_allclose(step.advantages, advantages(scores), atol=1e-5)
     np.testing.assert_allclose(step.metrics["policy_reward"], np.mean(scores), atol=1e-6)
     assert step.metrics["flat_group_fraction"] == float(np.all(advantages(scores) == 0))
-    v = [[verdict(y, t) for y in responses] for t in it]
+    v = [[verdict(y, t, mode) for y in responses] for t in it]
     np.testing.assert_allclose(step.metrics["yes_rate"], np.mean(v), atol=1e-6)
     assert step.metrics["zero_variance_item_fraction"] == np.mean(
         [max(x) - min(x) <= 1e-6 for x in v])
@@ -208,11 +207,11 @@ def test_policy_phase_scores_and_advantages_by_hand(run, variant, mode):
 def test_heldout_delta_gap_and_anchor_reward_by_hand(run, mode):
     ctx = _ctx(run, "full", mode)
     anchors = run.data.heldout_anchors
-    got = phases.heldout_metrics(ctx, jax.random.PRNGKey(0), anchors)
+    got = heldout.heldout_metrics(ctx, jax.random.PRNGKey(0), anchors)
     it, w = ITEMS[0], WEIGHTS[0]
     gaps, ras = [], []
     for a in anchors:
-        s = [score(y, it, w) for y in a.responses]
+        s = [score(y, it, w, mode) for y in a.responses]
         pairs = [(i, j) for i in range(len(s)) for j in range(len(s))
                  if a.gold_ranks[i] < a.gold_ranks[j]]
         gaps.append(np.mean([s[i] - s[j] for i, j in pairs]) if pairs else 0.0)
@@ -256,7 +255,7 @@ def test_rule_reward_phase_advantages_and_group_means_by_hand(run):
     k = ctx.config.policy.num_responses
     _, responses = phases.sample_responses(ctx, key, [x.prompt for x in items],
                                            [list(x.history) for x in items], k,
-                                           phases.Timer())
+                                           Timer())
     r = [rule(None, y) for y in responses]
     want = np.concatenate([advantages(r[i * k:(i + 1) * k]) for i in range(2)])
     np.testing.assert_allclose(step.advantages, want, atol=1e-5)
@@ -295,7 +294,7 @@ def test_ablation_heldout_values_per_list_by_hand(run, mode):
         gaps, ras, pairs, correct, ties, valid = [], [], 0, 0, 0, 0
         for j in range(g):
             it, w = ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4]
-            s = [score(y, it, w) for y in a.responses]
+            s = [score(y, it, w, mode) for y in a.responses]
             ordered = [(x, y) for x in range(len(s)) for y in range(len(s))
                        if a.gold_ranks[x] < a.gold_ranks[y]]
             gaps.append(np.mean([s[x] - s[y] for x, y in ordered]) if ordered else 0.0)
@@ -323,6 +322,66 @@ def test_coevolution_rdisc_on_fixed_samples_by_hand(run, mode):
     g = 2
     got = co.rdisc_per_prompt(ctx, None, jax.random.PRNGKey(0), prompts, hists, sets, g, 1.0)
     for i, cs in enumerate(sets):
-        want = [r_disc(cs, ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4]) for j in range(g)]
+        want = [r_disc(cs, ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4], mode)
+                for j in range(g)]
         np.testing.assert_allclose(got["r_disc"][i], np.mean(want), atol=1e-6)
         assert got["valid"][i] == sum(any(WEIGHTS[(i * g + j) % 4]) for j in range(g))
+
+
+def test_a_third_generator_reward_is_one_function_and_a_weight(run, monkeypatch):
+    """A generator reward is one function plus a config weight (Eq. 24-25 generalised to
+    A = sum_n w_n z(R_n)): a toy reward (the number of valid items of each list) registered
+    through the public table `GENERATOR_REWARDS` (monkeypatch removes it afterwards), with
+    its weight in config.generator, adds w z(R_toy) to the phase's advantages and is logged;
+    an objective ablation gives it weight 0."""
+    anchors, key = run.data.train_anchors[:1], jax.random.PRNGKey(5)
+    two = {v: phases.generator_rollout(_ctx(run, v, "soft"), key, anchors)
+           for v in ("full", "disc_only")}
+
+    def valid_items_per_list(inputs):
+        return jnp.sum(rewards.valid_items(inputs.weights, inputs.item_mask), axis=-1,
+                       dtype=jnp.float32)                                    # [B, G]
+
+    monkeypatch.setitem(generator_rewards.GENERATOR_REWARDS, "toy",
+                        generator_rewards.GeneratorReward(valid_items_per_list, "toy_weight"))
+    ctx = _ctx(run, "full", "soft")
+    ctx.config.generator.toy_weight = 0.5
+    three = phases.generator_rollout(ctx, key, anchors)
+    g = ctx.config.generator.num_lists
+    toy = [sum(w > 0 for w in WEIGHTS[j % 4]) for j in range(g)]  # the stub's lists
+    # The toy term's float32 z (|z| <= sqrt(G - 1)) differs from the float64 one by a few
+    # rounding steps of Eq. 21 (< 8 ulps of 1); adding it rounds once more (<= 1 ulp of the
+    # sum, |sum| < 4): 8 eps + 4 eps bounds |three - two - 0.5 z|.
+    tol = 12 * float(np.finfo(np.float32).eps)
+    np.testing.assert_allclose(three.advantages - two["full"].advantages,
+                               0.5 * advantages(toy), rtol=0, atol=tol)
+    assert three.metrics["r_toy"] == np.mean(toy) and three.metrics["r_toy_std"] > 0
+    assert {k: three.metrics[k] for k in two["full"].metrics} == two["full"].metrics
+    ctx.config.variant = "disc_only"
+    ablation = phases.generator_rollout(ctx, key, anchors)
+    np.testing.assert_array_equal(ablation.advantages, two["disc_only"].advantages)
+
+
+def test_anchor_list_values_equal_the_per_list_loop():
+    """`heldout.anchor_list_values` (one batched call per list length) gives, bit for bit,
+    what one call per anchor list gives (the loop it replaced), on ragged lists with gold
+    ties, hard and soft verdicts and invalid rubrics."""
+    rng = np.random.default_rng(0)
+    u, m = 12, 4
+    lengths = rng.integers(2, 6, u)
+    verdicts = [rng.random((a, m)).astype(np.float32) for a in lengths]
+    verdicts[::3] = [(v > 0.5).astype(np.float32) for v in verdicts[::3]]
+    weights = rng.integers(0, 6, (u, m)).astype(np.int32)
+    item_mask = rng.random((u, m)) < 0.8
+    list_valid = rng.random(u) < 0.8
+    gold = [np.sort(rng.integers(0, a, a)).tolist() for a in lengths]
+    gap, r_anchor = heldout.anchor_list_values(verdicts, weights, item_mask, list_valid, gold)
+    assert len(set(lengths.tolist())) > 1
+    for i in range(u):
+        s, _ = rewards.rubric_scores(verdicts[i], weights[i], item_mask[i])
+        g = jnp.asarray(gold[i])
+        want_gap = np.asarray(rewards.delta_gap(s, g)[0])
+        want_r = np.asarray(rewards.anchor_reward_or_floor(s, g, jnp.ones(lengths[i], bool),
+                                                           list_valid[i]))
+        assert gap[i].tobytes() == want_gap.tobytes(), i
+        assert r_anchor[i].tobytes() == want_r.tobytes(), i

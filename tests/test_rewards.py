@@ -280,7 +280,8 @@ def test_case_01_flat_groups_zero_advantage(load_case):
         adv_id, flat_id = advantages.group_advantages_by_id(r, ids, 1)
         assert np.asarray(adv_id).tolist() == [0.0] * len(g)
         assert bool(flat_id[0])
-        a_gen, _, _ = advantages.generator_advantages(r, r, 1.0)
+        a_gen, _ = advantages.generator_advantages({"disc": r, "anchor": r},
+                                                   {"disc": 1.0, "anchor": 1.0})
         assert np.asarray(a_gen).tolist() == [0.0] * len(g)
 
 
@@ -305,18 +306,21 @@ def test_case_17_generator_advantage_normalised_separately(load_case):
     tol = 3e-5
     close(advantages.group_advantages(np.array(main_d))[0], want_zd, tol)
     close(advantages.group_advantages(np.array(main_a))[0], want_za, tol)
-    adv, flat_d, flat_a = advantages.generator_advantages(np.array(main_d), np.array(main_a), 1.0)
+    weights = {"disc": 1.0, "anchor": 1.0}
+    adv, flat = advantages.generator_advantages(
+        {"disc": np.array(main_d), "anchor": np.array(main_a)}, weights)
     close(adv, want_main, tol)
-    assert not bool(flat_d) and not bool(flat_a)
+    assert not bool(flat["disc"]) and not bool(flat["anchor"])
     for wrong in ([-1.491202, 0.573539, 0.573539, 0.344124],
                   [-2.963855, 0.526115, 1.096099, 1.341641]):
         assert np.max(np.abs(np.asarray(adv) - np.array(wrong))) > 1e-2
-    adv, flat_d, flat_a = advantages.generator_advantages(np.array(main_d), np.array(const_a), 1.0)
+    adv, flat = advantages.generator_advantages(
+        {"disc": np.array(main_d), "anchor": np.array(const_a)}, weights)
     close(adv, want_const, tol)
-    assert bool(flat_a) and not bool(flat_d)
+    assert bool(flat["anchor"]) and not bool(flat["disc"])
     ids = np.array([0, 0, 0, 0])
-    adv_id, _, _ = advantages.generator_advantages_by_id(
-        np.array(main_d), np.array(main_a), 1.0, ids, 1)
+    adv_id, _ = advantages.generator_advantages_by_id(
+        {"disc": np.array(main_d), "anchor": np.array(main_a)}, weights, ids, 1)
     close(adv_id, want_main, tol)
 
 

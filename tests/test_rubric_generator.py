@@ -1,5 +1,6 @@
-"""Tests of the rubric generator (drubric_jax/evaluator/rubric_generator.py): constrained JSON, padded arrays,
-GRPO tensors, static variant, shuffled labels and the input budget (METHOD 2, 6, 8, 11)."""
+"""Tests of the rubric generator (drubric_jax/evaluator/rubric_generator.py): constrained
+JSON, padded arrays, GRPO tensors, static variant, shuffled labels (drawn in one batched call
+per response count) and the input budget (METHOD 2, 6, 8, 11)."""
 import json
 
 import jax
@@ -9,7 +10,8 @@ from with_params import WithParams
 
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
-from drubric_jax.evaluator.rubric_generator import RubricGenerator, RubricInput
+from drubric_jax.evaluator.rubric_generator import (RubricGenerator, RubricInput,
+                                                   response_orders)
 
 PROMPT = "What is the capital of France? Answer in one sentence."
 RESPONSES = ["The capital of France is Paris.", "France's capital is Lyon, a big city.",
@@ -119,6 +121,30 @@ def test_responses_labelled_in_key_order(tiny_gen, tok):
         shown = tok.decode(a.rollout.prompt_tokens[j][a.rollout.prompt_mask[j]].tolist())
         first = RESPONSES[a.orders[j, 0]]
         assert f"[Response 1]\n{first}\n" in shown
+
+
+def _order_by_row(order_key, row_id, size):
+    """The per-row draw `response_orders` batches (one eager call and host sync per row)."""
+    return np.asarray(jax.random.permutation(jax.random.fold_in(order_key, row_id), size))
+
+
+def test_response_orders_equal_the_per_row_loop(batch):
+    """`response_orders` (one vmapped call per response count) gives the permutations of
+    the per-row loop it replaced, for mixed counts and any row ids; the generator's orders
+    are those permutations of its order key (the first half of its key's split)."""
+    key = jax.random.PRNGKey(11)
+    row_ids = [0, 7, 3, 12, 5, 2 ** 20 + 1, 9]
+    sizes = [3, 2, 3, 8, 1, 8, 5]
+    got = response_orders(key, row_ids, sizes)
+    for r, size, perm in zip(row_ids, sizes, got):
+        np.testing.assert_array_equal(perm, _order_by_row(key, r, size))
+        assert perm.dtype == np.int32 and sorted(perm.tolist()) == list(range(size))
+    order_key = jax.random.split(jax.random.PRNGKey(3))[0]  # the `batch` fixture's key
+    for b, k in enumerate([3, 2]):
+        for g in range(2):
+            np.testing.assert_array_equal(batch.orders[b, g, :k],
+                                          _order_by_row(order_key, b * 2 + g, k))
+            assert (batch.orders[b, g, k:] == -1).all()
 
 
 def test_static_variant_shows_no_responses(tiny_gen, tok):

@@ -3,7 +3,7 @@ held-out anchor lists, with paired bootstrap intervals against the zero-shot gen
 
 `heldout_per_list` samples `num_lists` rubric lists per held-out anchor list (x, C_anchor)
 from one generator, has the frozen verifier judge every anchor response on them (one
-verifier call, `phases.verify_lists_on_sets`), scores them with Eq. 12 and reduces each
+verifier call, `rounds.judging.verify_lists_on_sets`), scores them with Eq. 12 and reduces each
 anchor list to
 
     delta_gap   Eq. 2, the mean score gap over gold-ordered pairs, averaged over the lists
@@ -28,6 +28,8 @@ from drubric_jax.rl import rewards
 from drubric_jax.evaluation.intervals import percentile_interval, ratio, resample_weights
 from drubric_jax.evaluation.metrics import pairwise_counts
 from drubric_jax.evaluator.rubric_generator import RubricInput
+from drubric_jax.rounds import judging
+from drubric_jax.rounds.context import Timer
 from drubric_jax.types import Role
 
 METRICS = ("delta_gap", "r_anchor", "strict_acc")
@@ -40,7 +42,7 @@ def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
     """Per held-out anchor list statistics of the context's current generator.
 
     Args:
-        ctx: a `phases.Context` (generator params from its roles, verifier, config).
+        ctx: a `rounds.context.Context` (generator params from its roles, verifier, config).
         key: PRNG key of the rubric sampling (the same key for every generator compared).
         anchors: U `AnchorList`s, never used in training (`LoadedData.heldout_anchors`).
         num_lists: G rubric lists per anchor list (AVG@G).
@@ -56,19 +58,17 @@ def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
     Raises:
         ValueError: no anchors.
     """
-    from drubric_jax import phases  # phases imports evaluation-free modules only
-
     if not anchors:
         raise ValueError("no held-out anchor lists (config.data.heldout_anchor_rows = 0?)")
-    timer = phases.Timer()
+    timer = Timer()
     rb = ctx.generator.generate_batch(
         ctx.roles.params(Role.GENERATOR), key,
         # The anchor list is the response set the generator sees (nothing is sampled).
         [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
         num_lists=num_lists, temperature=temperature, static=static)
-    v, real = phases.verify_lists_on_sets(ctx, rb, [a.prompt for a in anchors],
-                                          [list(a.history) for a in anchors],
-                                          [list(a.responses) for a in anchors], timer)
+    v, real = judging.verify_lists_on_sets(ctx, rb, [a.prompt for a in anchors],
+                                           [list(a.history) for a in anchors],
+                                           [list(a.responses) for a in anchors], timer)
     u, g, a_max, _ = v.shape                                               # [U, G, A, M]
     gold = np.zeros((u, a_max), np.int32)
     for i, a in enumerate(anchors):

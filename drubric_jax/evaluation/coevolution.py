@@ -3,7 +3,7 @@ split the samples of policies they were or were not adapted to, and paired compa
 policies and generators over the same prompts.
 
 `rdisc_per_prompt`: for each evaluation prompt, K responses of one policy state (sampled
-once, `phases.sample_responses`), then G rubric lists of each generator state on that
+once, `rounds.phases.sample_responses`), then G rubric lists of each generator state on that
 same set, every response judged on every list in one verifier call; R_disc (Eq. 13) per
 list, averaged over the G lists. Two generators scored on the same samples give a paired
 difference.
@@ -21,6 +21,8 @@ import numpy as np
 from drubric_jax.rl import rewards
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
 from drubric_jax.evaluator.rubric_generator import RubricInput
+from drubric_jax.rounds import judging, phases
+from drubric_jax.rounds.context import Timer
 
 
 def policy_samples(ctx, policy_params, key, prompts, histories) -> list:
@@ -29,10 +31,8 @@ def policy_samples(ctx, policy_params, key, prompts, histories) -> list:
     Returns:
         U lists of K response strings.
     """
-    from drubric_jax.rounds import phases
-
     k = ctx.config.policy.num_responses
-    _, texts = phases.sample_responses(ctx, key, prompts, histories, k, phases.Timer(),
+    _, texts = phases.sample_responses(ctx, key, prompts, histories, k, Timer(),
                                        params=policy_params)
     return [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
 
@@ -42,7 +42,7 @@ def rdisc_per_prompt(ctx, generator_params, key, prompts, histories, sets,
     """R_disc (Eq. 13) of one generator state on fixed response sets.
 
     Args:
-        ctx: a `phases.Context` (its generator, verifier and verdict settings).
+        ctx: a `rounds.context.Context` (its generator, verifier and verdict settings).
         generator_params: the generator state to score.
         key: PRNG key of the rubric sampling (use the same one for every generator).
         prompts, histories: U prompts and history lists; sets: U lists of responses.
@@ -52,13 +52,11 @@ def rdisc_per_prompt(ctx, generator_params, key, prompts, histories, sets,
         {"r_disc": float64[U] (mean over the G lists; an invalid list scores 0),
         "valid": float64[U] (valid lists of the G)}.
     """
-    from drubric_jax.rounds import phases
-
     rb = ctx.generator.generate_batch(
         generator_params, key,
         [RubricInput(p, tuple(c), tuple(h)) for p, c, h in zip(prompts, sets, histories)],
         num_lists=num_lists, temperature=temperature)
-    v, real = phases.verify_lists_on_sets(ctx, rb, prompts, histories, sets, phases.Timer())
+    v, real = judging.verify_lists_on_sets(ctx, rb, prompts, histories, sets, Timer())
     r = np.asarray(rewards.discriminability_reward(
         v, rb.weights, rb.item_mask, np.broadcast_to(real[:, None], v.shape[:3])), np.float64)
     return {"r_disc": r.mean(axis=1),

@@ -34,6 +34,7 @@ from drubric_jax import sampling, parallel
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.evaluation import judges
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from drubric_jax.rounds.phases import decode, policy_prompt_ids
 
 
 def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_tokens: int,
@@ -53,8 +54,6 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
     Returns:
         (U answer strings, truncated bool[U]: the answer hit max_new_tokens).
     """
-    from drubric_jax.rounds.phases import policy_prompt_ids
-
     histories = histories or [[] for _ in requests]
     n = len(requests)
     # Under several processes each samples its block of the requests (padded with copies
@@ -67,10 +66,7 @@ def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_
         method=sampling.method_from_flags(float(temperature)), stop_ids=stop,
         pad_id=int(stop[0]), mesh=mesh,
         row_ids=list(range(block.start, block.stop)) if per_row_keys else None)
-    stops = set(stop.tolist())
-    texts = [tokenizer.decode([int(t) for t in row[m] if int(t) not in stops],
-                              skip_special_tokens=True)
-             for row, m in zip(out.tokens, out.mask)]
+    texts = decode(tokenizer, out, set(stop.tolist()))
     return (parallel.gather_texts(texts)[:n],
             parallel.gather_rows(np.asarray(out.truncated, bool))[:n])
 

@@ -1,9 +1,10 @@
 """The rubric generator G_phi(x, C): prompts, constrained sampling, parsing (METHOD 1, 2, 8).
 
-For an input (prompt x, response set C) the generator writes G rubric lists
-R = {(r_m, w_m)} as JSON. Each list is sampled from its own chat prompt in which the K
-responses appear as "Response 1..K" in an order drawn from the key, so the generator
-cannot learn the sampling order and the G lists see different orders. Decoding is
+For an input (prompt x, response set C) the generator writes G rubric lists, each a set of
+weighted items {(r_m, w_m)} (METHOD 2), as JSON. Each list is sampled from its own chat
+prompt in which the K responses appear as "Response 1..K" in an order drawn from the key
+(`response_orders`), so the generator cannot learn the sampling order and the G lists see
+different orders. Decoding is
 constrained to `rubric_format.RUBRIC_JSON_SCHEMA` with llguidance (the paper uses SGLang
 structured output, METHOD 8); the text is then parsed by `rubric_format.parse_rubric_output`
 (METHOD 11 item rules) and padded to M = max_items.
@@ -17,11 +18,13 @@ per-token log-probs (at the sampling temperature) and the completion mask (up to
 including the stop token), grouped by input.
 
 Axis legend (docs/CONVENTIONS.md): B inputs (x, C), G rubric lists per input, K responses
-per input (padded to the longest), M rubric items (= max_items), R = B * G rows.
+per input (padded to the longest), M rubric items (= max_items), R = B * G rows (one
+rubric list each).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence, Union
 
 import jax
@@ -209,20 +212,24 @@ class RubricGenerator:
         orders = np.full((b, g, k_max), -1, np.int32)
         response_cut = np.zeros((b, g, k_max), bool)
         prompt_cut = np.zeros((b, g), bool)
+        for i, inp in enumerate(inputs):
+            if not statics[i] and not inp.responses:
+                raise ValueError(f"input {first + i} has no responses (use static=True)")
+        # One order per list (b, g) of a dynamic input: its G lists see different ones.
+        dynamic = [(i, j) for i in range(b) if not statics[i] for j in range(g)]
+        perms = response_orders(order_key, [(first + i) * g + j for i, j in dynamic],
+                                [len(inputs[i].responses) for i, _ in dynamic])
+        perm_of = dict(zip(dynamic, perms))
         prompts = []
         for i, inp in enumerate(inputs):
             k = len(inp.responses)
-            if not statics[i] and k == 0:
-                raise ValueError(f"input {first + i} has no responses (use static=True)")
             for j in range(g):
                 if statics[i]:
                     # Static lists show no responses: identity order, nothing cut.
                     orders[i, j, :k] = np.arange(k)
                     ids, _, pcut = self.prompt_ids(inp.prompt, None, inp.history)
                 else:
-                    # One order per list (b, g): the G lists of an input see different ones.
-                    perm = np.asarray(jax.random.permutation(
-                        jax.random.fold_in(order_key, (first + i) * g + j), k))
+                    perm = perm_of[i, j]
                     orders[i, j, :k] = perm
                     ids, rcut, pcut = self.prompt_ids(inp.prompt, inp.responses, inp.history,
                                                       perm.tolist())
@@ -240,55 +247,97 @@ class RubricGenerator:
             row_ids=(list(range(first * g, (first + b) * g)) if self.per_row_keys else None))
         # One finished() array per sampler call, in row order.
         grammar_done = np.concatenate(done)
-        stops = set(self.stop_ids.tolist())
-        parsed, reasons, raws = [], [], []
-        for r in range(b * g):
-            ids = out.tokens[r][out.mask[r]].tolist()
-            # The stop token is not part of the JSON text.
-            if ids and ids[-1] in stops:
-                ids = ids[:-1]
-            text = self.tokenizer.decode(ids)
-            if out.invalid[r]:
-                reason = "invalid"
-            # Out of tokens with the JSON value still open; a row whose grammar completed on
-            # its last token is complete, not cut.
-            elif out.truncated[r] and not grammar_done[r]:
-                reason = "length"
-            else:
-                reason = "stop"
-            parsed.append(rubric_format.parse_rubric_output(
-                text, "length" if reason == "length" else "stop", self.max_items))
-            reasons.append(reason)
-            raws.append(text)
-        texts, weights, item_mask, valid = rubric_format.pad_rubrics(parsed, self.max_items)
-
-        counters = dict.fromkeys(rubric_format.COUNTER_KEYS, 0)
         real = b if real is None else real
-        for p in parsed[:real * g]:
-            for name, v in p.counters.items():
-                counters[name] += int(v)
-        r = real * g
-        counters.update(lists=r, valid_lists=int(valid[:r].sum()),
-                        items_kept=int(item_mask[:r].sum()),
-                        items_dropped=sum(p.num_dropped for p in parsed[:r]),
-                        constraint_dead_end=int(out.invalid[:r].sum()))
+        return _lists_from_rows(
+            self.tokenizer, out, grammar_done, set(self.stop_ids.tolist()), self.max_items,
+            np.arange(first, first + b), g, real * g,
+            temperature=sampling.scoring_temperature(method), orders=orders,
+            response_cut=response_cut, prompt_cut=prompt_cut)
 
-        # Flat row b * G + g -> [B, G, ...] arrays (grid) and [b][g] lists (nested).
-        def grid(x):
-            return x.reshape((b, g) + x.shape[1:])
 
-        def nested(xs):
-            return [xs[i * g:(i + 1) * g] for i in range(b)]
+def _lists_from_rows(tokenizer, out, grammar_done, stops: set, max_items: int,
+                     input_index, g: int, real_rows: int, **prompt_side) -> RubricBatch:
+    """The `RubricBatch` of the sampler's R = B * G rows (row b * G + g: list g of the
+    input with batch index input_index[b], its group id): each row decoded, its finish
+    reason set, parsed (METHOD 11 item rules) and padded to M = max_items; the counters
+    count the first `real_rows` rows (the rest are filler). `prompt_side`: the RubricBatch
+    fields set before sampling (orders, response_cut, prompt_cut, temperature)."""
+    b = len(input_index)
+    parsed, reasons, raws = [], [], []
+    for row in range(b * g):
+        ids = out.tokens[row][out.mask[row]].tolist()
+        # The stop token is not part of the JSON text.
+        if ids and ids[-1] in stops:
+            ids = ids[:-1]
+        text = tokenizer.decode(ids)
+        if out.invalid[row]:
+            reason = "invalid"
+        # Out of tokens with the JSON value still open; a row whose grammar completed on
+        # its last token is complete, not cut.
+        elif out.truncated[row] and not grammar_done[row]:
+            reason = "length"
+        else:
+            reason = "stop"
+        parsed.append(rubric_format.parse_rubric_output(
+            text, "length" if reason == "length" else "stop", max_items))
+        reasons.append(reason)
+        raws.append(text)
+    texts, weights, item_mask, valid = rubric_format.pad_rubrics(parsed, max_items)
 
-        # A list is truncated only when the budget ran out before its JSON value closed (a
-        # row the grammar completed is ended by the sampler, not cut).
-        rollout = out.replace(group_ids=np.repeat(np.arange(first, first + b, dtype=np.int32), g),
-                              truncated=np.array([r == "length" for r in reasons]))
-        return RubricBatch(
-            texts=nested(texts), weights=grid(weights), item_mask=grid(item_mask),
-            list_valid=grid(valid), finish_reasons=nested(reasons), raw_texts=nested(raws),
-            orders=orders, response_cut=response_cut, prompt_cut=prompt_cut, rollout=rollout,
-            temperature=sampling.scoring_temperature(method), counters=counters)
+    counters = dict.fromkeys(rubric_format.COUNTER_KEYS, 0)
+    for p in parsed[:real_rows]:
+        for name, v in p.counters.items():
+            counters[name] += int(v)
+    counters.update(lists=real_rows, valid_lists=int(valid[:real_rows].sum()),
+                    items_kept=int(item_mask[:real_rows].sum()),
+                    items_dropped=sum(p.num_dropped for p in parsed[:real_rows]),
+                    constraint_dead_end=int(out.invalid[:real_rows].sum()))
+
+    # Flat row b * G + g -> [B, G, ...] arrays (grid) and [b][g] lists (nested).
+    def grid(x):
+        return x.reshape((b, g) + x.shape[1:])
+
+    def nested(xs):
+        return [xs[i * g:(i + 1) * g] for i in range(b)]
+
+    # A list is truncated only when the budget ran out before its JSON value closed (a
+    # row the grammar completed is ended by the sampler, not cut).
+    rollout = out.replace(group_ids=np.repeat(np.asarray(input_index, np.int32), g),
+                          truncated=np.array([x == "length" for x in reasons]))
+    return RubricBatch(
+        texts=nested(texts), weights=grid(weights), item_mask=grid(item_mask),
+        list_valid=grid(valid), finish_reasons=nested(reasons), raw_texts=nested(raws),
+        rollout=rollout, counters=counters, **prompt_side)
+
+
+def response_orders(order_key: jax.Array, row_ids: Sequence[int],
+                    sizes: Sequence[int]) -> list:
+    """The order in which each rubric-list row shows its input's responses:
+    `jax.random.permutation(jax.random.fold_in(order_key, row_id), size)` for each row.
+
+    One vmapped call (and one transfer to the host) per distinct size instead of one per
+    row; `jax.vmap` of `fold_in` and `permutation` draws, per key, the bits the unbatched
+    calls draw, so the orders equal a per-row loop's
+    (`tests/test_rubric_generator.py::test_response_orders_equal_the_per_row_loop`).
+
+    Args:
+        order_key: PRNG key of the orders.
+        row_ids: R global row ids b * G + g, in [0, 2^31).
+        sizes: R response counts K_r (>= 1).
+
+    Returns:
+        R arrays int32[K_r], permutations of range(K_r).
+    """
+    row_ids, sizes = np.asarray(row_ids, np.int64), np.asarray(sizes, np.int64)
+    out = [None] * len(row_ids)
+    for size in np.unique(sizes):
+        rows = np.flatnonzero(sizes == size)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(order_key, row_ids[rows])
+        perms = np.asarray(jax.vmap(functools.partial(jax.random.permutation,
+                                                      x=int(size)))(keys))   # [R_k, K]
+        for row, perm in zip(rows, perms):
+            out[row] = perm
+    return out
 
 
 def gather_rubrics(local: RubricBatch, n: int) -> RubricBatch:

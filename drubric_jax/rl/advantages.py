@@ -3,9 +3,10 @@
     A_g = (R_g - mean) / (std + 1e-6),   std with ddof = 1,
 
 per GRPO group: the K responses of a prompt (policy), or the G rubric lists of one
-(x, C) (generator, where R_disc and R_anchor are each normalised on their own). Groups are
-formed by id (`*_by_id`, METHOD 11: never by reshaping a batch whose layout may have been
-interleaved or sharded) or over the last axis of an array whose layout is known.
+(x, C) (generator: each reward, R_disc, R_anchor, ..., is normalised on its own and the
+advantage is their weighted sum, Eq. 24-25). Groups are formed by id (`*_by_id`, METHOD
+11: never by reshaping a batch whose layout may have been interleaved or sharded) or over
+the last axis of an array whose layout is known.
 
 Axis legend (docs/CONVENTIONS.md): G members of a group, R flat rows; a leading `...` is
 any number of batch axes.
@@ -17,10 +18,6 @@ import numpy as np
 
 ADV_EPS = 1e-6  # added to the group std in Eq. 21 (METHOD 11)
 FLAT_RTOL = 1e-6  # group is flat when max - min <= FLAT_RTOL * max(1, |mean|)
-
-
-def _all_true(x):
-    return jnp.ones(x.shape, dtype=bool)
 
 
 def _normalise_groups(r, m, ids, num_groups):
@@ -69,7 +66,7 @@ def _normalise_groups(r, m, ids, num_groups):
 def _reshape_groups(rewards, group_mask):
     """float[..., G] -> flat rows, masks and segment ids (one segment per group)."""
     r = jnp.asarray(rewards, jnp.float32)
-    m = _all_true(r) if group_mask is None else jnp.asarray(group_mask, bool)
+    m = jnp.ones(r.shape, bool) if group_mask is None else jnp.asarray(group_mask, bool)
     groups = int(np.prod(r.shape[:-1], dtype=np.int64))
     # Group g is row g of the [..., G] array, flattened.
     ids = jnp.repeat(jnp.arange(groups, dtype=jnp.int32), r.shape[-1])
@@ -115,7 +112,7 @@ def _id_groups(rewards, group_ids, num_groups, mask):
     """Rows, mask (ids out of range masked) and safe segment ids of a by-id grouping."""
     r = jnp.asarray(rewards, jnp.float32)
     ids = jnp.asarray(group_ids, jnp.int32)
-    m = _all_true(r) if mask is None else jnp.asarray(mask, bool)
+    m = jnp.ones(r.shape, bool) if mask is None else jnp.asarray(mask, bool)
     # Out-of-range ids are masked (segment ops would drop or clip them silently); masked rows
     # then take the safe id 0, their values being zeroed anyway.
     m = m & (ids >= 0) & (ids < num_groups)
@@ -151,47 +148,74 @@ def group_advantages_by_id(rewards, group_ids, num_groups, mask=None):
     return adv, flat
 
 
-def generator_advantages(r_disc, r_anchor, lam=1.0, mask=None, disc_weight=1.0):
-    """Generator advantage A = z(R_disc) + lambda z(R_anchor), Eq. 24-25.
+def _weighted_sum(parts: dict, weights: dict):
+    """sum_n w_n parts[n], added left to right in the order of `parts`.
 
-    Each reward is group-normalised on its own with `group_advantages` (never
-    sum-then-normalise); a flat component contributes 0 and leaves the other
-    intact (case-17). The objective ablations of METHOD 6 set the weight of one
-    term to 0: disc_only is (disc_weight 1, lam 0), anchor_only (0, 1).
+    With two parts this is `w_1 * p_1 + w_2 * p_2`: the same float32 products and the one
+    addition, in the same order, as the two-reward formula of Eq. 24-25, so its results are
+    bitwise those of that formula (`tests/test_generator_rewards.py`).
+
+    Raises:
+        ValueError: no parts, or the names of parts and weights differ.
+    """
+    if not parts or set(parts) != set(weights):
+        raise ValueError(f"rewards {sorted(parts)} and weights {sorted(weights)} must name "
+                         "the same rewards, at least one")
+    total = None
+    for name, part in parts.items():
+        term = weights[name] * part
+        total = term if total is None else total + term
+    return total
+
+
+def generator_advantages(rewards: dict, weights: dict, mask=None):
+    """Generator advantage, Eq. 24-25 generalised to any number of rewards:
+
+        A_g = sum_n w_n z(R^n)_g,    z = `group_advantages` (Eq. 21) of one reward
+
+    Each reward is group-normalised on its own (never sum-then-normalise); a flat reward
+    contributes 0 and leaves the others intact (case-17). The paper's objective is
+    {disc: 1, anchor: lambda} (A_disc + lambda A_anchor); the objective ablations of METHOD
+    6 set the weight of one of them to 0 (`rl.generator_rewards.reward_weights`).
 
     Args:
-        r_disc: float[..., G], Eq. 13 rewards of the G rubric lists of a group.
-        r_anchor: float[..., G], Eq. 15 rewards (floor for invalid lists).
-        lam: float, lambda in Eq. 17 (paper: 1).
+        rewards: {name: float[..., G]}, the rewards of the G rubric lists of each group
+            (e.g. R_disc of Eq. 13, R_anchor of Eq. 15 with its floor for invalid lists),
+            all of one shape; their terms are added in this order.
+        weights: {name: float} w_n, one per reward.
         mask: bool[..., G] or None (all real).
-        disc_weight: float, weight of z(R_disc) (1 in the paper's objective).
 
     Returns:
         advantages: float32[..., G].
-        flat_disc: bool[...], flat indicator of the R_disc groups.
-        flat_anchor: bool[...], flat indicator of the R_anchor groups.
+        flat: {name: bool[...]}, the flat indicator of each reward's groups.
+
+    Raises:
+        ValueError: no rewards, or rewards and weights name different rewards.
     """
-    a_disc, flat_disc = group_advantages(r_disc, mask)
-    a_anchor, flat_anchor = group_advantages(r_anchor, mask)
-    return disc_weight * a_disc + lam * a_anchor, flat_disc, flat_anchor
+    parts, flat = {}, {}
+    for name, r in rewards.items():
+        parts[name], flat[name] = group_advantages(r, mask)
+    return _weighted_sum(parts, weights), flat
 
 
-def generator_advantages_by_id(r_disc, r_anchor, lam, group_ids, num_groups,
-                               mask=None, disc_weight=1.0):
-    """`generator_advantages` with groups formed by id, Eq. 24-25.
+def generator_advantages_by_id(rewards: dict, weights: dict, group_ids, num_groups,
+                               mask=None):
+    """`generator_advantages` with groups formed by id, Eq. 24-25 (METHOD 11).
 
     Args:
-        r_disc, r_anchor: float[R].
-        lam: float, lambda; disc_weight: float, weight of z(R_disc).
+        rewards: {name: float[R]}, in the order their terms are added.
+        weights: {name: float} w_n, one per reward.
         group_ids: int[R], the (x, C) group of each rubric list.
         num_groups: static int.
         mask: bool[R] or None.
 
     Returns:
-        advantages float32[R], flat_disc bool[num_groups], flat_anchor
-        bool[num_groups].
+        advantages float32[R], flat {name: bool[num_groups]}.
+
+    Raises:
+        ValueError: no rewards, or rewards and weights name different rewards.
     """
-    a_disc, flat_disc = group_advantages_by_id(r_disc, group_ids, num_groups, mask)
-    a_anchor, flat_anchor = group_advantages_by_id(r_anchor, group_ids,
-                                                   num_groups, mask)
-    return disc_weight * a_disc + lam * a_anchor, flat_disc, flat_anchor
+    parts, flat = {}, {}
+    for name, r in rewards.items():
+        parts[name], flat[name] = group_advantages_by_id(r, group_ids, num_groups, mask)
+    return _weighted_sum(parts, weights), flat

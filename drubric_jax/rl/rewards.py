@@ -1,10 +1,12 @@
 """Rubric scores and generator rewards (METHOD sections 3, 11, 12): Eq. 12, 13, 15, 2.
 
-Group advantages (Eq. 21, 24-25) are in `drubric_jax.rl.advantages`.
+Group advantages (Eq. 21, 24-25) are in `drubric_jax.rl.advantages`; the generator's rewards,
+as one registry, in `drubric_jax.rl.generator_rewards`.
 
-Axis legend: K responses per prompt, G rubric lists (or responses) in one GRPO
-group, M rubric items, N anchor-list length, R flat rows of a batch. A leading
-`...` is any number of batch axes (B, or B x G) shared by all arguments.
+Axis legend (docs/CONVENTIONS.md): K responses per prompt, G rubric lists (or responses)
+in one GRPO group, M rubric items, A responses of an anchor list (or of any ranked list),
+R flat rows of a batch. A leading `...` is any number of batch axes (B, or B x G) shared
+by all arguments.
 
 Layouts fixed for the whole module:
 - verdicts are responses-by-items, `float32[..., K, M]`, values in {0, 1} (the paper) or
@@ -124,11 +126,11 @@ def ordered_pairs(gold_ranks, mask=None):
     """Pairs with strictly different gold rank (METHOD 11).
 
     Args:
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        mask: bool[..., N] or None (all real).
+        gold_ranks: int or float[..., A], smaller is better, equal is tied.
+        mask: bool[..., A] or None (all real).
 
     Returns:
-        bool[..., N, N]: entry [a, b] is True when a and b are both real and a is
+        bool[..., A, A]: entry [a, b] is True when a and b are both real and a is
         strictly better than b. Tied pairs are False both ways.
     """
     g = jnp.asarray(gold_ranks, jnp.float32)
@@ -141,14 +143,14 @@ def ordered_pairs(gold_ranks, mask=None):
 
 
 def _anchor_pair_weights(gold_ranks, mask):
-    """float32[..., N, N] Eq. 15 pair weights 1 / ((j - i) 2^(i - 1)), 0 off-pairs.
+    """float32[..., A, A] Eq. 15 pair weights 1 / ((j - i) 2^(i - 1)), 0 off-pairs.
 
     With ties, the position of an item is 1 + the number of items strictly
     better than it (METHOD 11).
     """
     better = ordered_pairs(gold_ranks, mask)
     # Column sums: for each item, how many items are strictly better than it.
-    pos = 1.0 + jnp.sum(better, axis=-2).astype(jnp.float32)  # [..., N]
+    pos = 1.0 + jnp.sum(better, axis=-2).astype(jnp.float32)  # [..., A]
     gap = pos[..., None, :] - pos[..., :, None]  # pos_b - pos_a
     # (j - i) 2^(i - 1), i the better item's position; off-pairs get 1 (no 1/0, masked after).
     denom = jnp.where(better, gap, 1.0) * jnp.exp2(pos - 1.0)[..., :, None]
@@ -164,9 +166,9 @@ def anchor_reward(scores, gold_ranks, anchor_mask=None):
     1-indexed positions (1 + number of strictly better items).
 
     Args:
-        scores: float32[..., N], S = E(x, y^0 | C) of the anchor responses.
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        anchor_mask: bool[..., N] or None (all real).
+        scores: float32[..., A], S = E(x, y^0 | C) of the anchor responses.
+        gold_ranks: int or float[..., A], smaller is better, equal is tied.
+        anchor_mask: bool[..., A] or None (all real).
 
     Returns:
         float32[...]; 0 when the list has no ordered pair.
@@ -186,11 +188,11 @@ def anchor_reward_floor(gold_ranks, anchor_mask=None):
 
     Given to a rubric list that is invalid (unparseable, truncated, no valid
     item). It is strictly below the value of a valid rubric that ties every
-    anchor (-2 ln 2 for N = 3), so an empty rubric is never rewarded as a tie.
+    anchor (-2 ln 2 for A = 3), so an empty rubric is never rewarded as a tie.
 
     Args:
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        anchor_mask: bool[..., N] or None (all real).
+        gold_ranks: int or float[..., A], smaller is better, equal is tied.
+        anchor_mask: bool[..., A] or None (all real).
 
     Returns:
         float32[...]; log sigmoid(-1) times the sum of Eq. 15 pair weights.
@@ -203,10 +205,10 @@ def anchor_reward_or_floor(scores, gold_ranks, anchor_mask, rubric_valid):
     """Eq. 15 for valid rubric lists, `anchor_reward_floor` for invalid ones.
 
     Args:
-        scores: float32[..., N] anchor scores (any value where rubric_valid is
+        scores: float32[..., A] anchor scores (any value where rubric_valid is
             False, NaN included).
-        gold_ranks: int or float[..., N].
-        anchor_mask: bool[..., N] or None.
+        gold_ranks: int or float[..., A].
+        anchor_mask: bool[..., A] or None.
         rubric_valid: bool[...], e.g. the `valid` output of `rubric_scores` and'ed
             with the parser's validity flag.
 
@@ -229,9 +231,9 @@ def delta_gap(scores, gold_ranks, mask=None):
     Gold-tied pairs are skipped.
 
     Args:
-        scores: float32[..., N], evaluator scores.
-        gold_ranks: int or float[..., N], smaller is better, equal is tied.
-        mask: bool[..., N] or None (all real).
+        scores: float32[..., A], evaluator scores.
+        gold_ranks: int or float[..., A], smaller is better, equal is tied.
+        mask: bool[..., A] or None (all real).
 
     Returns:
         gap: float32[...], 0 where there is no ordered pair.

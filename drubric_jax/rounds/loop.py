@@ -45,7 +45,7 @@ from etils import epath
 from drubric_jax import config_check, data, parallel
 from drubric_jax.rl import rule_rewards
 from drubric_jax.rounds import checkpoint as ckpt_lib
-from drubric_jax.rounds import compilation, hostmem, phases, run_logging
+from drubric_jax.rounds import compilation, context, heldout, hostmem, phases, run_logging
 from drubric_jax.models import export_hf_dir
 from drubric_jax.rounds.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
@@ -78,7 +78,7 @@ class Run:
 
     config: ml_collections.ConfigDict
     workdir: str
-    ctx: phases.Context
+    ctx: context.Context
     data: data.LoadedData
     anchor_iter: data.EpochIterator
     prompt_iter: data.EpochIterator
@@ -120,7 +120,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                               jax.devices()[:c.mesh.num_devices or None])
     roles = build_roles(c, mesh)
     return Run(
-        config=c, workdir=workdir, ctx=phases.Context.build(c, roles, mesh), data=loaded,
+        config=c, workdir=workdir, ctx=context.Context.build(c, roles, mesh), data=loaded,
         anchor_iter=data.EpochIterator(loaded.train_anchors, c.generator.anchors_per_step,
                                        c.seed, name="anchors"),
         # seed + 1: the prompt order is shuffled independently of the anchor order.
@@ -231,7 +231,7 @@ def _maybe_eval(run: Run) -> None:
     if tag in run.loop.heldout_done or not run.config.rounds.heldout_eval:
         return
     # Step 10**6: a key no training step uses, and the same one on a resumed run.
-    metrics = phases.heldout_metrics(
+    metrics = heldout.heldout_metrics(
         run.ctx, phase_key(run.config.seed, run.loop.round, run.loop.phase, 10 ** 6),
         run.data.heldout_anchors)
     hostmem.release_free_memory()

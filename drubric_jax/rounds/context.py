@@ -1,0 +1,96 @@
+"""What every phase function shares: the run's context, a step timer and a step's output.
+
+    Context          the config, the roles, the rubric generator and verifier built for them,
+                     the mesh and the policy's stop / pad ids (`Context.build`)
+    Timer            wall seconds per named part of a step ("sampling", "verification", ...)
+    PhaseStep        what a rollout function returns: rows, advantages, metrics, timer, trace
+    verifier_budgets the verifier's chunk budgets from the accelerator's memory
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from drubric_jax.evaluator.rubric_generator import RubricGenerator
+from drubric_jax.evaluator.verifier import Verifier
+from drubric_jax.rounds.roles import Roles
+from drubric_jax.text import tokenizer as tok_lib
+from drubric_jax.types import Rollout
+
+
+class Timer:
+    """Accumulates wall seconds per named part of a step (`with timer("sampling"): ...`)."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict:
+        return {f"seconds_{k}": v for k, v in self.seconds.items()}
+
+
+@dataclasses.dataclass
+class Context:
+    """What every phase function needs: the config, the roles and their samplers, the mesh,
+    the ids that end a policy response (the policy tokenizer's EOS / end of turn) and the
+    policy's pad id (the first of those; the masks, not the id, tell padding apart)."""
+
+    config: ml_collections.ConfigDict
+    roles: Roles
+    generator: RubricGenerator
+    verifier: Verifier
+    mesh: Any
+    policy_stop_ids: np.ndarray
+    policy_pad_id: int
+
+    @classmethod
+    def build(cls, config, roles: Roles, mesh) -> "Context":
+        gen_cfg, ver_cfg = config.generator, config.verifier
+        gen = roles.generator.model
+        stop = tok_lib.stop_ids(roles.policy.model.tokenizer)
+        return cls(config, roles,
+                   RubricGenerator(gen.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
+                                   max_item_chars=gen_cfg.max_item_chars,
+                                   max_new_tokens=gen_cfg.max_new_tokens,
+                                   input_budget=gen_cfg.input_budget, mesh=mesh,
+                                   rows_per_call=gen_cfg.rollout_micro_batch,
+                                   per_row_keys=config.per_row_keys),
+                   Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
+                            max_prefix_tokens=ver_cfg.max_prefix_tokens,
+                            max_suffix_tokens=ver_cfg.max_suffix_tokens, mesh=mesh,
+                            **verifier_budgets(roles.verifier.cfg, ver_cfg.memory_fraction)),
+                   mesh, stop, int(stop[0]))
+
+
+def verifier_budgets(cfg, fraction: float) -> dict:
+    """The verifier's chunk budgets: `Verifier.budgets` for `fraction` of the first device's
+    memory on an accelerator (bytes_limit in its memory_stats), the CPU defaults otherwise
+    or with fraction 0."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if fraction <= 0 or "bytes_limit" not in stats:
+        return {}
+    return Verifier.budgets(cfg, int(stats["bytes_limit"]), fraction)
+
+
+@dataclasses.dataclass
+class PhaseStep:
+    """The output of a rollout function (trace: per-prompt records for trace/round_N.html)."""
+
+    rollout: Rollout
+    advantages: np.ndarray
+    metrics: dict
+    timer: Timer
+    trace: list = dataclasses.field(default_factory=list)

@@ -1,0 +1,88 @@
+"""The host metrics of one phase step: rewards, their group spreads, rubric statistics.
+
+    policy_reward_metrics     mean reward, flat / unscorable fractions, group means (Eq. 21)
+    generator_reward_metrics  each generator reward's mean and group spread (Eq. 24-25)
+    rubric_stats              parse-valid rate, items per list, weight histogram, yes-rate,
+                              zero-variance items
+    mean_spread               the mean std Eq. 21 divided non-flat groups by
+
+Axis legend (docs/CONVENTIONS.md): B groups (prompts, or generator inputs), G rubric lists
+per input, K responses, M items, R rows (flat, grouped by id).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from drubric_jax.rl import advantages as adv_lib
+
+
+def mean_spread(rewards, group_ids, num_groups: int) -> float:
+    """Mean over non-flat groups of the std Eq. 21 divided their rewards by (0 if none).
+
+    Args:
+        rewards: float[R]; group_ids: int[R] in [0, num_groups).
+    """
+    std = np.asarray(adv_lib.group_std_by_id(rewards, group_ids, num_groups))
+    return float(std[std > 0].mean()) if np.any(std > 0) else 0.0
+
+
+def policy_reward_metrics(scores, group_ids, num_groups: int, flat) -> dict:
+    """Metrics of R policy rewards grouped by prompt id: the mean finite reward, the
+    flat-group fraction, the mean group std (Eq. 21's divisor), the unscorable (non-finite)
+    fraction and each group's mean reward (`group_mean_rewards`, float64[B], nan for a group
+    with no finite reward: the unit a learning curve's confidence interval resamples).
+
+    Args:
+        scores: float[R]; group_ids: int[R] in [0, num_groups); flat: bool[B], the flat
+            groups of the Eq. 21 advantages (`advantages.group_advantages_by_id`).
+    """
+    r = np.asarray(scores, np.float64)
+    ok = np.isfinite(r)
+    sums = np.bincount(group_ids[ok], r[ok], minlength=num_groups)
+    counts = np.bincount(group_ids[ok], minlength=num_groups)
+    return dict(
+        policy_reward=float(r[ok].mean()) if ok.any() else 0.0,
+        flat_group_fraction=float(np.mean(flat)),
+        reward_std=mean_spread(scores, group_ids, num_groups),
+        unscorable_fraction=float(np.mean(~ok)),
+        group_mean_rewards=np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
+
+
+def generator_reward_metrics(rewards: dict, group_ids, num_groups: int) -> dict:
+    """`r_<name>` (the mean) of every generator reward, then `r_<name>_std` of each (the
+    mean group std its Eq. 24-25 advantage divided by, `mean_spread`), in the order of
+    `rewards`.
+
+    Args:
+        rewards: {name: float32[B, G]} (`rl.generator_rewards.GENERATOR_REWARDS` order).
+        group_ids: int[B * G], the input of each flattened list; num_groups: B.
+    """
+    out = {f"r_{name}": float(r.mean()) for name, r in rewards.items()}
+    out.update({f"r_{name}_std": mean_spread(r.reshape(-1), group_ids, num_groups)
+                for name, r in rewards.items()})
+    return out
+
+
+def rubric_stats(weights, item_mask, list_valid, verdicts) -> dict:
+    """Rubric statistics of one step: parse-valid rate, items per valid list, weight
+    histogram (weights 1..5), mean yes-rate (mean verdict: the mean P(yes) for soft
+    verdicts), fraction of zero-variance items (every response got the same verdict, to
+    1e-6: such an item separates nothing, Eq. 13).
+
+    Args:
+        weights: int32[R, M]; item_mask: bool[R, M]; list_valid: bool[R] (R rubric lists);
+        verdicts: float32[R, K, M] verdicts on the responses each list judged.
+    """
+    item_mask = np.asarray(item_mask, bool) & np.asarray(list_valid, bool)[:, None]
+    n_items = item_mask.sum()
+    v = np.asarray(verdicts, np.float32)
+    vbar = v.mean(axis=1)                                                 # [R, M]
+    flat = (v.max(axis=1) - v.min(axis=1)) <= 1e-6
+    hist = [int(((np.asarray(weights) == w) & item_mask).sum()) for w in range(1, 6)]
+    return {
+        "parse_valid_rate": float(np.mean(list_valid)),
+        "items_per_list": float(n_items / max(1, np.sum(list_valid))),
+        "weight_hist": hist,
+        "yes_rate": float(vbar[item_mask].mean()) if n_items else 0.0,
+        "zero_variance_item_fraction": float(flat[item_mask].mean()) if n_items else 0.0,
+    }
