@@ -14,6 +14,7 @@ import ml_collections
 
 from drubric_jax import models, parallel
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
+from drubric_jax.rl.generator_rewards import GENERATOR_REWARDS
 from drubric_jax.rl import rule_rewards
 from drubric_jax.rl.train_config import DTYPES, check_trainer
 from drubric_jax.types import ConfigError, require as _require  # noqa: F401
@@ -111,7 +112,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     check_trainer(p.train, "config.policy.train", rows=p.prompts_per_step * p.num_responses)
     need(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
     need(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")
-    need(g.lam >= 0, "generator.lam", "lambda must be >= 0")
+    # Each generator reward's weight (Eq. 24-25; rl.generator_rewards), lambda included.
+    for name, row in GENERATOR_REWARDS.items():
+        need(row.weight_field in g and g[row.weight_field] >= 0, f"generator.{row.weight_field}",
+             f"weight of the {name!r} generator reward must be >= 0")
     need(1 <= g.max_items <= 64, "generator.max_items", "must be in 1..64")
     need(g.max_item_chars >= 8, "generator.max_item_chars", "must be >= 8")
     need(g.max_new_tokens >= 16, "generator.max_new_tokens", "must be >= 16")
