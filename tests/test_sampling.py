@@ -542,18 +542,48 @@ def test_sampler_on_a_mesh_gives_the_one_device_tokens(tiny_model, shape, method
     log-probs within the float32 rounding of a log-softmax (`logprob_atol`)."""
     from drubric_jax import parallel
 
+    from drubric_jax.models.rollout import rollout_copy
+
     cfg, params = tiny_model
     mesh = parallel.make_mesh(*shape)
     sharded = jax.device_put(params, models.param_shardings(params, mesh))
     prompts = [[5, 9, 12], [40], [7, 7, 7, 7, 7, 8], [100, 200], [3000, 11]]
     kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=6, method=method, stop_ids=[2])
     one = sampling.generate(params, cfg, prompts, **kw)
-    many = sampling.generate(sharded, cfg, prompts, mesh=mesh, **kw)
-    assert many.num_rows == 5
-    np.testing.assert_array_equal(many.tokens, one.tokens)
-    np.testing.assert_array_equal(many.mask, one.mask)
-    np.testing.assert_allclose(many.logprobs, one.logprobs, rtol=0,
-                               atol=logprob_atol(one.logprobs, cfg.vocab_size))
+    # The training layout, and the rollout copy (decode layout: no fsdp split) of it.
+    rollout = rollout_copy(sharded, cfg, mesh)
+    assert all(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(rollout))
+    for p in (sharded, rollout):
+        many = sampling.generate(p, cfg, prompts, mesh=mesh, **kw)
+        assert many.num_rows == 5
+        np.testing.assert_array_equal(many.tokens, one.tokens)
+        np.testing.assert_array_equal(many.mask, one.mask)
+        np.testing.assert_allclose(many.logprobs, one.logprobs, rtol=0,
+                                   atol=logprob_atol(one.logprobs, cfg.vocab_size))
+
+
+def test_rollout_copy_is_the_decode_layout_and_a_no_op_where_it_already_is(tiny_model):
+    """`rollout_copy`: fsdp-split leaves come back replicated over fsdp (tensor splits
+    kept), matrices in the compute dtype, norms as stored; on one device, or with no
+    fsdp axis and the compute dtype already, the params themselves come back."""
+    from drubric_jax import parallel
+    from drubric_jax.models.rollout import rollout_copy
+
+    cfg, params = tiny_model
+    mesh = parallel.make_mesh(1, 4, 2)
+    sharded = jax.device_put(params, models.param_shardings(params, mesh))
+    out = rollout_copy(sharded, cfg.replace(dtype="bfloat16"), mesh)
+    wq = out["layers"]["wq"]
+    assert "fsdp" not in jax.tree.leaves(tuple(wq.sharding.spec))
+    assert "tensor" in jax.tree.leaves(tuple(wq.sharding.spec))
+    assert wq.dtype == jnp.bfloat16 and out["layers"]["attn_norm"].dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(wq, np.float32),
+                                  np.asarray(params["layers"]["wq"].astype(jnp.bfloat16),
+                                             np.float32))
+    assert rollout_copy(params, cfg, parallel.make_mesh(1, 1, 1, jax.devices()[:1])) is params
+    tp = parallel.make_mesh(4, 1, 2)
+    on_tp = jax.device_put(params, models.param_shardings(params, tp))
+    assert rollout_copy(on_tp, cfg, tp) is on_tp
 
 
 def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):

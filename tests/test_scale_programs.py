@@ -2,9 +2,12 @@
 cannot see. Lowered or compiled on the CPU, with abstract inputs (nothing is allocated).
 """
 import dataclasses
+import math
+import re
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from drubric_jax import models
 from drubric_jax.models import attention, qwen3_moe
@@ -73,3 +76,66 @@ def test_moe_temporaries_scale_with_routed_tokens():
     assert temp < 2e9, temp / 1e9
     # At least the [E, C, F] float32 products exist: the bound is not vacuous.
     assert temp >= e * c * f * 4
+
+
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
+          "f64": 8, "s64": 8}
+
+
+def all_gather_bytes(hlo_text: str) -> list:
+    """Result bytes of every all-gather of a compiled HLO module (per device)."""
+    sizes = []
+    for line in hlo_text.splitlines():
+        if " all-gather(" not in line and " all-gather-start(" not in line:
+            continue
+        result = line.split("=", 1)[1].split(" all-gather")[0]
+        sizes.append(sum(_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
+                         for t, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", result)))
+    return sizes
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+@pytest.mark.slow
+def test_decode_step_gathers_no_weights(monkeypatch):
+    """The compiled decode loop of a 2-layer Qwen3-8B (bfloat16) on 8 devices (fsdp 4 x
+    tensor 2, 8 rows), in the accelerators' form (stacked layers, `per_layer_decode`
+    False): on the rollout copy's layout (`parallel.decode_rules`) no all-gather is
+    weight-sized (none above 2 MB, the size of the [rows, V] logits); on the training
+    layout the same loop gathers weight matrices (the [V, D] output head, 1.24 GB)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from drubric_jax import parallel, sampling
+    from drubric_jax.models import registry
+
+    monkeypatch.setattr(registry, "per_layer_decode", lambda: False)
+
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, dtype="bfloat16", param_dtype="bfloat16")
+    mesh = parallel.make_mesh(1, 4, 2)
+    rows, slots = 8, 256
+    params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+    state = jax.eval_shape(lambda: sampling.prefill(
+        jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), params), cfg,
+        jnp.zeros((rows, 128), jnp.int32), jnp.ones((rows, 128), bool),
+        jax.random.PRNGKey(0), slots - 128))
+    row = NamedSharding(mesh, P(parallel.BATCH_AXES))
+    kv = NamedSharding(mesh, P(None, parallel.BATCH_AXES, "tensor", None, None))
+    state_sh = jax.tree.map(lambda x: row if x.ndim and x.shape[0] == rows
+                            else NamedSharding(mesh, P()), state)
+    state_sh = state_sh.replace(cache=state_sh.cache.replace(k=kv, v=kv))
+    abstract_state = _abstract(state, state_sh)
+    stop = jax.ShapeDtypeStruct((1,), jnp.int32)
+
+    def gathers(rules):
+        p = _abstract(params, parallel.param_shardings(params, mesh, rules))
+        text = sampling.decode_loop.lower(p, cfg, abstract_state, sampling.Greedy(), stop,
+                                          0).compile().as_text()
+        return all_gather_bytes(text)
+
+    decode = gathers(parallel.decode_rules(models.param_specs()))
+    assert max(decode, default=0) < 2e6, sorted(decode)[-5:]
+    training = gathers(models.param_specs())
+    assert max(training) >= cfg.vocab_size * cfg.dim * 2 // 2  # at least half the head

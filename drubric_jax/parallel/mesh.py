@@ -94,6 +94,26 @@ def spec_for(rule: Optional[P], shape: tuple, mesh: Mesh) -> P:
     return P(*dims)
 
 
+def decode_rules(rules: dict) -> dict:
+    """The rollout (decode) layout of parameter rules: each spec with the "fsdp" axis taken
+    out, so the weights are replicated over "data" and "fsdp" and split over "tensor" only.
+
+    A decode step under the training layout all-gathers every fsdp-split matrix on every
+    token (the whole model into each device per step); under this one it gathers nothing
+    weight-sized. The rows of a rollout stay split over ("data", "fsdp"), so each device
+    decodes its own rows with whole (or tensor-split) weights.
+    """
+    def drop(axes):
+        if axes == "fsdp":
+            return None
+        if isinstance(axes, tuple):
+            kept = tuple(a for a in axes if a != "fsdp")
+            return kept if len(kept) > 1 else (kept[0] if kept else None)
+        return axes
+
+    return {name: P(*(drop(a) for a in spec)) for name, spec in rules.items()}
+
+
 def leaf_name(path) -> Optional[str]:
     """The last dict key on a pytree path (e.g. "wq" for params["layers"]["wq"]), or None."""
     # The nearest dict key: Adam's mu / nu subtrees end in the same keys as the params, so

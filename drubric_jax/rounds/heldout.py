@@ -69,7 +69,7 @@ def heldout_metrics(ctx: Context, key, anchors) -> dict:
         return {}
     timer = Timer()
     rb = ctx.generator.generate_batch(
-        ctx.roles.params(Role.GENERATOR), key,
+        ctx.roles.rollout_params(Role.GENERATOR, ctx.mesh), key,
         # The anchor list itself is the response set C shown to the generator (nothing sampled).
         [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
         num_lists=1, temperature=ctx.config.policy.heldout_temperature,

@@ -77,7 +77,8 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
            for x, h in zip(*rows)]
     with timer("sampling"):
         out = sampling.generate_chunked(
-            ctx.roles.params(Role.POLICY) if params is None else params, model.cfg,
+            ctx.roles.rollout_params(Role.POLICY, ctx.mesh) if params is None else params,
+            model.cfg,
             [i for i in ids for _ in range(k)],
             pol_cfg.rollout_micro_batch, key=key, max_new_tokens=pol_cfg.max_new_tokens,
             method=sampling.method_from_flags(pol_cfg.temperature, top_p=pol_cfg.top_p),
@@ -138,7 +139,7 @@ def _responses_and_rubrics(ctx: Context, key, items, num_lists: int, temperature
     sets = [responses[i * k:(i + 1) * k] for i in range(len(items))]  # C of item i
     with timer("rubric_generation"):
         rb = ctx.generator.generate_batch(
-            ctx.roles.params(Role.GENERATOR), k_rub,
+            ctx.roles.rollout_params(Role.GENERATOR, ctx.mesh), k_rub,
             [RubricInput(x, tuple(cs), tuple(h)) for x, cs, h in zip(prompts, sets, hists)],
             num_lists=num_lists, temperature=temperature, static=static)
     return rollout, sets, rb

@@ -45,6 +45,7 @@ from drubric_jax.rounds import hostmem
 from drubric_jax.rl import train_step as ts
 from drubric_jax.models import check_source, load_model, lora
 from drubric_jax.models.config import ModelConfig
+from drubric_jax.models.rollout import rollout_copy
 from drubric_jax.rl.train_config import TrainConfig
 from drubric_jax.types import Role
 
@@ -226,6 +227,14 @@ class Roles:
         if role == "verifier":
             return self.verifier.params
         return self.trainee(Role(role.removesuffix("_ref"))).reference_params
+
+    def rollout_params(self, role: str, mesh) -> dict:
+        """A trainee's weights for its sampler: its current params in the decode layout and
+        the compute dtype (`models.rollout.rollout_copy`: one resharding program per call,
+        the weight sync between trainer and sampler; the params themselves where the
+        layouts already agree, as on one device)."""
+        trainee = self.trainee(Role(role))
+        return rollout_copy(trainee.params, trainee.cfg, mesh)
 
     def offload_idle(self, active: Role) -> None:
         """Phase start: `active`'s moments come back onto the devices, the other trainee's go
