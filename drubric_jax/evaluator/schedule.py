@@ -8,9 +8,10 @@ few integers per row), and every process then computes the same schedule from th
 (`plan_passes`, pure and deterministic). A pass of `rows` global rows takes
 `rows / process count` rows of each process (filler rows where a process has run out),
 longest first, so that rows of similar length share a bucket; its bucket is the one of its
-longest row over all processes. With one process this is the single-process schedule: rows sorted by length
-(longest first, ties in input order), `rows` = the budget's cap, at most the remaining
-rows' power-of-two bucket, rounded up to a multiple of the mesh's row shards.
+longest row over all processes. With one process this is the single-process schedule:
+rows sorted by length (longest first, ties in input order), `rows` = the budget's cap, at
+most the remaining rows' power-of-two bucket, rounded up to a multiple of the mesh's row
+shards.
 
 Axis legend (drubric_jax/types.py): R rows (queries) of one process, M item columns;
 processes are named in words (the process count, process q), since P is the legend's

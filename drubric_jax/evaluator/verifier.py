@@ -15,11 +15,12 @@ Two execution paths give the same numbers (|dP| <= 1e-4, tested):
 - naive: every (response, item) pair is its own full prompt (reference and benchmark).
 
 `Verifier` is a composition of parts with one job each: the texts are normalised, rendered,
-fitted and tokenised by a `verifier_prompts.VerifierText`; the token buckets and the rows
-and items per pass come from a `budgets.PassBudgets` (the memory planner uses the same
-object); which rows share a pass is `schedule.plan_passes`; where a pass's rows live (one
-process or all of them) is a `placement.RowPlacement`; the jitted passes are `passes`.
-Shapes are bucketed so a new text length reuses a compiled program.
+fitted and tokenised by a `verifier_prompts.VerifierText`; token ids become passes in a
+`chunked.ChunkedPasses`, whose token buckets and rows and items per pass come from a
+`budgets.PassBudgets` (the memory planner uses the same object), whose rows are scheduled
+by `schedule.plan_passes` and live where a `placement.RowPlacement` puts them (one process
+or all of them), and whose jitted functions are `passes`. Shapes are bucketed so a new
+text length reuses a compiled program.
 Under several processes (`jax.distributed`) each process tokenises and schedules only its
 own rows, and every pass is one program over all processes' rows (`p_yes(process_rows=)`;
 rows every process holds alike are split by `shares.judge_shares`). Contextual calibration
@@ -40,17 +41,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax.evaluator import passes, schedule
-from drubric_jax.evaluator.budgets import (DEFAULT_BUDGETS, PassBudgets, memory_budgets,
-                                           suffix_bucket)
+from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, PassBudgets, memory_budgets
 from drubric_jax.evaluator.calibration import contextual_p_yes
+from drubric_jax.evaluator.chunked import ChunkedPasses
 from drubric_jax.evaluator.counters import add_count
 from drubric_jax.evaluator.placement import RowPlacement
 from drubric_jax.evaluator.shares import judge_shares
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, yes_no_token_ids
 from drubric_jax.evaluator.verifier_prompts import VerifierText, normalise_queries
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.sampling.buckets import left_pad
 
 Items = Union[Sequence[str], Sequence[Sequence[str]]]
 
@@ -88,14 +87,14 @@ class Verifier:
                  min_bucket: int = DEFAULT_BUDGETS.min_bucket, mesh=None):
         self.text = VerifierText(tokenizer, max_prefix_tokens, max_suffix_tokens)
         self.cfg = cfg
-        self.chunking = PassBudgets(int(cache_slots_budget), int(prefill_tokens_budget),
-                                    int(max_rows), int(item_chunk), int(min_bucket))
-        self.placement = RowPlacement(mesh)
+        chunking = PassBudgets(int(cache_slots_budget), int(prefill_tokens_budget),
+                               int(max_rows), int(item_chunk), int(min_bucket))
         # Found from the tokenizer, never hard-coded (METHOD 11).
         yes, no = yes_no_token_ids(tokenizer)
-        self.yes_ids, self.no_ids = jnp.asarray(yes), jnp.asarray(no)
-        # Any id will do: padded positions are masked out.
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        # Any id will do for padding: padded positions are masked out.
+        pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.runner = ChunkedPasses(cfg, chunking, RowPlacement(mesh), pad_id,
+                                    jnp.asarray(yes), jnp.asarray(no))
 
     # The text side's names, as callers (judges, verifier_check) read them.
     @property
@@ -112,7 +111,11 @@ class Verifier:
 
     @property
     def mesh(self):
-        return self.placement.mesh
+        return self.runner.placement.mesh
+
+    @property
+    def chunking(self) -> PassBudgets:
+        return self.runner.chunking
 
     def render(self, messages: Sequence[dict]) -> str:
         """Chat-template text of `messages` with the assistant turn opened."""
@@ -122,12 +125,6 @@ class Verifier:
                 stats: Optional[dict] = None) -> tuple[list, list]:
         """(prefix ids, suffix ids per item) of one response: `VerifierText.prepare`."""
         return self.text.prepare(prompt, response, items, history, stats)
-
-    def _passes(self, tables: list, max_rows_of) -> list:
-        """The passes over every process's rows, bucketed by column 0 of their tables."""
-        return schedule.plan_passes(
-            [t[:, 0] for t in tables], bucket_of=self.chunking.prefix_bucket,
-            max_rows_of=max_rows_of, row_shards=self.placement.row_shards)
 
     # ------------------------------------------------------------------ scoring
 
@@ -189,14 +186,14 @@ class Verifier:
         num_rows, num_items = len(responses), max((len(x) for x in items), default=0)
         out = np.zeros((num_rows, num_items), np.float32)
         # Under several processes an empty share still takes part in every pass.
-        if (num_rows == 0 or num_items == 0) and not self.placement.collective:
+        if (num_rows == 0 or num_items == 0) and not self.runner.placement.collective:
             return out
         prepared = [self.text.prepare(p, y, it, h, stats)
                     for p, y, it, h in zip(prompts, responses, items, histories)]
         add_count(stats, "prefixes", num_rows)
         add_count(stats, "judgements", sum(1 for lst in items for s in lst if s.strip()))
         if shared_prefix:
-            self._run_shared(params, prepared, out)
+            self.runner.shared(params, prepared, out)
         else:
             # Naive path: one full prompt per real (response, item) pair.
             full = [(i, m, pre + suf) for i, (pre, sufs) in enumerate(prepared)
@@ -205,45 +202,6 @@ class Verifier:
             for (i, m, _), v in zip(full, values):
                 out[i, m] = v
         return out
-
-    def _run_shared(self, params, prepared: list, out: np.ndarray) -> None:
-        """Fills out float32[R, M] on the prefix-sharing path (one prefill per response)."""
-        # Each row: its prefix's tokens, then each item suffix's (0: a blank item).
-        table = np.zeros((len(prepared), 1 + out.shape[1]), np.int64)
-        for i, (pre, sufs) in enumerate(prepared):
-            table[i, 0] = len(pre)
-            table[i, 1:1 + len(sufs)] = [len(x) for x in sufs]
-        tables, me = self.placement.tables(table)
-        num_items = max(t.shape[1] for t in tables) - 1  # M over every process's rows
-        longest = max(int(t[:, 1:].max(initial=0)) for t in tables)
-        if longest == 0:
-            return
-        # One suffix bucket Ts for the whole call, set by the longest suffix.
-        suffix = suffix_bucket(longest)
-        put, take = self.placement.put, self.placement.take
-        for ps in self._passes(tables, lambda prefix: self.chunking.rows_per_pass(
-                prefix, suffix, num_items)):
-            prefix, chunk = ps.bucket, ps.members[me]
-            items_per_pass = self.chunking.items_per_pass(prefix, suffix, num_items)
-            local_rows = ps.rows // len(tables)  # this process's rows of the pass
-            tokens, mask = left_pad([prepared[i][0] for i in chunk], prefix, self.pad_id,
-                                    local_rows)
-            cache, prefix_len = passes.prefill(params, self.cfg, put(tokens), put(mask),
-                                               num_slots=prefix + suffix)
-            # The chunk's prefilled cache serves every item block (the prefix is computed once).
-            for first in range(0, num_items, items_per_pass):
-                # A block no row of the pass has an item in, on any process, is skipped.
-                if not any(t[list(ms), 1 + first:1 + first + items_per_pass].any()
-                           for t, ms in zip(tables, ps.members)):
-                    continue
-                suf, suf_len = _suffix_block([prepared[i][1] for i in chunk], local_rows,
-                                             first, items_per_pass, suffix, self.pad_id)
-                values = take(passes.score_suffixes(
-                    params, self.cfg, cache, prefix_len, put(suf), put(suf_len),
-                    self.yes_ids, self.no_ids))
-                for j, i in enumerate(chunk):
-                    for m in np.flatnonzero(suf_len[j]):  # real items only
-                        out[i, first + m] = values[j, m]
 
     def p_yes_ids(self, params, prompts_ids: Sequence[Sequence[int]], *,
                   process_rows: bool = False) -> np.ndarray:
@@ -268,45 +226,10 @@ class Verifier:
             return judge_shares(
                 lambda cols, _: self.p_yes_ids(params, cols[0], process_rows=True),
                 [list(prompts_ids)], 1, None)[:, 0]
-        n = len(prompts_ids)
         for i, ids in enumerate(prompts_ids):
             if not len(ids):
                 raise ValueError(f"prompt {i} is empty")
-        out = np.zeros((n,), np.float32)
-        if n == 0 and not self.placement.collective:
-            return out
-        table = np.array([[len(ids)] for ids in prompts_ids], np.int64).reshape(n, 1)
-        tables, me = self.placement.tables(table)
-        for ps in self._passes(tables, self.chunking.rows_per_full_pass):
-            chunk = list(ps.members[me])
-            tokens, mask = left_pad([prompts_ids[i] for i in chunk], ps.bucket, self.pad_id,
-                                    ps.rows // len(tables))
-            values = self.placement.take(passes.score_full(
-                params, self.cfg, self.placement.put(tokens), self.placement.put(mask),
-                self.yes_ids, self.no_ids))
-            # Filler rows (mesh padding) are dropped.
-            out[chunk] = values[:len(chunk)]
-        return out
-
-
-def _suffix_block(suffixes: list, rows: int, first: int, items_per_pass: int, suffix: int,
-                  pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Items first .. first + Mc - 1 of each row's suffix ids, right-padded.
-
-    Args:
-        suffixes: per real row, its list of item suffix ids ([] for a blank item).
-        rows: R rows of the pass (rows past `suffixes` are filler).
-        first: the block's first item column; items_per_pass: Mc; suffix: Ts.
-        pad_id: the id of padding positions.
-
-    Returns:
-        (int32[R, Mc, Ts] tokens, int32[R, Mc] lengths; 0 for no item).
-    """
-    tokens = np.full((rows, items_per_pass, suffix), pad_id, np.int32)
-    lengths = np.zeros((rows, items_per_pass), np.int32)
-    for j, sufs in enumerate(suffixes):
-        for m, ids in enumerate(sufs[first:first + items_per_pass]):
-            # Right padding: the answer is read after each row's last real suffix token.
-            tokens[j, m, :len(ids)] = ids
-            lengths[j, m] = len(ids)
-    return tokens, lengths
+        # Under several processes an empty share still takes part in every pass.
+        if not len(prompts_ids) and not self.runner.placement.collective:
+            return np.zeros((0,), np.float32)
+        return self.runner.full(params, prompts_ids)
