@@ -1,7 +1,7 @@
 """Memory planner: what one device holds in each step of a round, and whether it fits.
 
 `plan(config, devices, device_memory_gb)` counts, per device, the resident state of each
-phase (`planner_terms.resident_terms`: the frozen base once per source, each trainee's
+phase (`terms.resident_terms`: the frozen base once per source, each trainee's
 trained params and AdamW moments, the idle trainee's moments on the host when offloaded)
 and the transient bytes at the peak of each device step of a round (METHOD section 5:
 policy sampling, rubric sampling, verification, GRPO update; in the generator phase and in
@@ -221,7 +221,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     Raises:
         config_check.ConfigError: a bad field, or rows that do not divide over the mesh.
         ValueError: an unknown attention, a mesh that does not have N devices, a model
-            source of unknown shape (`planner_terms.source_config`).
+            source of unknown shape (`terms.source_config`).
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
