@@ -192,3 +192,18 @@ def test_planning_what_the_config_does_uses_its_rollout_micro_batches():
     rows = {(s.phase, s.name): s.rows for s in p.steps}
     assert rows[("generator", "policy sampling")] == 4
     assert rows[("generator", "rubric sampling")] == 2
+
+
+def test_workload_chunks_the_verifier_as_the_verifier_does():
+    """`Workload.from_config` plans the verifier at the Verifier's own default chunking
+    (`evaluator.budgets.DEFAULT_BUDGETS`, the object a default `Verifier` holds)."""
+    from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS
+
+    c = qwen3_8b.get_config()
+    w = planner.Workload.from_config(c)
+    num_items = c.generator.num_lists * c.generator.max_items
+    assert w.verifier_prefix == DEFAULT_BUDGETS.prefix_bucket(c.verifier.max_prefix_tokens)
+    assert w.verifier_items == DEFAULT_BUDGETS.items_per_pass(w.verifier_prefix,
+                                                              w.verifier_suffix, num_items)
+    assert w.verifier_rows == DEFAULT_BUDGETS.rows_per_pass(w.verifier_prefix,
+                                                            w.verifier_suffix, num_items)

@@ -9,9 +9,10 @@ from with_params import WithParams
 
 from drubric_jax import models
 from drubric_jax.rl import rewards
+from drubric_jax.sampling.buckets import left_pad
 from drubric_jax.evaluator import verdicts
 from drubric_jax.evaluator import verifier as ver_lib
-from drubric_jax.evaluator import passes
+from drubric_jax.evaluator import budgets, passes
 from drubric_jax.text import prompts
 from drubric_jax.text.budget import TRUNCATION_MARKER
 
@@ -146,6 +147,37 @@ def test_prefix_shared_matches_naive_tiny(tiny_model, tok):
     np.testing.assert_allclose(shared, naive, atol=TOL)
     assert shared[1, 1:].tolist() == [0, 0, 0] and shared[2, 2] == 0  # padding
     assert shared[0, 3] == 0 and np.all((shared[0, :3] > 0) & (shared[0, :3] < 1))
+
+
+def test_pass_budgets_by_hand(tiny_model, tok):
+    """Rows and items per pass (`budgets.PassBudgets`) at hand-worked shapes; a Verifier
+    holds the budgets it was given, rounded down to powers of two where they are used."""
+    b = budgets.DEFAULT_BUDGETS  # 32768 slots, 8192 prefill tokens, 8 rows, 16 items
+    # P = 512, Ts = 32: 32768 // 544 = 60 repeated rows fit, so the item chunk 16 binds,
+    # or the power-of-two bucket of the widest row's items (3 -> 4).
+    assert b.items_per_pass(512, 32, 16) == 16 and b.items_per_pass(512, 32, 3) == 4
+    # Rows: min(8, 8192 // 512 = 16, 32768 // (544 * 16) = 3 -> 2) = 2.
+    assert b.rows_per_pass(512, 32, 16) == 2
+    assert b.rows_per_full_pass(128) == 64 and b.rows_per_full_pass(1024) == 8
+    odd = budgets.PassBudgets(max_rows=6, item_chunk=5)
+    assert odd.items_per_pass(16, 16, 16) == 4 and odd.rows_per_pass(16, 16, 16) == 4
+    assert budgets.suffix_bucket(35) == 48 and budgets.suffix_bucket(0) == 16
+    cfg, _ = tiny_model
+    assert ver_lib.Verifier(cfg, tok, 192, 48).chunking == b
+    assert ver_lib.Verifier(cfg, tok, 192, 48, max_rows=6, item_chunk=5).chunking == odd
+
+
+def test_left_pad_filler_rows_hold_one_masked_in_pad_token():
+    """The verifier's passes are padded with filler rows (`left_pad(rows=)`): a row of
+    pad ids whose last position is masked in, so that no row attends to nothing."""
+    tokens, mask = left_pad([[5, 6], [7]], 4, pad_id=0, rows=3)
+    assert tokens.tolist() == [[0, 0, 5, 6], [0, 0, 0, 7], [0, 0, 0, 0]]
+    assert mask.tolist() == [[False, False, True, True], [False, False, False, True],
+                             [False, False, False, True]]
+    empty_tokens, empty_mask = left_pad([], 2, pad_id=9, rows=2)
+    assert empty_tokens.tolist() == [[9, 9]] * 2 and empty_mask.tolist() == [[False, True]] * 2
+    with pytest.raises(ValueError):
+        left_pad([[1], [2]], 4, pad_id=0, rows=1)
 
 
 def test_no_recompile_for_new_lengths_in_a_bucket(tiny_verifier):

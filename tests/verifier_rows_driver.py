@@ -42,13 +42,13 @@ def main() -> None:
     tok = tok_lib.tokenizer_from_gguf(models.default_gguf_path())
     ver = ver_lib.Verifier(cfg, tok, 192, 48, mesh=mesh, max_rows=4, item_chunk=2)
     prepared = []
-    prepare = ver.prepare
+    prepare = ver.text.prepare  # the verifier's text part tokenises every row
 
     def counted(*a, **kw):  # the rows this process tokenises
         prepared.append(a[1])
         return prepare(*a, **kw)
 
-    ver.prepare = counted
+    ver.text.prepare = counted
     # Six rows of different lengths (prefix buckets 64 to 256) and ragged item lists with a
     # blank in the middle; max_rows=4 and item_chunk=2 make several passes and item blocks.
     prompts = ["What is the capital of France?", "Write a haiku about rain.",

@@ -26,7 +26,7 @@ from drubric_jax.text.budget import fit_prompt
 from drubric_jax.text.prompts import direct_judge_messages, pairwise_judge_messages
 from drubric_jax.evaluator.verdicts import (NULL_RESPONSE, VERDICT_MODES, contextual_calibration,
                                   verdicts_from_p_yes)
-from drubric_jax.evaluator.verifier import judge_shares
+from drubric_jax.evaluator.shares import judge_shares
 
 RUBRIC_METHODS = ("dynamic", "static")
 PAIRWISE_VARIANTS = ("direct_pairwise_ab", "direct_pairwise_ba", "direct_pairwise_avg")

@@ -2,11 +2,12 @@
 cache, score item suffixes against the cached prefixes, or score full prompts.
 
 `verifier.Verifier` turns texts into token ids and chunks; these functions are its device
-side. Shapes are bucketed (powers of two for prefixes and full prompts, multiples of 16
-for the short item suffixes) so a new text length reuses a compiled program.
+side. Shapes are bucketed (`budgets`: powers of two for prefixes and full prompts,
+multiples of 16 for the short item suffixes) so a new text length reuses a compiled
+program.
 
-Axis legend (docs/CONVENTIONS.md): R (prompt, response) rows, S cache slots, V vocab; here
-also Mc items per pass, Ts suffix tokens, T full-prompt tokens.
+Axis legend (drubric_jax/types.py): R (prompt, response) rows, P prefix tokens (bucket),
+S cache slots, V vocab, T full-prompt tokens; here also Mc items per pass, Ts suffix tokens.
 """
 from __future__ import annotations
 
@@ -73,21 +74,3 @@ def score_full(params, cfg: ModelConfig, tokens, token_mask, yes_ids, no_ids):
     # Left padding: the last column is every row's last real token.
     logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return p_yes_from_logits(logits, yes_ids, no_ids)
-
-
-SUFFIX_STEP = 16  # suffix lengths are bucketed to multiples of this
-
-
-def suffix_bucket(n: int) -> int:
-    """Suffix-length bucket: the smallest multiple of 16 >= max(n, 1).
-
-    Item suffixes are short (~30-45 tokens); a power-of-two bucket would pad a 35-token
-    suffix to 64 and nearly double the suffix pass. Multiples of 16 still bound the number
-    of compiled shapes by max_suffix_tokens / 16.
-    """
-    return SUFFIX_STEP * max(1, -(-int(n) // SUFFIX_STEP))
-
-
-def pow2_floor(n: int) -> int:
-    # The largest power of two <= max(n, 1).
-    return 1 << (max(int(n), 1).bit_length() - 1)

@@ -5,15 +5,17 @@ only its own rows (its share of the (response, item list) queries) and tokenises
 itself; every process must still make the same jitted calls with the same shapes. So the
 processes first exchange each row's token counts (`gather_row_lengths`: one collective of a
 few integers per row), and every process then computes the same schedule from them
-(`plan_passes`, pure and deterministic). A pass of `rows` global rows takes `rows / P`
-rows of each process (filler rows where a process has run out), longest first, so that
-rows of similar length share a bucket; its bucket is the one of its longest row over all
-processes. With one process this is the single-process schedule: rows sorted by length
-(longest first, ties in input order), `rows` = the budget's cap, at most the remaining
-rows' power-of-two bucket, rounded up to a multiple of the mesh's row shards.
+(`plan_passes`, pure and deterministic). A pass of `rows` global rows takes
+`rows / process count` rows of each process (filler rows where a process has run out),
+longest first, so that rows of similar length share a bucket; its bucket is the one of its
+longest row over all processes. With one process this is the single-process schedule:
+rows sorted by length (longest first, ties in input order), `rows` = the budget's cap, at
+most the remaining rows' power-of-two bucket, rounded up to a multiple of the mesh's row
+shards.
 
-Axis legend (docs/CONVENTIONS.md): R rows (queries) of one process, P the processes
-(here also Q: a process's index), M item columns.
+Axis legend (drubric_jax/types.py): R rows (queries) of one process, M item columns;
+processes are named in words (the process count, process q), since P is the legend's
+padded prompt length.
 """
 from __future__ import annotations
 
@@ -31,9 +33,10 @@ class Pass:
     """One verifier pass.
 
     bucket: its token bucket (prefix or full-prompt length, left-padded).
-    rows: its global row count (a multiple of the row shards; rows / P per process).
-    members: per process, the local indices of its real rows (at most rows / P; the rest of
-        that process's rows are filler).
+    rows: its global row count (a multiple of the row shards; rows / process count per
+        process).
+    members: per process, the local indices of its real rows (at most rows / process count;
+        the rest of that process's rows are filler).
     """
 
     bucket: int
@@ -84,6 +87,7 @@ def plan_passes(lengths: Sequence[Sequence[int]], *, bucket_of: Callable[[int], 
 
 
 def gather_row_lengths(local: np.ndarray) -> list[np.ndarray]:
-    """Every process's int64[R_q, W_q] table of row token counts (`parallel.gather_ragged`:
-    one collective): the input of `plan_passes` on every process. One process: [local]."""
+    """Every process's int64[R_q, columns] table of row token counts
+    (`parallel.gather_ragged`: one collective): the input of `plan_passes` on every process.
+    One process: [local]."""
     return parallel.gather_ragged(np.asarray(local, np.int64))

@@ -1,26 +1,22 @@
-"""The verifier's text side: its prompts rendered, fitted to their token budgets and
-tokenised into one shared prefix per response and one suffix per rubric item (METHOD 11).
+"""The verifier's text side: its queries normalised, its prompts rendered, fitted to their
+token budgets and tokenised into one shared prefix per response and one suffix per rubric
+item (METHOD 11).
 
-`verifier.Verifier` builds on this (`VerifierText` is its base); nothing here touches a
-device, so under several processes each process runs it for its own rows only.
+`verifier.Verifier` holds a `VerifierText`; nothing here touches a device, so under several
+processes each process runs it for its own rows only.
 
-Axis legend (docs/CONVENTIONS.md): R (prompt, response) pairs, M rubric items.
+Axis legend (drubric_jax/types.py): R (prompt, response) pairs, M rubric items.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from drubric_jax.evaluator.counters import add_count
 from drubric_jax.text.budget import fit_prompt, fit_to_budget
 from drubric_jax.text.prompts import (plain_render, render_verifier_prompts,
                                       verifier_prefix_messages)
 
 _SUFFIX_CACHE_SIZE = 20000  # tokenised item suffixes kept (cleared when exceeded)
-
-
-def add_count(stats: Optional[dict], name: str, n: int) -> None:
-    """Adds n to counter `name` of a `stats=` dict (None: nothing is counted)."""
-    if stats is not None:
-        stats[name] = stats.get(name, 0) + n
 
 
 class VerifierText:
@@ -114,23 +110,39 @@ class VerifierText:
             out.append(self._suffix_cache[s])
         return self._encode(prefix), out
 
-    def _normalise(self, prompts, responses, items, histories):
-        r = len(responses)
-        if isinstance(prompts, str):
-            prompts = [prompts] * r
-        if len(prompts) != r:
-            raise ValueError(f"{len(prompts)} prompts for {r} responses")
-        # One history (a list of turn dicts) shared by every response.
-        if histories is None or (len(histories) and isinstance(histories[0], dict)):
-            histories = [histories or []] * r
-        if len(histories) != r:
-            raise ValueError(f"{len(histories)} histories for {r} responses")
-        # One item list shared by every response.
-        if len(items) == 0 or isinstance(items[0], str):
-            items = [list(items)] * r
-        elif len(items) != r:
-            raise ValueError(f"{len(items)} item lists for {r} responses")
-        for lst in items:
-            if any(not isinstance(s, str) for s in lst):
-                raise ValueError("items must be strings")
-        return list(prompts), list(histories), [list(x) for x in items]
+
+def normalise_queries(prompts, responses: Sequence[str], items, histories):
+    """The verifier's queries as R rows: (prompts, histories, item lists), one of each per
+    response.
+
+    Args:
+        prompts: one user request for all responses, or R of them.
+        responses: R response strings.
+        items: M criteria shared by all responses, or R lists of them.
+        histories: None, one history list for all, or R history lists.
+
+    Returns:
+        (prompts list[str], histories list[list[dict]], items list[list[str]]), R each.
+
+    Raises:
+        ValueError: mismatched lengths, or an item that is not a string.
+    """
+    r = len(responses)
+    if isinstance(prompts, str):
+        prompts = [prompts] * r
+    if len(prompts) != r:
+        raise ValueError(f"{len(prompts)} prompts for {r} responses")
+    # One history (a list of turn dicts) shared by every response.
+    if histories is None or (len(histories) and isinstance(histories[0], dict)):
+        histories = [histories or []] * r
+    if len(histories) != r:
+        raise ValueError(f"{len(histories)} histories for {r} responses")
+    # One item list shared by every response.
+    if len(items) == 0 or isinstance(items[0], str):
+        items = [list(items)] * r
+    elif len(items) != r:
+        raise ValueError(f"{len(items)} item lists for {r} responses")
+    for lst in items:
+        if any(not isinstance(s, str) for s in lst):
+            raise ValueError("items must be strings")
+    return list(prompts), list(histories), [list(x) for x in items]

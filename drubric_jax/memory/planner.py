@@ -1,7 +1,7 @@
 """Memory planner: what one device holds in each step of a round, and whether it fits.
 
 `plan(config, devices, device_memory_gb)` counts, per device, the resident state of each
-phase (`planner_terms.resident_terms`: the frozen base once per source, each trainee's
+phase (`terms.resident_terms`: the frozen base once per source, each trainee's
 trained params and AdamW moments, the idle trainee's moments on the host when offloaded)
 and the transient bytes at the peak of each device step of a round (METHOD section 5:
 policy sampling, rubric sampling, verification, GRPO update; in the generator phase and in
@@ -31,8 +31,7 @@ from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step, abstract
                                        tree_bytes, verification_terms)
 from drubric_jax.evaluator.rubric_generator import RubricGenerator
 from drubric_jax.sampling import bucket_length
-from drubric_jax.evaluator.verifier import Verifier
-from drubric_jax.evaluator.passes import pow2_floor, suffix_bucket
+from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
 
 PHASES = ("generator", "policy")
 DEFAULT_HEADROOM = 0.10  # of the device memory, for the runtime, compiled code, fragmentation
@@ -58,17 +57,15 @@ class Workload:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "Workload":
         p, g, v = config.policy, config.generator, config.verifier
-        prefix = bucket_length(v.max_prefix_tokens)
+        # The verifier's own chunking (`evaluator.budgets`) at its default budgets.
+        chunking = DEFAULT_BUDGETS
+        prefix = chunking.prefix_bucket(v.max_prefix_tokens)
         suffix = suffix_bucket(v.max_suffix_tokens)
-        # Verifier chunking as `Verifier._run_shared` does it, at its default budgets.
-        budget = {k: x.default for k, x in inspect.signature(Verifier).parameters.items()}
-        slots = prefix + suffix
-        items = min(budget["item_chunk"], bucket_length(g.num_lists * g.max_items, 1),
-                    pow2_floor(max(budget["cache_slots_budget"] // slots, 1)))
-        rows = min(pow2_floor(budget["max_rows"]),
-                   pow2_floor(max(budget["prefill_tokens_budget"] // prefix, 1)),
-                   pow2_floor(max(budget["cache_slots_budget"] // (slots * items), 1)))
-        # Read from the signature, so the plan follows the generator's own smallest bucket.
+        num_items = g.num_lists * g.max_items
+        items = chunking.items_per_pass(prefix, suffix, num_items)
+        rows = chunking.rows_per_pass(prefix, suffix, num_items)
+        # The generator's smallest prompt bucket, from its constructor's default (rubric_generator
+        # has no module-level constant for it yet), so the plan follows the generator.
         gen_bucket = inspect.signature(RubricGenerator).parameters["min_bucket"].default
         return cls(p.prompts_per_step * p.num_responses,
                    bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
@@ -224,7 +221,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     Raises:
         config_check.ConfigError: a bad field, or rows that do not divide over the mesh.
         ValueError: an unknown attention, a mesh that does not have N devices, a model
-            source of unknown shape (`planner_terms.source_config`).
+            source of unknown shape (`terms.source_config`).
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")

@@ -4,7 +4,7 @@ Axis legend: B rows, P padded prompt length.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -26,14 +26,26 @@ def bucket_length(n: int, minimum: int = 16, step: int = BUCKET_STEP,
     return pow2 if pow2 <= pow2_until else step * -(-n // step)
 
 
-def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int,
+             rows: Optional[int] = None):
     """Left-pads token lists to `length`: (tokens int32[B, length], mask bool[B, length]).
 
+    Args:
+        prompts: the token lists.
+        length: P, the padded length.
+        pad_id: the id of padding positions.
+        rows: B (default len(prompts)); rows past the prompts are filler (dropped by the
+            caller): one pad token in the last column, masked in, so that no row attends
+            to nothing.
+
     Raises:
-        ValueError: an empty prompt, or one longer than `length`.
+        ValueError: an empty prompt, one longer than `length`, or fewer rows than prompts.
     """
-    tokens = np.full((len(prompts), length), pad_id, np.int32)
-    mask = np.zeros((len(prompts), length), bool)
+    rows = len(prompts) if rows is None else int(rows)
+    if rows < len(prompts):
+        raise ValueError(f"{rows} rows for {len(prompts)} prompts")
+    tokens = np.full((rows, length), pad_id, np.int32)
+    mask = np.zeros((rows, length), bool)
     for i, p in enumerate(prompts):
         if not 0 < len(p) <= length:
             raise ValueError(f"prompt {i} has {len(p)} tokens; must be 1..{length}")
@@ -41,4 +53,5 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
         # step writes the same cache slot for all rows.
         tokens[i, length - len(p):] = p
         mask[i, length - len(p):] = True
+    mask[len(prompts):, -1] = True  # filler rows
     return tokens, mask
