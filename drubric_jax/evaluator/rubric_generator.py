@@ -45,6 +45,10 @@ JSON_SEPARATORS = {"item_separator": ", ", "key_separator": ": "}
 
 
 @dataclasses.dataclass(frozen=True)
+# The smallest prompt-length bucket of the generator's sampler (tokens); the planner reads it.
+MIN_PROMPT_BUCKET = 64
+
+
 class RubricInput:
     """One generator input: the request x, earlier turns and the response set C (K texts)."""
 
@@ -84,7 +88,7 @@ class RubricGenerator:
 
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
-                 input_budget: int = 2048, min_bucket: int = 64, mesh=None,
+                 input_budget: int = 2048, min_bucket: int = MIN_PROMPT_BUCKET, mesh=None,
                  rows_per_call: int = 0, per_row_keys: bool = False):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, PassBudgets, memory_budgets
+from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, PassBudgets
 from drubric_jax.evaluator.calibration import contextual_p_yes
 from drubric_jax.evaluator.chunked import ChunkedPasses
 from drubric_jax.evaluator.counters import add_count
@@ -74,9 +74,6 @@ class Verifier:
     Raises:
         ValueError: a budget < 16 tokens, or the tokenizer has no yes/no tokens.
     """
-
-    # The budgets for a share of a device's memory (`budgets.memory_budgets`).
-    budgets = staticmethod(memory_budgets)
 
     def __init__(self, cfg: ModelConfig, tokenizer, max_prefix_tokens: int = 2048,
                  max_suffix_tokens: int = 128, *,

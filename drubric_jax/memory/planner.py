@@ -19,7 +19,6 @@ The rollout micro-batch it prints goes into `policy.rollout_micro_batch` /
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Callable, Optional
 
 import jax
@@ -29,7 +28,7 @@ from drubric_jax import config_check
 from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
                                        resident_terms, sampling_terms, train_terms,
                                        tree_bytes, verification_terms)
-from drubric_jax.evaluator.rubric_generator import RubricGenerator
+from drubric_jax.evaluator.rubric_generator import MIN_PROMPT_BUCKET
 from drubric_jax.sampling import bucket_length
 from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
 
@@ -66,7 +65,7 @@ class Workload:
         rows = chunking.rows_per_pass(prefix, suffix, num_items)
         # The generator's smallest prompt bucket, from its constructor's default (rubric_generator
         # has no module-level constant for it yet), so the plan follows the generator.
-        gen_bucket = inspect.signature(RubricGenerator).parameters["min_bucket"].default
+        gen_bucket = MIN_PROMPT_BUCKET
         return cls(p.prompts_per_step * p.num_responses,
                    bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
                    g.anchors_per_step * g.num_lists, p.prompts_per_step,

@@ -382,11 +382,11 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
 
 def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,
                        items: int, attention: str, block: int) -> list:
-    """Transient terms of one verifier chunk (`verifier_passes`): the prefill of `rows`
+    """Transient terms of one verifier chunk (`evaluator.passes`): the prefill of `rows`
     prefixes into P + Ts slots, then a suffix pass of `items` items on repeated rows."""
     cfg = models_.base[models_.sources["verifier"]]
     slots = prefix + suffix
-    field = "config.verifier.max_prefix_tokens; Verifier budgets"
+    field = "config.verifier.max_prefix_tokens; evaluator.budgets.PassBudgets"
     cache = Term(f"verifier KV cache ({rows} rows x {slots} slots)",
                  kv_cache_bytes(cfg, rows, slots), field)
     gathered = _weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],

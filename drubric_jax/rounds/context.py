@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from drubric_jax.evaluator.rubric_generator import RubricGenerator
+from drubric_jax.evaluator.budgets import memory_budgets
 from drubric_jax.evaluator.verifier import Verifier
 from drubric_jax.rounds.roles import Roles
 from drubric_jax.text import tokenizer as tok_lib
@@ -76,13 +77,13 @@ class Context:
 
 
 def verifier_budgets(cfg, fraction: float) -> dict:
-    """The verifier's chunk budgets: `Verifier.budgets` for `fraction` of the first device's
+    """The verifier's chunk budgets: `evaluator.budgets.memory_budgets` for `fraction` of the first device's
     memory on an accelerator (bytes_limit in its memory_stats), the CPU defaults otherwise
     or with fraction 0."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if fraction <= 0 or "bytes_limit" not in stats:
         return {}
-    return Verifier.budgets(cfg, int(stats["bytes_limit"]), fraction)
+    return memory_budgets(cfg, int(stats["bytes_limit"]), fraction)
 
 
 @dataclasses.dataclass
