@@ -44,11 +44,11 @@ JSON_SEPARATORS = {"item_separator": ", ", "key_separator": ": "}
 """llguidance JSON options added to the schema as "x-guidance" (see RubricGenerator)."""
 
 
-@dataclasses.dataclass(frozen=True)
 # The smallest prompt-length bucket of the generator's sampler (tokens); the planner reads it.
 MIN_PROMPT_BUCKET = 64
 
 
+@dataclasses.dataclass(frozen=True)
 class RubricInput:
     """One generator input: the request x, earlier turns and the response set C (K texts)."""
 
