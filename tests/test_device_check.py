@@ -20,7 +20,7 @@ ROWS = {"decode": 4, "prefill": 2, "train": 2, "constrained": 1, "moe_verifier":
 TIMED = ("compile_s", "steady_s", "ms_per_step", "tokens_per_s")
 
 
-def _check(*args, timeout=600):
+def _check(*args, timeout=1200):
     return subprocess.run([sys.executable, "-m", "experiments.device_check", *args], cwd=ROOT,
                           env=ENV, capture_output=True, text=True, timeout=timeout)
 
