@@ -93,7 +93,7 @@ _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Most seconds a phase may take (quick; tiny: TINY_CAP_S each), and the least left to start one.
-CAPS_S = {"decode": 120, "prefill": 90, "train": 150, "constrained": 90, "moe_verifier": 90}
+CAPS_S = {"decode": 150, "prefill": 100, "train": 150, "constrained": 100, "moe_verifier": 90}
 TINY_CAP_S, MIN_START_S = 300, 30
 
 
@@ -131,8 +131,13 @@ def run_phase(name: str, timeout: float, args: tuple = ()) -> dict:
         proc.kill()
         out, err = proc.communicate()
         timed_out = True
-    lines = [s[len(dm.RESULT_TAG):] for s in out.splitlines() if s.startswith(dm.RESULT_TAG)]
-    res = json.loads(lines[-1]) if lines else {"phase": name, "rows": []}
+    res = {"phase": name, "rows": []}
+    for line in out.splitlines():  # the last whole result line (a killed child may cut one)
+        if line.startswith(dm.RESULT_TAG):
+            try:
+                res = json.loads(line[len(dm.RESULT_TAG):])
+            except json.JSONDecodeError:
+                pass
     res.update(wall_s=time.monotonic() - t0, returncode=proc.returncode)
     tail = [s for s in err.splitlines() if s.strip()]
     if timed_out:

@@ -283,13 +283,13 @@ def train(ctx: Context) -> None:
     def one():
         c_s, t, metrics = first_and_steady(lambda: (), step)
         ts.check_finite(metrics, 1)
-        adapters = sum(x.size for x in jax.tree.leaves(trainee.state.params))
+        adapters = sum(x.size for x in jax.tree.leaves(state["now"].params))
         mm = forward_flops(cfg, t_len, 0, 0)                  # matmuls of one forward
         ad = 2.0 * adapters * t_len                           # adapter matmuls of one
         att = forward_flops(cfg, 0, causal_pairs(t_len), 0)   # attention of one
         head = forward_flops(cfg, 0, 0, n)                    # output head (scored tokens)
         # Reference forward (beta > 0) + trainee forward + backward (activation gradients:
-        # 1x matmuls and head, 2x attention; adapter weight gradients: 1x adapters).
+        # 1x the matmuls, adapters and head, 2x attention; adapter weight gradients: 1x).
         flops = (mm + att + head if tc.beta > 0 else 0) + (mm + ad + att + head) \
             + (mm + 2 * ad + 2 * att + head)
         row = flops_row(ctx, c_s, t, t_len, flops)
