@@ -99,3 +99,15 @@ def test_matmul_weights_are_the_parameters_less_embedding_head_and_norms(cfg):
     assert 3.2e9 < dm.matmul_params(moe) + 2 * moe.vocab_size * moe.dim < 3.4e9
     # A decode step reads every weight but the embedding.
     assert dm.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.dim)
+
+
+@pytest.mark.real_model
+def test_exported_tokenizer_loads_back_as_the_gguf_one(tmp_path, smollm2_tokenizer):
+    """--export_tokenizer / --tokenizer: the folder the accelerator gets (no GGUF there)
+    gives the same ids, vocabulary and end of sequence as the tokenizer rebuilt from it."""
+    dm.export_tokenizer(str(tmp_path))
+    tok = dm.load_tokenizer(str(tmp_path))
+    text = '{"rubrics": [{"rubric": "Names Paris <|im_end|> as the capital", "weight": 5}]}'
+    assert tok.encode(text) == smollm2_tokenizer.encode(text)
+    assert len(tok) == len(smollm2_tokenizer) == 49152
+    assert tok.eos_token_id == smollm2_tokenizer.eos_token_id
