@@ -115,6 +115,9 @@ class Context:
         self.jax, self.phase, self.tiny, self.tokenizer_dir = jax, phase, tiny, tokenizer
         self.shapes = TINY if tiny else QUICK
         self.dev = jax.devices()[0]
+        if not tiny and jax.default_backend() == "cpu":  # e.g. an accelerator plugin that failed
+            raise RuntimeError("no accelerator: jax runs on cpu (the quick shapes need one; "
+                               "--tiny is the CPU mode)")
         self.t0 = time.perf_counter()
         stats = self.memory_stats()
         kind = self.dev.device_kind
