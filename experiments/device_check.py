@@ -211,7 +211,7 @@ def main(argv):
     mode = "tiny" if _TINY.value else "quick"
     budget = _BUDGET.value or (900.0 if _TINY.value else 345.0)
     child_args = ["--tiny" if _TINY.value else "--notiny"] + (
-        [f"--tokenizer={_TOKENIZER.value}"] if _TOKENIZER.value else [])
+        [f"--tokenizer={os.path.abspath(_TOKENIZER.value)}"] if _TOKENIZER.value else [])
     t0, results = time.monotonic(), []
     for name in [p for p in PHASES if p in _PHASES.value]:
         left = budget - (time.monotonic() - t0)
