@@ -13,8 +13,9 @@ The default (`--quick`) runs five phases, in this order whatever the order of
 is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 weights
 (nothing is downloaded); shapes in `device_measure.QUICK` (`TINY` for `--tiny`):
     decode        memory copy probe (2 GB moved), then `sampling.decode_loop`
-                  (temperature 1) on Qwen3-8B for N = 64 steps from a cache of P = 1024 filled slots, at
-                  B = 1, 64 and 256 (the cache is made as a prefill leaves it, without one)
+                  (temperature 1) on Qwen3-8B for N = 64 steps from a cache of P = 1024
+                  filled slots, at B = 1, 64 and 256 (the cache is made as a prefill
+                  leaves it, without running one)
     prefill       `sampling.prefill` of one 8192- and one 24576-token prompt (Qwen3-8B,
                   cache P + 8192 slots)
     train         one GRPO step of a LoRA trainee (configs/qwen3_8b.py:lora, rank 64, the
