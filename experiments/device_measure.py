@@ -184,21 +184,28 @@ class Context:
         return np.random.default_rng(0).integers(0, vocab, size=shape, dtype=np.int32)
 
 
-def first_and_steady(make_args, fn):
-    """Times fn(*make_args()) twice (fresh arguments each time; results made ready):
-    (compile s = first call - second call, steady s = second call, the second's result)."""
+def first_and_steady(make_args, fn, warm_args=None):
+    """Times a first and a second (steady) call of `fn`, results made ready, each on fresh
+    arguments: `make_args()`, or for the first `warm_args()` (same shapes, no work: a
+    sampler state whose rows are all done, so the call is its compilation).
+
+    Returns:
+        (compile s = the first call's time, less the steady call's when both did the same
+        work; steady s; the steady call's result).
+    """
     import jax
 
     times = []
-    for _ in range(2):
-        args = make_args()
+    for args_fn in (warm_args or make_args, make_args):
+        args = args_fn()
         jax.block_until_ready(args)
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
         if len(times) == 1:
             del out
-    return max(times[0] - times[1], 0.0), times[1], out
+    compile_s = times[0] if warm_args else max(times[0] - times[1], 0.0)
+    return compile_s, times[1], out
 
 
 def planned_gb(base_cfg, terms_fn):
@@ -232,10 +239,11 @@ def flops_row(ctx: Context, compile_s: float, seconds: float, tokens: int, flops
             "note": f"{tflops:.4g} TFLOP/s ({flops / 1e12:.4g} TFLOP counted)"}
 
 
-def decode_state(cfg, rows: int, filled: int, new: int):
+def decode_state(cfg, rows: int, filled: int, new: int, done: bool = False):
     """A `sampling.SamplerState` as a prefill of `filled` tokens leaves it, made without
     one: the first `filled` cache slots valid (zeros: values do not change a step's work),
-    N = `new` steps to go, zero logits."""
+    N = `new` steps to go, zero logits; `done`: every row already stopped (a decode loop
+    on it ends at once: its compilation alone)."""
     import jax
     import jax.numpy as jnp
 
@@ -249,7 +257,7 @@ def decode_state(cfg, rows: int, filled: int, new: int):
         cache=cache, logits=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
         positions=jnp.full((rows,), filled, jnp.int32),
         tokens=jnp.zeros((rows, new), jnp.int32), logprobs=jnp.zeros((rows, new), jnp.float32),
-        mask=jnp.zeros((rows, new), bool), done=jnp.zeros((rows,), bool),
+        mask=jnp.zeros((rows, new), bool), done=jnp.full((rows,), done),
         invalid=jnp.zeros((rows,), bool), step=jnp.zeros((), jnp.int32),
         key=jax.random.PRNGKey(1))
 

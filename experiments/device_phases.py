@@ -59,7 +59,8 @@ def decode(ctx: Context) -> None:
         c, t, out = first_and_steady(
             lambda: (decode_state(cfg, b, p, n),),
             lambda st: sampling.decode_loop(loop_params, cfg, st, sampling.Temperature(1.0),
-                                            stop, 0))
+                                            stop, 0),
+            warm_args=lambda: (decode_state(cfg, b, p, n, done=True),))
         steps = int(out.step)
         del out
         per = t / steps
@@ -194,7 +195,8 @@ def constrained(ctx: Context) -> None:
         c, t, out = first_and_steady(
             lambda: (decode_state(cfg, b, p, n),),
             lambda st: constrained_lib.decode(params, cfg, st, timer, sampling.Temperature(1.0),
-                                              stop, pad))
+                                              stop, pad),
+            warm_args=lambda: (decode_state(cfg, b, p, n, done=True),))  # one step
         steps, made = int(out.step), int(np.asarray(out.mask).sum())
         done = int(np.asarray(out.done).sum())
         del out
