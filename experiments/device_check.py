@@ -38,8 +38,8 @@ writes the same as JSON (`--out`). Per row:
                phase's status is its first row's that is not ok, or timeout (killed; the
                rows it finished are kept, with its stderr's tail), or skipped: budget
     compile s  first call minus the second (steady) call of the same shapes: tracing,
-               lowering, XLA compilation and autotuning; for decode and constrained the
-               first call's time, on a state whose rows are all done (no step runs)
+               lowering, XLA compilation and autotuning; for decode the first call's
+               time, on a state whose rows are all done (no step runs)
     steady s   wall time of the second call, results made ready (decode: the N-step loop;
                train: one step)
     ms/step    decode and constrained: steady s / steps

@@ -195,8 +195,9 @@ def constrained(ctx: Context) -> None:
         c, t, out = first_and_steady(
             lambda: (decode_state(cfg, b, p, n),),
             lambda st: constrained_lib.decode(params, cfg, st, timer, sampling.Temperature(1.0),
-                                              stop, pad),
-            warm_args=lambda: (decode_state(cfg, b, p, n, done=True),))  # one step
+                                              stop, pad))
+        # (No warm state with every row done here: the steps after the first one take the
+        # state the jitted halves return, which the first call must have compiled for too.)
         steps, made = int(out.step), int(np.asarray(out.mask).sum())
         done = int(np.asarray(out.done).sum())
         del out
