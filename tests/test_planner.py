@@ -161,28 +161,6 @@ def test_saved_activations_without_remat_match_the_compiled_difference():
         assert 0.75 <= s.transient / s.compiled <= 1.25, (name, s.transient, s.compiled)
 
 
-@pytest.mark.slow
-def test_device_check_runs_on_cpu_with_tiny(tmp_path):
-    """experiments/device_check.py --tiny: every step runs and the table has one row per
-    step with the planner's prediction beside it (CPU: no device peak, no MFU)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-m", "experiments.device_check", "--tiny"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    table = out.stdout[out.stdout.index("\nstep"):].strip().splitlines()
-    names = [line.split(" (")[0] for line in table[1:]]
-    assert names == ["policy sampling", "rubric sampling", "verification",
-                     "generator update", "policy update"]
-    for line in table[1:]:
-        *_, peak, planned = line.split()
-        assert peak == "n/a" and float(planned) > 0
-
-
 def test_planning_what_the_config_does_uses_its_rollout_micro_batches():
     """search=False (`--nosearch`, memory.json "planned") plans the rows per sampler call the
     config sets, not every row at once."""

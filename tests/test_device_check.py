@@ -1,0 +1,113 @@
+"""experiments/device_check.py: the --tiny check on CPU (every phase in its own process, ok,
+with positive finite figures in the JSON), the parent's budget and timeout statuses, and
+the FLOP counts against the model's parameter count."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from drubric_jax.models.config import QWEN3_30B_A3B, QWEN3_8B
+from experiments import device_measure as dm
+from experiments.device_phases import PHASES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One process per phase on CPU, with no fake devices.
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+ROWS = {"decode": 4, "prefill": 2, "train": 2, "constrained": 1, "moe_verifier": 2}
+TIMED = ("compile_s", "steady_s", "ms_per_step", "tokens_per_s")
+
+
+def _check(*args, timeout=1200):
+    return subprocess.run([sys.executable, "-m", "experiments.device_check", *args], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def _numbers(x):
+    if isinstance(x, dict):
+        return [n for v in x.values() for n in _numbers(v)]
+    if isinstance(x, list):
+        return [n for v in x for n in _numbers(v)]
+    return [x] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
+
+
+@pytest.mark.slow
+def test_tiny_check_runs_every_phase_ok_with_positive_finite_figures(tmp_path):
+    out = tmp_path / "check.json"
+    proc = _check("--tiny", f"--out={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["mode"] == "tiny" and result["device"]["backend"] == "cpu"
+    assert list(result["phases"]) == list(PHASES)
+    for name, phase in result["phases"].items():
+        assert phase["status"] == "ok", (name, phase.get("error"), phase.get("log_tail"))
+        assert phase["done"] and phase["wall_s"] > 0 and len(phase["rows"]) == ROWS[name]
+        for row in phase["rows"]:
+            assert row["status"] == "ok", (name, row)
+            assert all(math.isfinite(n) and n >= 0 for n in _numbers(row)), row
+            timed = [k for k in TIMED if k in row]
+            assert all(row[k] > 0 for k in timed), row
+            if name == "train" and "layout" in row["name"]:
+                assert row["base_gb"] > 0 and row["adapters_gb"] > 0
+                assert row["adapters_gb"] == pytest.approx(row["planned_adapters_gb"])
+            elif "probe" not in row["name"]:
+                assert {"compile_s", "steady_s", "tokens_per_s"} <= set(timed), row
+                assert row["planned_gb"] > 0, row
+    constrained = result["phases"]["constrained"]["rows"][0]
+    assert 0 < constrained["host_ms_per_step"] < constrained["ms_per_step"]
+    assert constrained["grammar_errors"] == 0
+    # The table: one line per phase, one per row.
+    assert "5 of 5 phases ok" in proc.stdout
+    for name in PHASES:
+        assert f"\n{name} [ok, " in proc.stdout
+
+
+def test_a_check_out_of_budget_skips_every_phase(tmp_path):
+    out = tmp_path / "check.json"
+    proc = _check("--tiny", "--budget_s=1", f"--out={out}", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    phases = json.loads(out.read_text())["phases"]
+    assert [p["status"] for p in phases.values()] == ["skipped: budget"] * len(PHASES)
+    assert "0 of 5 phases ok" in proc.stdout
+
+
+def test_a_phase_past_its_timeout_is_killed_and_reported():
+    from experiments.device_check import run_phase, table
+
+    res = run_phase("decode", 0.2, ("--tiny",))
+    assert res["status"] == "timeout" and res["rows"] == [] and res["returncode"] != 0
+    assert "decode [timeout" in table([res])
+
+
+def test_status_of_tells_out_of_memory_from_other_errors():
+    oom = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8 GB.\n")
+    assert dm.status_of(oom) == ("oom", "RuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+                                        "while trying to allocate 8 GB.")
+    assert dm.status_of(ValueError("bad\nlast line")) == ("error", "last line")
+
+
+@pytest.mark.parametrize("cfg", [QWEN3_8B, QWEN3_30B_A3B])
+def test_matmul_weights_are_the_parameters_less_embedding_head_and_norms(cfg):
+    # Every expert counted (k = E): the matmul weights are all the layers' matrices.
+    full = cfg.replace(num_experts_per_tok=cfg.num_experts) if cfg.num_experts else cfg
+    norms = cfg.num_layers * (2 * cfg.dim + 2 * cfg.head_dim) + cfg.dim
+    assert dm.matmul_params(full) + 2 * cfg.vocab_size * cfg.dim + norms == cfg.num_params()
+    # Qwen3-30B-A3B: about 3.3B active parameters per token (8 of 128 experts).
+    moe = QWEN3_30B_A3B
+    assert 3.2e9 < dm.matmul_params(moe) + 2 * moe.vocab_size * moe.dim < 3.4e9
+    # A decode step reads every weight but the embedding.
+    assert dm.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.dim)
+
+
+@pytest.mark.real_model
+def test_exported_tokenizer_loads_back_as_the_gguf_one(tmp_path, smollm2_tokenizer):
+    """--export_tokenizer / --tokenizer: the folder the accelerator gets (no GGUF there)
+    gives the same ids, vocabulary and end of sequence as the tokenizer rebuilt from it."""
+    dm.export_tokenizer(str(tmp_path))
+    tok = dm.load_tokenizer(str(tmp_path))
+    text = '{"rubrics": [{"rubric": "Names Paris <|im_end|> as the capital", "weight": 5}]}'
+    assert tok.encode(text) == smollm2_tokenizer.encode(text)
+    assert len(tok) == len(smollm2_tokenizer) == 49152
+    assert tok.eos_token_id == smollm2_tokenizer.eos_token_id
