@@ -92,6 +92,8 @@ _EXPORT = flags.DEFINE_string("export_tokenizer", None, "Write the SmolLM2 token
                               "directory for --tokenizer, and exit.")
 _CAP = flags.DEFINE_float("phase_cap_s", None, "Most seconds of every phase (default: CAPS_S "
                           "quick, TINY_CAP_S tiny); the budget still applies.")
+_ATTENTION = flags.DEFINE_string("attention", None, "Override ModelConfig.attention in every "
+                                 "phase (auto | materialized | blockwise | cudnn).")
 _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (a child).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,7 +106,7 @@ def run_child(name: str) -> None:
     """Runs phase `name` in this process; its result goes to stdout as JSON lines."""
     ctx = None
     try:
-        ctx = dm.Context(name, _TINY.value, _TOKENIZER.value)
+        ctx = dm.Context(name, _TINY.value, _TOKENIZER.value, _ATTENTION.value)
         PHASES[name](ctx)
         ctx.finish()
     except Exception as e:  # the setup failed: the phase reports it and exits normally
@@ -214,7 +216,8 @@ def main(argv):
     mode = "tiny" if _TINY.value else "quick"
     budget = _BUDGET.value or (900.0 if _TINY.value else 345.0)
     child_args = ["--tiny" if _TINY.value else "--notiny"] + (
-        [f"--tokenizer={os.path.abspath(_TOKENIZER.value)}"] if _TOKENIZER.value else [])
+        [f"--tokenizer={os.path.abspath(_TOKENIZER.value)}"] if _TOKENIZER.value else []) + (
+        [f"--attention={_ATTENTION.value}"] if _ATTENTION.value else [])
     t0, results = time.monotonic(), []
     for name in [p for p in PHASES if p in _PHASES.value]:
         left = budget - (time.monotonic() - t0)

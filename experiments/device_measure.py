@@ -109,10 +109,12 @@ def status_of(e: BaseException) -> tuple[str, str]:
 class Context:
     """One phase's shared state: shapes, device figures and the rows reported so far."""
 
-    def __init__(self, phase: str, tiny: bool, tokenizer: str | None):
+    def __init__(self, phase: str, tiny: bool, tokenizer: str | None,
+                 attention: str | None = None):
         import jax
 
         self.jax, self.phase, self.tiny, self.tokenizer_dir = jax, phase, tiny, tokenizer
+        self.attention = attention  # None: each preset's own (`ModelConfig.attention`)
         self.shapes = TINY if tiny else QUICK
         self.dev = jax.devices()[0]
         if not tiny and jax.default_backend() == "cpu":  # e.g. an accelerator plugin that failed
@@ -168,9 +170,12 @@ class Context:
         self.emit()
 
     def model(self, name: str, **changes):
-        """A preset in bfloat16 (compute and storage), with `changes`."""
+        """A preset in bfloat16 (compute and storage), with `changes` (and the check's
+        `--attention`, when given)."""
         from drubric_jax.models.config import PRESETS
 
+        if self.attention:
+            changes = {"attention": self.attention, **changes}
         return PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16", **changes)
 
     def init_params(self, cfg):
