@@ -8,7 +8,6 @@ are fixed by the stubs, so nothing here depends on what a 135M model happens to 
 """
 import dataclasses
 import math
-import zlib
 
 import jax
 import numpy as np
@@ -17,29 +16,12 @@ import pytest
 from drubric_jax.rounds import loop
 from drubric_jax.rounds import phases
 from drubric_jax.types import RubricBatch, Rollout
-from tests.test_loop import _tiny_config
+from helpers import StubVerifier, p_yes_of, tiny_config
 
 ADV_EPS, FLAT_RTOL = 1e-6, 1e-6
 
 
 # ----------------------------------------------------------------------------- stubs
-
-
-def p_yes_of(response: str, item: str) -> float:
-    """The stub verifier's P(yes): a fixed pseudo-random number per (response, item)."""
-    if not item.strip():
-        return 0.0
-    return (zlib.crc32(f"{response}\x00{item}".encode()) % 997) / 996.0
-
-
-class StubVerifier:
-    def p_yes(self, params, prompts, responses, items, history=None, **kw):
-        m = max((len(x) for x in items), default=0)
-        out = np.zeros((len(responses), m), np.float32)
-        for i, (y, lst) in enumerate(zip(responses, items)):
-            for j, t in enumerate(lst):
-                out[i, j] = p_yes_of(y, t)
-        return out
 
 
 # Items per (input, list): the second list of input 0 has no valid item (floor of Eq. 15).
@@ -79,24 +61,21 @@ class StubGenerator:
 # ----------------------------------------------------------------------------- the paper by hand
 
 
-MODE = {"verdict": "hard"}  # the verdict mode the hand computations use (set per test)
-
-
-def verdict(resp, item):
-    """v of Eq. 12-13: 0/1 (P(yes) > 0.5) for hard verdicts, P(yes) for soft (METHOD 12)."""
+def verdict(resp, item, mode):
+    """v of Eq. 12-13: 0/1 (P(yes) > 0.5) for mode "hard", P(yes) for "soft" (METHOD 12)."""
     p = np.float32(p_yes_of(resp, item))
-    return float(p > 0.5) if MODE["verdict"] == "hard" else float(p)
+    return float(p > 0.5) if mode == "hard" else float(p)
 
 
-def score(resp, items, weights):
+def score(resp, items, weights, mode):
     """Eq. 12."""
     total = sum(w for t, w in zip(items, weights) if w > 0)
     if total == 0:
         return 0.0
-    return sum(w * verdict(resp, t) for t, w in zip(items, weights) if w > 0) / total
+    return sum(w * verdict(resp, t, mode) for t, w in zip(items, weights) if w > 0) / total
 
 
-def r_disc(responses, items, weights):
+def r_disc(responses, items, weights, mode):
     """Eq. 13, generalised: the population variance of each item's verdicts."""
     total = sum(w for w in weights if w > 0)
     if total == 0:
@@ -104,7 +83,7 @@ def r_disc(responses, items, weights):
     acc = 0.0
     for t, w in zip(items, weights):
         if w > 0:
-            acc += w * np.var([verdict(y, t) for y in responses])
+            acc += w * np.var([verdict(y, t, mode) for y in responses])
     return acc / total
 
 
@@ -135,15 +114,15 @@ def advantages(r):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    r = loop.setup(_tiny_config(), str(tmp_path_factory.mktemp("phases")))
+    r = loop.setup(tiny_config(), str(tmp_path_factory.mktemp("phases")))
     r.ctx = dataclasses.replace(r.ctx, verifier=StubVerifier(), generator=StubGenerator())
     yield r
     loop.close(r)
 
 
 def _ctx(run, variant, mode="hard"):
-    config = _tiny_config(variant)
-    config.verifier.verdict = MODE["verdict"] = mode
+    config = tiny_config(variant)
+    config.verifier.verdict = mode
     return dataclasses.replace(run.ctx, config=config, generator=StubGenerator())
 
 
@@ -163,8 +142,8 @@ def test_generator_phase_rewards_and_advantages_by_hand(run, variant, mode):
     g = c.generator.num_lists
     a = anchors[0]
     lists = [(ITEMS[j % 4], WEIGHTS[j % 4]) for j in range(g)]
-    rd = [r_disc(responses[:k], it, w) for it, w in lists]
-    ra = [r_anchor([score(y, it, w) for y in a.responses], list(a.gold_ranks), any(w))
+    rd = [r_disc(responses[:k], it, w, mode) for it, w in lists]
+    ra = [r_anchor([score(y, it, w, mode) for y in a.responses], list(a.gold_ranks), any(w))
           for it, w in lists]
     w_disc, lam = {"full": (1.0, c.generator.lam), "disc_only": (1.0, 0.0),
                    "anchor_only": (0.0, 1.0)}[variant]
@@ -191,11 +170,11 @@ def test_policy_phase_scores_and_advantages_by_hand(run, variant, mode):
                                            [list(x.history) for x in items], k,
                                            phases.Timer())
     it, w = ITEMS[0], WEIGHTS[0]
-    scores = [score(y, it, w) for y in responses]
+    scores = [score(y, it, w, mode) for y in responses]
     np.testing.assert_allclose(step.advantages, advantages(scores), atol=1e-5)
     np.testing.assert_allclose(step.metrics["policy_reward"], np.mean(scores), atol=1e-6)
     assert step.metrics["flat_group_fraction"] == float(np.all(advantages(scores) == 0))
-    v = [[verdict(y, t) for y in responses] for t in it]
+    v = [[verdict(y, t, mode) for y in responses] for t in it]
     np.testing.assert_allclose(step.metrics["yes_rate"], np.mean(v), atol=1e-6)
     assert step.metrics["zero_variance_item_fraction"] == np.mean(
         [max(x) - min(x) <= 1e-6 for x in v])
@@ -212,7 +191,7 @@ def test_heldout_delta_gap_and_anchor_reward_by_hand(run, mode):
     it, w = ITEMS[0], WEIGHTS[0]
     gaps, ras = [], []
     for a in anchors:
-        s = [score(y, it, w) for y in a.responses]
+        s = [score(y, it, w, mode) for y in a.responses]
         pairs = [(i, j) for i in range(len(s)) for j in range(len(s))
                  if a.gold_ranks[i] < a.gold_ranks[j]]
         gaps.append(np.mean([s[i] - s[j] for i, j in pairs]) if pairs else 0.0)
@@ -295,7 +274,7 @@ def test_ablation_heldout_values_per_list_by_hand(run, mode):
         gaps, ras, pairs, correct, ties, valid = [], [], 0, 0, 0, 0
         for j in range(g):
             it, w = ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4]
-            s = [score(y, it, w) for y in a.responses]
+            s = [score(y, it, w, mode) for y in a.responses]
             ordered = [(x, y) for x in range(len(s)) for y in range(len(s))
                        if a.gold_ranks[x] < a.gold_ranks[y]]
             gaps.append(np.mean([s[x] - s[y] for x, y in ordered]) if ordered else 0.0)
@@ -323,6 +302,7 @@ def test_coevolution_rdisc_on_fixed_samples_by_hand(run, mode):
     g = 2
     got = co.rdisc_per_prompt(ctx, None, jax.random.PRNGKey(0), prompts, hists, sets, g, 1.0)
     for i, cs in enumerate(sets):
-        want = [r_disc(cs, ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4]) for j in range(g)]
+        want = [r_disc(cs, ITEMS[(i * g + j) % 4], WEIGHTS[(i * g + j) % 4], mode)
+                for j in range(g)]
         np.testing.assert_allclose(got["r_disc"][i], np.mean(want), atol=1e-6)
         assert got["valid"][i] == sum(any(WEIGHTS[(i * g + j) % 4]) for j in range(g))
