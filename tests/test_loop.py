@@ -15,31 +15,10 @@ from drubric_jax import config_check
 from drubric_jax.rounds import loop
 from drubric_jax.rounds.roles import role_memory
 from drubric_jax.types import Role
+from helpers import StubVerifier, one_round_config, tiny_config
 
 # The tiny configs use the real SmolLM2 tokenizer: fail (with the install command) without it.
 pytestmark = pytest.mark.usefixtures("smollm2_gguf")
-
-
-def _tiny_config(variant="full"):
-    c = get_config(f"tiny,variant={variant}")
-    c.rounds.num_rounds = 2
-    c.rounds.generator_steps = 1
-    c.rounds.policy_steps = 1
-    c.policy.prompts_per_step = 1
-    c.policy.num_responses = 2
-    c.policy.max_new_tokens = 8
-    c.generator.num_lists = 2
-    c.generator.max_items = 2
-    c.generator.max_item_chars = 16
-    c.generator.max_new_tokens = 48
-    c.data.heldout_anchor_rows = 1
-    c.data.max_responses = 3
-    c.log.progress = False
-    c.log.tensorboard = False
-    # Two of the fake CPU devices (tests/conftest.py): batch rows split over "data".
-    c.mesh.num_devices = min(2, jax.device_count())
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = c.mesh.num_devices, 1, 1
-    return c
 
 
 def _train_rows(workdir):
@@ -54,7 +33,7 @@ def _train_rows(workdir):
 
 
 def _final_params(workdir, config=None):
-    run = loop.setup(config if config is not None else _tiny_config(), workdir)
+    run = loop.setup(config if config is not None else tiny_config(), workdir)
     try:
         assert loop.restore(run)
         roles = run.ctx.roles
@@ -67,13 +46,13 @@ def _final_params(workdir, config=None):
 @pytest.mark.slow
 def test_resume_after_round_1_equals_uninterrupted(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
-    loop.run(_tiny_config(), full)
-    loop.run(_tiny_config(), resumed, stop_after_rounds=1)
+    loop.run(tiny_config(), full)
+    loop.run(tiny_config(), resumed, stop_after_rounds=1)
     assert not os.path.exists(os.path.join(resumed, "curves.png"))  # stopped early
-    loop.run(_tiny_config(), resumed)
+    loop.run(tiny_config(), resumed)
 
     pa, ga, loop_a = _final_params(full)
-    start = loop.setup(_tiny_config(), str(tmp_path / "fresh"))
+    start = loop.setup(tiny_config(), str(tmp_path / "fresh"))
     try:  # soft verdicts (the config's) give non-flat groups: both trainees moved
         for name, trained in (("policy", pa), ("generator", ga)):
             init = jax.device_get(getattr(start.ctx.roles, name).params)
@@ -96,12 +75,12 @@ def test_resume_after_round_1_equals_uninterrupted(tmp_path):
         assert os.path.exists(os.path.join(full, name)), name
     with open(os.path.join(full, "config.json")) as f:  # the config the run was started with
         saved = json.load(f)
-    c = _tiny_config()
+    c = tiny_config()
     assert saved["seed"] == c.seed and saved["policy"]["train"] == c.policy.train.to_dict()
 
 
 def test_static_variant_skips_generator_training(tmp_path):
-    c = _tiny_config("static")
+    c = tiny_config("static")
     c.rounds.num_rounds = 1
     loop.run(c, str(tmp_path))
     rows = _train_rows(str(tmp_path))
@@ -131,7 +110,7 @@ def test_config_validation_names_the_field(field, value, message):
 
 
 def test_memory_of_shared_roles_counts_frozen_weights_once(tmp_path):
-    c = _tiny_config()
+    c = tiny_config()
     run = loop.setup(c, str(tmp_path))
     try:
         mem = role_memory(run.ctx.roles)
@@ -183,7 +162,7 @@ def test_parked_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
     """memory.park_idle_optimizer: in the generator phase the policy's AdamW moments are
     read-only memmaps on disk (not counted as resident), a checkpoint saved then restores
     them bit for bit, and the policy phase brings them back as sharded jax arrays."""
-    c = _tiny_config()
+    c = tiny_config()
     assert c.memory.park_idle_optimizer
 
     def away(roles):
@@ -201,15 +180,9 @@ def test_parked_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):
         r, run.park_dir), away, back)
 
 
-def _one_round_config(tmp_path=None):
-    c = _tiny_config()
-    c.rounds.num_rounds = 1
-    return c
-
-
 def test_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     workdir = str(tmp_path)
-    loop.run(_one_round_config(), workdir)
+    loop.run(one_round_config(), workdir)
     # A run's last line says where its outputs are (after the progress bars).
     assert f"{workdir}: finished 1 rounds" in capsys.readouterr().out.strip().splitlines()[-1]
     files = {}
@@ -217,7 +190,7 @@ def test_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
         for n in names:
             p = os.path.join(root, n)
             files[p] = (os.path.getmtime(p), os.path.getsize(p))
-    loop.run(_one_round_config(), workdir)
+    loop.run(one_round_config(), workdir)
     assert "this run finished" in capsys.readouterr().out
     after = {}
     for root, _, names in os.walk(workdir):
@@ -232,13 +205,13 @@ def test_round_end_is_not_repeated_and_a_lost_trace_comes_back(tmp_path):
     its last round; a kill between a round's last checkpoint and its trace (round_end.json
     and the trace lost) brings the trace back from the checkpoint on resume."""
     workdir = str(tmp_path)
-    loop.run(_one_round_config(), workdir)
+    loop.run(one_round_config(), workdir)
     os.remove(os.path.join(workdir, "trace", "round_0.html"))
     os.remove(os.path.join(workdir, "round_end.json"))
     os.remove(os.path.join(workdir, loop.FINISHED))
-    loop.run(_one_round_config(), workdir)
+    loop.run(one_round_config(), workdir)
     assert os.path.exists(os.path.join(workdir, "trace", "round_0.html"))
-    c = _one_round_config()
+    c = one_round_config()
     c.rounds.num_rounds = 2
     loop.run(c, workdir)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -259,7 +232,7 @@ def test_resume_with_other_data_is_refused_unless_allowed(tmp_path, write_jsonl)
             return [json.loads(line) for line in f if line.strip()]
 
     prompts = rows(data.demo_prompt_path())
-    c = _one_round_config()
+    c = one_round_config()
     c.data.name = "custom"
     c.data.anchor_paths = (str(write_jsonl(rows(data.demo_anchor_path()), "a.jsonl")),)
     c.data.prompt_paths = (str(write_jsonl(prompts, "p.jsonl")),)
@@ -280,17 +253,15 @@ def test_one_round_on_a_2x2x2_mesh_equals_one_device(tmp_path):
     """The same tiny round on one device and on a (data, fsdp, tensor) = (2, 2, 2) mesh of
     the 8 fake CPU devices: the same samples, rewards and losses (float32 sums in another
     order: 1e-4 relative), and trained params within what AdamW makes of that noise (each
-    step moves an entry by at most lr). The verifier is the stub of tests/test_phases.py
+    step moves an entry by at most lr). The verifier is `helpers.StubVerifier`
     (hard verdicts from a hash of the texts), so groups are far from flat: with near-flat
     groups Eq. 21 would divide float noise by a tiny std and the comparison would say
     nothing. The sharded verifier itself is compared in tests/test_verifier.py."""
     import dataclasses
 
-    from test_phases import StubVerifier
-
     runs = {}
     for name, (n, shape) in {"one": (1, (1, 1, 1)), "mesh": (8, (2, 2, 2))}.items():
-        c = _one_round_config()
+        c = one_round_config()
         c.verifier.verdict = "hard"
         c.policy.prompts_per_step, c.generator.num_lists = 2, 4  # 4 rows: data x fsdp
         c.mesh.num_devices = n
@@ -316,8 +287,8 @@ def test_one_round_on_a_2x2x2_mesh_equals_one_device(tmp_path):
                 assert vb == pytest.approx(va, rel=1e-4, abs=1e-6), (key, name, va, vb)
             else:
                 assert va == vb, (key, name)
-    lr = max(_one_round_config().policy.train.learning_rate,
-             _one_round_config().generator.train.learning_rate)
+    lr = max(one_round_config().policy.train.learning_rate,
+             one_round_config().generator.train.learning_rate)
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         assert np.abs(np.asarray(x) - np.asarray(y)).max() <= 2 * lr + 1e-6
 
@@ -331,11 +302,11 @@ def test_bad_data_and_model_paths_fail_before_any_weights_load(tmp_path, monkeyp
         raise AssertionError("weights were loaded before the inputs were checked")
 
     monkeypatch.setattr(roles, "load_model", no_loading)
-    c = _one_round_config()
+    c = one_round_config()
     c.model.verifier = str(tmp_path / "nope" / "model.gguf")
     with pytest.raises(FileNotFoundError, match=r"config\.model\.verifier: .*no such file"):
         loop.run(c, str(tmp_path / "a"))
-    c = _one_round_config()
+    c = one_round_config()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "prompt": 3}\n')
     c.data.name, c.data.anchor_paths, c.data.prompt_paths = "custom", (str(bad),), (str(bad),)
@@ -351,7 +322,7 @@ def test_offloaded_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path
     kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
     if "pinned_host" not in kinds:
         pytest.skip(f"the {jax.default_backend()} backend has no pinned_host memory")
-    c = _tiny_config()
+    c = tiny_config()
     c.memory.park_idle_optimizer, c.memory.offload_idle_optimizer = False, True
 
     def where(tree):
@@ -378,7 +349,7 @@ def test_memory_json_measured_figures_equal_the_planners_role_terms(tmp_path):
     peak)."""
     from drubric_jax.memory import planner
 
-    c = _one_round_config()
+    c = one_round_config()
     c.mesh.num_devices, c.mesh.data = 1, 1
     run = loop.setup(c, str(tmp_path))
     try:  # as a run ends: in the policy phase, the generator's moments parked on disk

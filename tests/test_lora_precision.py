@@ -7,7 +7,6 @@
 - float32 masters with bfloat16 compute: at the paper's learning rate 1e-6 every entry of a
   matrix moves in one AdamW step, where bfloat16 params round most of the update away.
 """
-import dataclasses
 import functools
 
 import jax

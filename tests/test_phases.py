@@ -8,7 +8,6 @@ are fixed by the stubs, so nothing here depends on what a 135M model happens to 
 """
 import dataclasses
 import math
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -19,29 +18,12 @@ from drubric_jax.rl import generator_rewards, rewards
 from drubric_jax.rounds import heldout, loop, phases
 from drubric_jax.rounds.context import Timer
 from drubric_jax.types import RubricBatch, Rollout
-from tests.test_loop import _tiny_config
+from helpers import StubVerifier, p_yes_of, tiny_config
 
 ADV_EPS, FLAT_RTOL = 1e-6, 1e-6
 
 
 # ----------------------------------------------------------------------------- stubs
-
-
-def p_yes_of(response: str, item: str) -> float:
-    """The stub verifier's P(yes): a fixed pseudo-random number per (response, item)."""
-    if not item.strip():
-        return 0.0
-    return (zlib.crc32(f"{response}\x00{item}".encode()) % 997) / 996.0
-
-
-class StubVerifier:
-    def p_yes(self, params, prompts, responses, items, history=None, **kw):
-        m = max((len(x) for x in items), default=0)
-        out = np.zeros((len(responses), m), np.float32)
-        for i, (y, lst) in enumerate(zip(responses, items)):
-            for j, t in enumerate(lst):
-                out[i, j] = p_yes_of(y, t)
-        return out
 
 
 # Items per (input, list): the second list of input 0 has no valid item (floor of Eq. 15).
@@ -82,7 +64,7 @@ class StubGenerator:
 
 
 def verdict(resp, item, mode):
-    """v of Eq. 12-13: 0/1 (P(yes) > 0.5) for hard verdicts, P(yes) for soft (METHOD 12)."""
+    """v of Eq. 12-13: 0/1 (P(yes) > 0.5) for mode "hard", P(yes) for "soft" (METHOD 12)."""
     p = np.float32(p_yes_of(resp, item))
     return float(p > 0.5) if mode == "hard" else float(p)
 
@@ -134,14 +116,14 @@ def advantages(r):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    r = loop.setup(_tiny_config(), str(tmp_path_factory.mktemp("phases")))
+    r = loop.setup(tiny_config(), str(tmp_path_factory.mktemp("phases")))
     r.ctx = dataclasses.replace(r.ctx, verifier=StubVerifier(), generator=StubGenerator())
     yield r
     loop.close(r)
 
 
 def _ctx(run, variant, mode="hard"):
-    config = _tiny_config(variant)
+    config = tiny_config(variant)
     config.verifier.verdict = mode
     return dataclasses.replace(run.ctx, config=config, generator=StubGenerator())
 

@@ -6,14 +6,19 @@ import numpy as np
 import pytest
 
 from drubric_jax.evaluation import code_exec, policy_eval
-from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from helpers import assert_percentile_ci, run_module
+
+# Bootstrap replicates: the percentile bounds land within ~6% (in probability) of the exact
+# bootstrap quantiles (`helpers.assert_percentile_ci`); each replicate also fits the
+# length-controlled logistic model, so not more.
+N_BOOT = 2000
 
 
 def test_win_rate_counts_ties_when_the_orders_disagree():
     p_first = np.array([0.9, 0.8, 0.2, 0.7, 0.3])
     p_second = np.array([0.6, 0.1, 0.4, 0.9, 0.8])
     lens = np.array([100, 200, 300, 400, 500])
-    s = policy_eval.win_rate_summary(p_first, p_second, lens, lens, n_boot=200, seed=1)
+    s = policy_eval.win_rate_summary(p_first, p_second, lens, lens, n_boot=N_BOOT, seed=1)
     # wins: rows 0, 3; loss: row 2; ties: rows 1, 4 (the two orders disagree).
     assert (s["wins"], s["losses"], s["ties"], s["n"]) == (2, 1, 2, 5)
     assert s["win_rate"]["value"] == pytest.approx((2 + 2 / 2) / 5)
@@ -21,9 +26,10 @@ def test_win_rate_counts_ties_when_the_orders_disagree():
     assert s["win_rate_second"]["value"] == pytest.approx(3 / 5)
     assert s["tie_rate"]["value"] == pytest.approx(2 / 5)
     assert s["preference"]["value"] == pytest.approx(np.mean((p_first + p_second) / 2))
-    w = resample_weights(5, 200, 1)
+    # The CI against the exact bootstrap distribution of the mean of the per-row units
+    # (win 1, tie 1/2, loss 0) over every resample of the 5 rows.
     units = np.array([1, 0.5, 0, 1, 0.5])
-    assert s["win_rate"]["ci"] == pytest.approx(percentile_interval(w @ units / 5))
+    assert_percentile_ci(s["win_rate"]["ci"], lambda w: w @ units / 5, 5, N_BOOT)
     # Equal lengths: the length term is constant 0, so the length-controlled rate is the
     # logistic intercept fitted to the soft preferences: their mean.
     assert s["lc_win_rate"]["value"] == pytest.approx(s["preference"]["value"], abs=1e-6)
@@ -60,18 +66,30 @@ PROBLEM = {"task_id": "T/0", "entry_point": "add",
            "test": "def check(f):\n    assert f(2, 3) == 5\n    assert f(-1, 1) == 0\n"}
 
 
-@pytest.mark.parametrize("answer,passed", [
-    ("Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nDone.", True),
-    ("```py\ndef add(a, b):\n    return a - b\n```", False),
-    ("    return a + b\n", True),             # a body continuing the prompt's signature
-    ("```python\ndef add(a, b):\n    return a + b", True),  # an unclosed fence
-    ("```python\ndef add(a, b):\n    while True:\n        pass\n```", False),
+# The outcomes below do not depend on the machine's speed: every answer but the endless one
+# ends at once (its timeout is never reached, however loaded the CPU), and the endless one
+# never ends (it times out whatever its timeout; 1 s only bounds the test's wait).
+ENDS_AT_ONCE_TIMEOUT_S = 60.0
+ENDLESS_TIMEOUT_S = 1.0
+
+
+@pytest.mark.parametrize("answer,result", [
+    ("Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nDone.", "passed"),
+    ("```py\ndef add(a, b):\n    return a - b\n```", "failed: "),
+    ("    return a + b\n", "passed"),             # a body continuing the prompt's signature
+    ("```python\ndef add(a, b):\n    return a + b", "passed"),  # an unclosed fence
 ])
-def test_humaneval_answers_run_in_the_sandbox(answer, passed):
-    r = code_exec.check(PROBLEM, code_exec.completion_from_answer(answer, PROBLEM), timeout=1.0)
-    assert r["passed"] is passed, r
-    if "while True" in answer:
-        assert r["result"] == "timed out"
+def test_humaneval_answers_run_in_the_sandbox(answer, result):
+    r = code_exec.check(PROBLEM, code_exec.completion_from_answer(answer, PROBLEM),
+                        timeout=ENDS_AT_ONCE_TIMEOUT_S)
+    assert r["passed"] is (result == "passed") and r["result"].startswith(result), r
+
+
+def test_humaneval_answer_that_never_ends_times_out():
+    answer = "```python\ndef add(a, b):\n    while True:\n        pass\n```"
+    r = code_exec.check(PROBLEM, code_exec.completion_from_answer(answer, PROBLEM),
+                        timeout=ENDLESS_TIMEOUT_S)
+    assert not r["passed"] and r["result"] == "timed out", r
 
 
 def test_sandbox_has_no_network_and_no_destructive_os_calls(tmp_path):
@@ -80,7 +98,7 @@ def test_sandbox_has_no_network_and_no_destructive_os_calls(tmp_path):
             "    except OSError as e:\n        assert 'disabled' in str(e)\n"
             f"    import os\n    os.remove({str(marker)!r})\n    return a + b\n")
     marker.write_text("keep me")
-    r = code_exec.check(PROBLEM, body, timeout=2.0)
+    r = code_exec.check(PROBLEM, body, timeout=ENDS_AT_ONCE_TIMEOUT_S)
     assert not r["passed"] and marker.read_text() == "keep me", r  # os.remove is disabled
     assert r["isolation"] in ("netns", "sockets")
 
@@ -93,10 +111,8 @@ def test_humaneval_problems_ship_with_the_package():
 
 @pytest.mark.slow
 def test_eval_policy_tiny_end_to_end(tmp_path, smollm2_gguf):
-    from tests.test_experiments import _run
-
-    out = _run("experiments.eval_policy", "--config=configs/eval_policy.py:tiny",
-               f"--workdir={tmp_path}", timeout=600)
+    out = run_module("experiments.eval_policy", "--config=configs/eval_policy.py:tiny",
+                     f"--workdir={tmp_path}", timeout=600)
     assert "HumanEval pass@1" in out and "| all | 3 |" in out, out
     report = json.loads((tmp_path / "report.json").read_text())
     s = report["winrate"]["all"]
@@ -106,6 +122,6 @@ def test_eval_policy_tiny_end_to_end(tmp_path, smollm2_gguf):
     assert [r["task"] for r in rows] == ["winrate"] * 3 + ["humaneval"] * 2
     assert all(0 <= r["p_policy_first"] <= 1 for r in rows if r["task"] == "winrate")
     out = tmp_path / "results"
-    _run("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
+    run_module("experiments.report", str(tmp_path), f"--out={out}", timeout=300)
     assert (out / f"eval_policy-{tmp_path.name}.md").read_text() == (
         tmp_path / "results.md").read_text()

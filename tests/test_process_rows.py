@@ -8,7 +8,8 @@ import os
 
 import numpy as np
 import pytest
-from test_multihost import launch_processes
+
+from helpers import launch_processes
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_rows_driver.py")
 TIMEOUT_S = 120  # a hang (a process waiting on its peer forever) fails

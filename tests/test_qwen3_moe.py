@@ -1,6 +1,7 @@
 """The Qwen3 mixture-of-experts family (`models.qwen3_moe`): routing and grouped experts by
 hand, loading a Hugging Face directory, and parity with transformers' Qwen3MoeForCausalLM
-on a tiny random checkpoint (torch is a test-only extra: those tests skip without it).
+on a tiny random checkpoint (torch, from the test extra in setup.py, is the reference:
+without it those tests fail, they do not skip).
 
 Tolerance of the parity checks: 1e-4 on float32 logits of size ~1 (the issue's bound): two
 float32 implementations of the same 2-layer network sum in different orders (XLA vs
@@ -138,7 +139,7 @@ def test_30b_a3b_preset_size_and_hf_config_rules():
 def hf_moe(tmp_path_factory):
     """A tiny random Qwen3MoeForCausalLM written by transformers (per-expert tensors, as the
     Qwen checkpoints store them) and the torch model itself."""
-    torch = pytest.importorskip("torch", reason="torch (test-only extra) is not installed")
+    import torch  # the test extra (setup.py): its absence is a broken environment
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
@@ -192,8 +193,7 @@ def test_logits_equal_transformers_with_experts_split_two_ways(hf_moe):
     """The expert axis over fsdp = 2 (two of the fake CPU devices): each device holds 2 of
     the 4 experts of every layer; the logits are the same."""
     torch, model, path = hf_moe
-    if jax.device_count() < 2:
-        pytest.skip("needs 2 devices (tests/conftest.py sets 8 fake CPU devices)")
+    assert jax.device_count() >= 2, "tests/conftest.py sets 8 fake CPU devices"
     mesh = parallel.make_mesh(1, 2, 1, jax.devices()[:2])
     cfg, params = load_hf_dir(path, shardings=models.leaf_sharder(mesh))
     spec = params["layers"]["we_gate"].sharding.spec

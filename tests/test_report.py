@@ -6,6 +6,7 @@ import numpy as np
 
 from drubric_jax.evaluation import coevolution as co
 from drubric_jax.evaluation import policy_eval
+from helpers import run_module
 
 
 def _coevolution_dir(d):
@@ -36,13 +37,11 @@ def _eval_policy_dir(d):
 
 
 def test_report_renders_several_kinds_in_one_command(tmp_path):
-    from tests.test_experiments import _run
-
     _coevolution_dir(tmp_path / "coevo")
     _eval_policy_dir(tmp_path / "evalp")
     out = tmp_path / "results"
-    _run("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
-         f"--out={out}", timeout=120)
+    run_module("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
+               f"--out={out}", timeout=120)
     coevo = (out / "coevolution-coevo.md").read_text()
     assert "| G2 on P2 - G1 on P2 |" in coevo and "| P2 - ~P2 |" in coevo
     assert (out / "coevolution-coevo.png").stat().st_size > 0

@@ -1,0 +1,256 @@
+"""Helpers shared by several test modules and the multi-process drivers.
+
+A test module never imports another test module: what two of them use lives here, imported
+under the one name `helpers` (tests/ is on sys.path: pytest puts it there for the test
+modules, the drivers add it themselves). Heavy imports (jax, the configs, gguf) happen
+inside the functions, so importing this module sets nothing up before a driver has set
+its XLA_FLAGS.
+"""
+import os
+import socket
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def tiny_config(variant: str = "full"):
+    """`configs/smollm2_cpu.py:tiny` cut to a 2-round run of one generator and one policy
+    step (1 prompt x 2 responses, 2 rubric lists of <= 2 items, 8 / 48 new tokens), batch
+    rows split over two of the fake CPU devices (tests/conftest.py). Uses the real SmolLM2
+    tokenizer: a test of it needs the `smollm2_gguf` fixture."""
+    import jax
+
+    from configs.smollm2_cpu import get_config
+
+    c = get_config(f"tiny,variant={variant}")
+    c.rounds.num_rounds = 2
+    c.rounds.generator_steps = 1
+    c.rounds.policy_steps = 1
+    c.policy.prompts_per_step = 1
+    c.policy.num_responses = 2
+    c.policy.max_new_tokens = 8
+    c.generator.num_lists = 2
+    c.generator.max_items = 2
+    c.generator.max_item_chars = 16
+    c.generator.max_new_tokens = 48
+    c.data.heldout_anchor_rows = 1
+    c.data.max_responses = 3
+    c.log.progress = False
+    c.log.tensorboard = False
+    # Two of the fake CPU devices (tests/conftest.py): batch rows split over "data".
+    c.mesh.num_devices = min(2, jax.device_count())
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = c.mesh.num_devices, 1, 1
+    return c
+
+
+def one_round_config():
+    """`tiny_config()` with one round."""
+    c = tiny_config()
+    c.rounds.num_rounds = 1
+    return c
+
+
+# ----------------------------------------------------------------------------- stub verifier
+
+
+def p_yes_of(response: str, item: str) -> float:
+    """The stub verifier's P(yes): a fixed pseudo-random number per (response, item), 0 for
+    an empty item."""
+    if not item.strip():
+        return 0.0
+    return (zlib.crc32(f"{response}\x00{item}".encode()) % 997) / 996.0
+
+
+class StubVerifier:
+    """A verifier whose P(yes) is `p_yes_of` (`Verifier.p_yes`'s signature): verdicts known
+    to the test, far from flat groups, whatever a tiny model would write."""
+
+    def p_yes(self, params, prompts, responses, items, history=None, **kw):
+        m = max((len(x) for x in items), default=0)
+        out = np.zeros((len(responses), m), np.float32)
+        for i, (y, lst) in enumerate(zip(responses, items)):
+            for j, t in enumerate(lst):
+                out[i, j] = p_yes_of(y, t)
+        return out
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def run_module(*args, timeout: float) -> str:
+    """`python -m *args` from the repository root, as a user starts an entry point, on one
+    CPU device (the suite's 8 fake devices replaced by 1); returns its stdout.
+
+    Raises:
+        AssertionError: a non-zero exit (with the end of its stderr).
+        subprocess.TimeoutExpired: it ran past `timeout` seconds (a hang).
+    """
+    from conftest import xla_flags_with_device_count
+
+    env = dict(os.environ, XLA_FLAGS=xla_flags_with_device_count(os.environ["XLA_FLAGS"], 1))
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_processes(driver: str, num_processes: int, *args, timeout: float) -> list:
+    """Starts `num_processes` processes of `driver` (its args, then --num_processes,
+    --process_id, --port and --devices: 8 fake CPU devices shared out); returns
+    [(returncode, output)] once all ended.
+
+    Raises:
+        subprocess.TimeoutExpired: a process ran past `timeout` seconds (all are killed).
+    """
+    env = dict(os.environ)
+    # The driver sets its own device count; the suite's 8-device flag would override it.
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "device_count" not in f)
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, driver, *args, f"--num_processes={num_processes}",
+         f"--process_id={i}", f"--port={port}", f"--devices={8 // num_processes}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for i in range(num_processes)]
+    out = []
+    try:
+        for p in procs:
+            text, _ = p.communicate(timeout=timeout)
+            out.append((p.returncode, text))
+    finally:
+        for p in procs:
+            p.kill()
+    return out
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def llama_cpp_permute(w, n_head):
+    """llama.cpp convert_hf_to_gguf.py `LlamaModel.permute` (HF half-split -> interleaved
+    rows of a Q or K projection, float[out, in])."""
+    out, inp = w.shape
+    return w.reshape(n_head, 2, out // n_head // 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def write_tiny_gguf(path, cfg, params):
+    """Writes params as a llama-architecture GGUF the way llama.cpp's converter does:
+    F32 tensors in [out, in] layout, attn_q/attn_k rows permuted for interleaved RoPE."""
+    import gguf
+
+    from drubric_jax.models import llama
+
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_block_count(cfg.num_layers)
+    w.add_embedding_length(cfg.dim)
+    w.add_feed_forward_length(cfg.hidden_dim)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_context_length(cfg.max_seq_len)
+    w.add_vocab_size(cfg.vocab_size)
+    for key, (_, name) in llama.TOP_WEIGHT_NAMES.items():
+        if key in params:
+            x = np.asarray(params[key], np.float32)
+            w.add_tensor(name, np.ascontiguousarray(x.T if key == "lm_head" else x))
+    for key, stacked in params["layers"].items():
+        for i in range(cfg.num_layers):
+            x = np.asarray(stacked[i], np.float32)
+            if x.ndim == 2:
+                x = np.ascontiguousarray(x.T)
+            if key == "wq":
+                x = llama_cpp_permute(x, cfg.num_heads)
+            elif key == "wk":
+                x = llama_cpp_permute(x, cfg.num_kv_heads)
+            w.add_tensor(f"blk.{i}.{llama.LAYER_WEIGHT_NAMES[key][1]}", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# ----------------------------------------------------------------------------- bootstrap
+
+
+def bootstrap_resamples(n_units: int):
+    """Every bootstrap resample of U = n_units units, as counts, with its probability.
+
+    A resample draws U units with replacement; as counts w (w_u >= 0, sum U) it has the
+    multinomial probability U! / (prod_u w_u!) / U^U. The C = binom(2U - 1, U) count
+    vectors are enumerated by stars and bars (U - 1 bars among 2U - 1 slots).
+
+    Returns:
+        counts float64[C, U] and probabilities float64[C] (summing to 1).
+    """
+    import itertools
+    import math
+
+    u = n_units
+    bars = np.array(list(itertools.combinations(range(2 * u - 1), u - 1)), np.int64)
+    ends = np.full((len(bars), 1), 2 * u - 1)
+    counts = np.diff(np.concatenate([-np.ones_like(ends), bars, ends], axis=1), axis=1) - 1
+    log_fact = np.array([math.lgamma(k + 1) for k in range(u + 1)])
+    log_p = log_fact[u] - log_fact[counts].sum(1) - u * math.log(u)
+    return counts.astype(np.float64), np.exp(log_p)
+
+
+def exact_quantile(values, probs, q: float) -> float:
+    """inf {x : P(X <= x) >= q} of the discrete distribution P(X = values[c]) = probs[c];
+    the smallest value for q <= 0, the largest for q >= 1."""
+    order = np.argsort(values, kind="stable")
+    v, cdf = np.asarray(values)[order], np.cumsum(np.asarray(probs)[order])
+    i = np.searchsorted(cdf, q, side="left")  # first c with cdf[c] >= q
+    return float(v[min(int(i), len(v) - 1)]) if q > 0 else float(v[0])
+
+
+def assert_percentile_ci(ci, statistic, n_units: int, n_boot: int, level: float = 0.95,
+                         alpha: float = 1e-6) -> None:
+    """Checks a percentile bootstrap interval against the exact bootstrap distribution.
+
+    `ci` = [lo, hi] is meant to be the (1 -+ level) / 2 quantiles (`np.quantile`, linear
+    interpolation) of `n_boot` replicates of a statistic, each computed on U units drawn
+    with replacement. Here the statistic is evaluated on every resample instead
+    (`bootstrap_resamples`; `statistic(counts float64[C, U]) -> float64[C]`, e.g.
+    `counts @ x / U` for the mean of x), which gives its exact bootstrap CDF F.
+
+    Tolerance: the empirical CDF F_n of n i.i.d. replicates satisfies
+    P(sup |F_n - F| > eps) <= 2 exp(-2 n eps^2) (Dvoretzky-Kiefer-Wolfowitz, Massart's
+    constant), so eps = sqrt(log(2 / alpha) / (2 n)) fails a correct implementation with
+    probability <= alpha. `np.quantile(r, q)` interpolates between the order statistics
+    k = floor(h), ceil(h), h = (n - 1) q, whose F_n values lie within 1 / n of q; so, with
+    |F_n - F| <= eps, each bound lies between the exact quantiles at q - eps - 1 / n and
+    q + eps + 1 / n. A wrong statistic, unpaired resampling or resampling with the wrong
+    probabilities moves the bounds outside that band (for n_boot ~ 1e4 it is ~ +-2% in
+    probability), plus float rounding of the replicates (1e-12 relative).
+
+    Raises:
+        AssertionError: a bound outside its band.
+    """
+    import math
+
+    counts, probs = bootstrap_resamples(n_units)
+    values = np.asarray(statistic(counts), np.float64)
+    eps = math.sqrt(math.log(2.0 / alpha) / (2.0 * n_boot)) + 1.0 / n_boot
+    rounding = 1e-12 * (1.0 + float(np.abs(values).max()))
+    for bound, q in zip(ci, ((1.0 - level) / 2.0, (1.0 + level) / 2.0)):
+        low = exact_quantile(values, probs, q - eps) - rounding
+        high = exact_quantile(values, probs, q + eps) + rounding
+        assert low <= bound <= high, (
+            f"the {q:.3f} bound {bound!r} is outside [{low!r}, {high!r}], the exact "
+            f"bootstrap quantiles at {q:.3f} -+ {eps:.4f} ({n_boot} replicates)")
