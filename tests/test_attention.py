@@ -148,6 +148,16 @@ def test_choose():
     assert attention.choose("auto", 1024, 1025, cached=True) == "blockwise"
     assert attention.choose("auto", 1, limit, cached=True) == "materialized"
     assert attention.choose("auto", 8192, 8192, cached=False) == "blockwise"
+    # On a GPU, a call without a cache in 16 bits goes to cuDNN's fused kernel; a cached
+    # call, float32 or a head dim cuDNN does not take keeps the portable choice.
+    gpu = dict(backend="gpu", head_dim=128)
+    assert attention.choose("auto", 8192, 8192, False, jnp.bfloat16, **gpu) == "cudnn"
+    assert attention.choose("auto", 8192, 8192, True, jnp.bfloat16, **gpu) == "blockwise"
+    assert attention.choose("auto", 8192, 8192, False, jnp.float32, **gpu) == "blockwise"
+    assert attention.choose("auto", 64, 64, False, jnp.bfloat16, backend="gpu",
+                            head_dim=256) == "materialized"
+    assert attention.choose("auto", 8192, 8192, False, jnp.bfloat16, backend="cpu",
+                            head_dim=128) == "blockwise"
     assert attention.choose("materialized", 8192, 8192, cached=False) == "materialized"
     assert attention.choose("blockwise", 1, 8, cached=True) == "blockwise"
     assert attention.choose("cudnn", 8, 8, cached=False) == "cudnn"

@@ -12,7 +12,8 @@ import pytest
 from helpers import launch_processes
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_rows_driver.py")
-TIMEOUT_S = 120  # a hang (a process waiting on its peer forever) fails
+TIMEOUT_S = 600  # a hang (a process waiting on its peer forever) fails; a loaded 2-core
+# machine took about 110 s to launch both processes
 
 
 def _launch(num_processes: int) -> list:
