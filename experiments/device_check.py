@@ -94,6 +94,9 @@ _CAP = flags.DEFINE_float("phase_cap_s", None, "Most seconds of every phase (def
                           "quick, TINY_CAP_S tiny); the budget still applies.")
 _ATTENTION = flags.DEFINE_string("attention", None, "Override ModelConfig.attention in every "
                                  "phase (auto | materialized | blockwise | cudnn).")
+_DECODE_FORM = flags.DEFINE_enum("decode_form", None, ["stacked", "per_layer"],
+                                 "Force the decode loop's weight and cache form "
+                                 "(`models.per_layer_decode`; default: the backend's).")
 _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (a child).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,6 +109,7 @@ def run_child(name: str) -> None:
     """Runs phase `name` in this process; its result goes to stdout as JSON lines."""
     ctx = None
     try:
+        dm.force_decode_form(_DECODE_FORM.value)
         ctx = dm.Context(name, _TINY.value, _TOKENIZER.value, _ATTENTION.value)
         PHASES[name](ctx)
         ctx.finish()
@@ -217,7 +221,8 @@ def main(argv):
     budget = _BUDGET.value or (900.0 if _TINY.value else 345.0)
     child_args = ["--tiny" if _TINY.value else "--notiny"] + (
         [f"--tokenizer={os.path.abspath(_TOKENIZER.value)}"] if _TOKENIZER.value else []) + (
-        [f"--attention={_ATTENTION.value}"] if _ATTENTION.value else [])
+        [f"--attention={_ATTENTION.value}"] if _ATTENTION.value else []) + (
+        [f"--decode_form={_DECODE_FORM.value}"] if _DECODE_FORM.value else [])
     t0, results = time.monotonic(), []
     for name in [p for p in PHASES if p in _PHASES.value]:
         left = budget - (time.monotonic() - t0)

@@ -244,6 +244,18 @@ def flops_row(ctx: Context, compile_s: float, seconds: float, tokens: int, flops
             "note": f"{tflops:.4g} TFLOP/s ({flops / 1e12:.4g} TFLOP counted)"}
 
 
+def force_decode_form(form: str | None) -> None:
+    """Makes this process's decode loops run on per-layer copies of the weights and cache
+    ("per_layer", the CPU form) or on the stacked arrays ("stacked"); None keeps the
+    backend's choice (`models.per_layer_decode`)."""
+    if form is None:
+        return
+    from drubric_jax import models
+    from drubric_jax.models import registry
+
+    registry.per_layer_decode = models.per_layer_decode = lambda: form == "per_layer"
+
+
 def decode_state(cfg, rows: int, filled: int, new: int, done: bool = False):
     """A `sampling.SamplerState` as a prefill of `filled` tokens leaves it, made without
     one: the first `filled` cache slots valid (zeros: values do not change a step's work),

@@ -172,7 +172,7 @@ layer_copy = jax.jit(models.decode_params, static_argnames="cfg")
 
 
 def decode_params(params, cfg: ModelConfig):
-    """The weights in the form a decode loop runs on: on CPU (`models.per_layer_decode`) a
+    """The weights in the form a decode loop runs on: on CPU and GPU (`models.per_layer_decode`) a
     per-layer copy of the block weights (`models.decode_params`), made by a program of its
     own; elsewhere `params` itself (no copy).
 
@@ -189,7 +189,7 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
                 stop_ids: jax.Array, pad_id: int) -> SamplerState:
     """Decodes until every row stopped or N tokens were generated (`lax.while_loop`).
 
-    On CPU the loop runs on per-layer copies of the weights and of the cache
+    On CPU and GPU the loop runs on per-layer copies of the weights and of the cache
     (`models.decode_params`, `models.decode_cache`); the returned cache is stacked again.
     Pass `decode_params(params, cfg)` (as `generate` does) to make the weight copy outside
     this program, where it is faster; stacked `params` are copied here.
@@ -204,7 +204,7 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
     def body(s):
         return forward_token(layer_params, cfg, *sample_token(s, method, stop_ids, pad_id))
 
-    # Per-layer cache on CPU (`models.per_layer_decode`), stacked again on the way out.
+    # Per-layer cache on CPU and GPU (`models.per_layer_decode`), stacked again on the way out.
     state = state.replace(cache=models.decode_cache(state.cache))
     state = jax.lax.while_loop(cond, body, state)
     return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers
