@@ -19,15 +19,13 @@ import time
 
 import numpy as np
 
+from drubric_jax.memory.costs import TARGETS
+
 RESULT_TAG = "@@device_check "
 # Dense bfloat16 peak TFLOP/s and HBM bandwidth TB/s per device (vendor sheets), by a
-# substring of `device_kind`, first match wins.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0,
-               "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0,
-               "TPU v4": 275.0, "TPU v6": 918.0}
-PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.04, "L40S": 0.864, "B200": 8.0,
-             "TPU v5 lite": 0.819, "TPU v5e": 0.819, "TPU v5p": 2.765, "TPU v5": 2.765,
-             "TPU v4": 1.2, "TPU v6": 1.64}
+# substring of `device_kind`, first match wins (`memory.costs.TARGETS`).
+PEAK_TFLOPS = {k: t.tflops for k, t in TARGETS.items()}
+PEAK_TBPS = {k: t.tbps for k, t in TARGETS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,42 +58,6 @@ TINY = Shapes("tiny_qwen3", "tiny_qwen3_moe", 2, (1, 4, 8), 32, 8, (64, 192), 16
 def lookup(table: dict, kind: str):
     """The value of the first key of `table` that is a substring of `kind` (or None)."""
     return next((v for k, v in table.items() if k in kind), None)
-
-
-def matmul_params(cfg) -> int:
-    """Weights one token multiplies with in the decoder layers (no embedding, no head): the
-    four attention matrices and the SwiGLU (or the router and k of the E experts)."""
-    d, hd, kv = cfg.dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    ffn = (d * cfg.num_experts + cfg.num_experts_per_tok * 3 * d * cfg.hidden_dim
-           if cfg.num_experts else 3 * d * cfg.hidden_dim)
-    return cfg.num_layers * (d * (2 * hd + 2 * kv) + ffn)
-
-
-def forward_flops(cfg, tokens: int, pairs: int, head_rows: int, adapters: int = 0) -> float:
-    """FLOPs of a forward pass over `tokens` tokens: 2 x (matmul params + LoRA adapter
-    params) per token, attention 4 x L x H x Dh per attended (query, key) pair, the output
-    head 2 x D x V on `head_rows` positions."""
-    return (2.0 * (matmul_params(cfg) + adapters) * tokens
-            + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs
-            + 2.0 * cfg.dim * cfg.vocab_size * head_rows)
-
-
-def causal_pairs(t: int) -> int:
-    """Attended (query, key) pairs of one causal row of t tokens."""
-    return t * (t + 1) // 2
-
-
-def weight_bytes(cfg) -> int:
-    """Bytes of the weights a decode step reads: every leaf but the (untied) embedding,
-    whose B looked-up rows are negligible."""
-    embed = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim
-    return (cfg.num_params() - embed) * cfg.weight_dtype.itemsize
-
-
-def kv_bytes(cfg, rows: int, slots: float) -> float:
-    """Bytes of k and v of `rows` rows x `slots` slots over the L layers."""
-    return (2 * cfg.num_layers * rows * cfg.num_kv_heads * slots * cfg.head_dim
-            * cfg.compute_dtype.itemsize)
 
 
 def status_of(e: BaseException) -> tuple[str, str]:

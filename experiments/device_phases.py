@@ -12,10 +12,9 @@ import time
 
 import numpy as np
 
-from experiments.device_measure import (Context, causal_pairs, decode_state,
-                                        first_and_steady, flops_row, forward_flops,
-                                        kv_bytes, load_tokenizer, planned_gb, weight_bytes,
-                                        with_plan)
+from drubric_jax.memory.costs import causal_pairs, forward_flops, kv_bytes, weight_bytes
+from experiments.device_measure import (Context, decode_state, first_and_steady, flops_row,
+                                        load_tokenizer, planned_gb, with_plan)
 
 BLOCK = 512  # the planner's blockwise key tile (`ModelConfig.attention_block_kv`)
 

@@ -5,6 +5,8 @@ r"""Memory plan of a run config: GB per device of every role and step, and a ver
     python -m experiments.plan --config=configs/qwen3_8b.py --devices=8 \
         --device_memory_gb=80 --mesh=1,8,1 --attention=blockwise
     python -m experiments.plan --config=configs/smollm2_cpu.py:tiny --devices=8 --compile
+    python -m experiments.plan --config=configs/qwen3_8b.py:lora --devices=1 \
+        --device_memory_gb=141 --time=H200        # + seconds per step and hours per round
 
 Prints the resident state per phase, each step's transient terms and peak, the rollout and
 update micro-batches it picked (the largest that fit), and FITS / DOES-NOT-FIT naming the
@@ -12,7 +14,9 @@ largest term and the config field that shrinks it (`drubric_jax.memory.planner`)
 --compile the real jitted functions are compiled on N fake CPU devices and their XLA
 memory analysis is printed beside each step (`drubric_jax.memory.compiled`; deep models
 are compiled at 2 and 4 layers and scaled; on CPU bfloat16 matmuls get float32 operand
-copies, so a bfloat16 model's compiled figure is an upper bound).
+copies, so a bfloat16 model's compiled figure is an upper bound). With --time=KIND the
+device work of a generator step, a policy step and a round is estimated from FLOPs and
+bytes against KIND's peaks (`drubric_jax.memory.timing`), beside public anchors.
 """
 import os
 import sys
@@ -49,6 +53,9 @@ _HEADROOM = flags.DEFINE_float("headroom", 0.10, "Fraction of the memory kept fr
 _SEARCH = flags.DEFINE_bool("search", True, "Pick rollout and update micro-batches; else "
                             "plan what the config does (its rollout and update micro-batches).")
 _COMPILE = flags.DEFINE_bool("compile", False, "Also compile the steps on N fake devices.")
+_TIME = flags.DEFINE_string("time", None, "Also estimate the time of a generator step, a "
+                            "policy step and a round on N devices of this kind (a key of "
+                            "drubric_jax.memory.costs.TARGETS: H200, H100, TPU v5p, ...).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -71,6 +78,16 @@ def main(argv):
         planner_compiled.measure_plan(p, RoleModels.from_config(config),
                                       Workload.from_config(config), mesh)
     print(p.table())
+    if _TIME.value:
+        from drubric_jax.memory import costs, timing
+
+        target = costs.target(_TIME.value.replace("_", " "))  # TPU_v5p = "TPU v5p"
+        if target is None:
+            raise app.UsageError(f"--time={_TIME.value!r}: not one of {sorted(costs.TARGETS)}")
+        times = timing.estimate(config, RoleModels.from_config(config), target, _DEVICES.value,
+                                p.mesh["tensor"])
+        print()
+        print(timing.table(config, times, target, _DEVICES.value))
 
 
 if __name__ == "__main__":

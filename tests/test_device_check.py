@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from drubric_jax.memory import costs
 from drubric_jax.models.config import QWEN3_30B_A3B, QWEN3_8B
 from experiments import device_measure as dm
 from experiments.device_phases import PHASES
@@ -93,12 +94,12 @@ def test_matmul_weights_are_the_parameters_less_embedding_head_and_norms(cfg):
     # Every expert counted (k = E): the matmul weights are all the layers' matrices.
     full = cfg.replace(num_experts_per_tok=cfg.num_experts) if cfg.num_experts else cfg
     norms = cfg.num_layers * (2 * cfg.dim + 2 * cfg.head_dim) + cfg.dim
-    assert dm.matmul_params(full) + 2 * cfg.vocab_size * cfg.dim + norms == cfg.num_params()
+    assert costs.matmul_params(full) + 2 * cfg.vocab_size * cfg.dim + norms == cfg.num_params()
     # Qwen3-30B-A3B: about 3.3B active parameters per token (8 of 128 experts).
     moe = QWEN3_30B_A3B
-    assert 3.2e9 < dm.matmul_params(moe) + 2 * moe.vocab_size * moe.dim < 3.4e9
+    assert 3.2e9 < costs.matmul_params(moe) + 2 * moe.vocab_size * moe.dim < 3.4e9
     # A decode step reads every weight but the embedding.
-    assert dm.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.dim)
+    assert costs.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.dim)
 
 
 @pytest.mark.real_model

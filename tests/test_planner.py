@@ -185,3 +185,37 @@ def test_workload_chunks_the_verifier_as_the_verifier_does():
                                                               w.verifier_suffix, num_items)
     assert w.verifier_rows == DEFAULT_BUDGETS.rows_per_pass(w.verifier_prefix,
                                                             w.verifier_suffix, num_items)
+
+
+def test_time_estimate_of_a_step_by_hand():
+    """memory.timing on the tiny config: a decode step at batch 1 is bound by reading the
+    weights (bytes / bandwidth), a prefill and an update by FLOPs / peak, each phase's
+    expected time is its roofline over the measured efficiency, and a round adds the
+    steps up."""
+    from drubric_jax.memory import costs, timing
+    from drubric_jax.memory.terms import RoleModels
+
+    c = smollm2_cpu.get_config("tiny")
+    c.policy.rollout_micro_batch = 1
+    target = costs.Target("test", tflops=1.0, tbps=1.0, memory_gb=1.0)
+    models_ = RoleModels.from_config(c)
+    times = {(t.phase, t.name.split(" (")[0]): t for t in timing.estimate(c, models_, target, 1)}
+    cfg = models_.base[models_.sources["policy"]]
+    p = c.policy
+    rows = p.prompts_per_step * p.num_responses
+    decode = times["policy step", "policy sampling: decode"]
+    step_bytes = costs.weight_bytes(cfg) + costs.kv_bytes(cfg, 1, p.max_prompt_tokens
+                                                          + p.max_new_tokens / 2)
+    assert decode.roofline_s == pytest.approx(rows * p.max_new_tokens * step_bytes / 1e12)
+    prefill = times["policy step", "policy sampling: prefill"]
+    t = p.max_prompt_tokens
+    assert prefill.roofline_s == pytest.approx(
+        costs.forward_flops(cfg, rows * t, rows * t * (t + 1) // 2, rows) / 1e12)
+    update = times["policy step", "policy update"]
+    t = p.max_prompt_tokens + p.max_new_tokens
+    fwd = costs.forward_flops(cfg, rows * t, rows * t * (t + 1) // 2, rows * t)
+    # Full fine-tuning: forward + 2x backward + the remat forward + the reference forward.
+    assert update.roofline_s == pytest.approx(fwd * (1 + 2 + int(p.train.remat) + 1) / 1e12)
+    assert update.expected_s == pytest.approx(update.roofline_s / 0.185)
+    text = timing.table(c, list(times.values()), target, 1)
+    assert "a round" in text and "NeMo RL" in text

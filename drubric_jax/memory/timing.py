@@ -1,0 +1,163 @@
+"""Time of a round's device work from FLOPs and bytes against a target's peaks.
+
+Each step of Algorithm 1 is counted from the config (`memory.costs`): the sampler's prefill
+(FLOPs) and decode (per step, the larger of the bytes it reads, weights + KV cache, over
+the HBM bandwidth and its FLOPs over the peak), the verifier's prefix and suffix passes
+(FLOPs) and the GRPO update (FLOPs). `roofline_s` is the time at the target's vendor peaks,
+a lower bound; `expected_s` divides it by the efficiency measured on one H200
+(`MEASURED_EFFICIENCY`, results/device_check_h200_2026-12-04), carried to other targets as
+an assumption. Not counted: host work (tokenising, llguidance masks: 8% of a constrained
+step there), the held-out evaluation, checkpoints, the rollout weight copy, collectives,
+and rows that stop before N new tokens (every row is counted to N, an upper bound).
+
+Sampling runs as the config says: `rollout_micro_batch` rows per sampler call (0 = all),
+the call's rows split over the devices of the data and fsdp axes, every call reading the
+whole model once per decode step (`parallel.decode_rules`: the rollout copy is split only
+over the tensor axis).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_collections
+
+from drubric_jax.memory.costs import (Target, causal_pairs, forward_flops, kv_bytes,
+                                      weight_bytes)
+
+# Fractions of the vendor peaks reached on one H200 (jax 0.11.2, 2026-12-04): decode
+# 52.6-56.6% of the HBM bandwidth (per-layer form), prefill 55.3-57.0% MFU (cuDNN), a LoRA
+# GRPO step of 8K tokens 18.5% MFU.
+MEASURED_EFFICIENCY = {"decode": 0.55, "prefill": 0.55, "update": 0.185}
+
+# Public figures to set the estimates beside (their sources' numbers, not ours).
+ANCHORS = (
+    "NeMo RL GRPO, Llama-3.1-8B on 16 x H100: 97.7 s a step, 1,562 tokens/s/GPU",
+    "Qwen3-8B serving on one H100: about 13.3k output tokens/s at 128 in / 1,024 out",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTime:
+    """One step's device work: FLOPs and HBM bytes over all devices, and its seconds."""
+
+    phase: str        # "generator step" | "policy step"
+    name: str         # e.g. "policy sampling: decode"
+    kind: str         # "prefill" | "decode" | "update": which measured efficiency applies
+    flops: float
+    hbm_bytes: float
+    roofline_s: float
+
+    @property
+    def expected_s(self) -> float:
+        return self.roofline_s / MEASURED_EFFICIENCY[self.kind]
+
+
+def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, target):
+    """Prefill and decode of `rows` rows (prompt bucket P, N new) in calls of `per_call`."""
+    per_call = rows if per_call <= 0 else min(per_call, rows)
+    calls = math.ceil(rows / per_call)
+    ways = max(devices // tensor, 1)                      # data x fsdp: rows split this way
+    pre = forward_flops(cfg, rows * prompt, rows * causal_pairs(prompt), rows)
+    out = [PhaseTime(phase, f"{name}: prefill", "prefill", pre, 0.0,
+                     pre / (devices * target.tflops * 1e12))]
+    # Every call reads the weights once a step on each device (split over tensor only) and
+    # its rows' cache, prompt and half the new tokens on average.
+    step_bytes = (weight_bytes(cfg) + kv_bytes(cfg, per_call / ways, prompt + new / 2)) / tensor
+    step_flops = forward_flops(cfg, per_call / ways, per_call / ways * (prompt + new / 2),
+                               per_call / ways) / tensor
+    step_s = max(step_bytes / (target.tbps * 1e12), step_flops / (target.tflops * 1e12))
+    out.append(PhaseTime(phase, f"{name}: decode ({calls} calls x {new} steps)", "decode",
+                         step_flops * devices * calls * new, step_bytes * devices * calls * new,
+                         step_s * calls * new))
+    return out
+
+
+def _update(phase, name, cfg, rows, length, lora, remat, reference, devices, target):
+    """A GRPO update of `rows` rows of `length` tokens: backward 2x the forward (1x with
+    LoRA: no weight gradients of frozen matrices), a recomputed forward with remat, and
+    the reference's forward when beta > 0."""
+    fwd = forward_flops(cfg, rows * length, rows * causal_pairs(length), rows * length)
+    mult = 1 + (1 if lora else 2) + (1 if remat else 0) + (1 if reference else 0)
+    flops = fwd * mult
+    return PhaseTime(phase, name, "update", flops, 0.0, flops / (devices * target.tflops * 1e12))
+
+
+def _verification(phase, cfg, prefixes, prefix, suffix, items, devices, target):
+    """The verifier: each prefix (prompt + response) once, then every item's suffix over it."""
+    suffixes = prefixes * items
+    flops = forward_flops(cfg, prefixes * prefix + suffixes * suffix,
+                          prefixes * causal_pairs(prefix)
+                          + suffixes * (prefix * suffix + causal_pairs(suffix)), suffixes)
+    return PhaseTime(phase, f"verification ({prefixes} prefixes x {items} items)", "prefill",
+                     flops, 0.0, flops / (devices * target.tflops * 1e12))
+
+
+def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices: int,
+             tensor: int = 1) -> list:
+    """[PhaseTime] of one generator step and one policy step of `config` on `devices`
+    devices of `target` (`tensor` of them per tensor group).
+
+    Args:
+        config: a run config (configs/base.py layout).
+        models_: `memory.terms.RoleModels.from_config(config)` (the three roles' configs).
+        target: `memory.costs.TARGETS[...]`.
+    """
+    p, g, v = config.policy, config.generator, config.verifier
+    pol = models_.base[models_.sources["policy"]]
+    gen = models_.base[models_.sources["generator"]]
+    ver = models_.base[models_.sources["verifier"]]
+    lora = bool(config.lora.rank)
+    k, lists, items = p.num_responses, g.num_lists, g.max_items
+    anchor = min(config.data.max_responses, 7)  # responses of an anchor list, at most
+    out = []
+    for phase, prompts, gen_lists, verified in (
+            ("generator step", g.anchors_per_step, g.anchors_per_step * lists,
+             g.anchors_per_step * (k + anchor)),
+            ("policy step", p.prompts_per_step, p.prompts_per_step, p.prompts_per_step * k)):
+        rows = prompts * k
+        out += _sampling(phase, "policy sampling", pol, rows, p.max_prompt_tokens,
+                         p.max_new_tokens, p.rollout_micro_batch, devices, tensor, target)
+        out += _sampling(phase, "rubric sampling", gen, gen_lists, g.input_budget,
+                         g.max_new_tokens, g.rollout_micro_batch, devices, tensor, target)
+        # Items per prefix: every list of the prefix's prompt (G in the generator step).
+        per_prefix = items * (lists if phase == "generator step" else 1)
+        out.append(_verification(phase, ver, verified, v.max_prefix_tokens,
+                                 v.max_suffix_tokens, per_prefix, devices, target))
+        if phase == "generator step":
+            out.append(_update(phase, "generator update", gen, gen_lists,
+                               g.input_budget + g.max_new_tokens, lora, g.train.remat,
+                               g.train.beta > 0, devices, target))
+        else:
+            out.append(_update(phase, "policy update", pol, rows,
+                               p.max_prompt_tokens + p.max_new_tokens, lora, p.train.remat,
+                               p.train.beta > 0, devices, target))
+    return out
+
+
+def table(config, times: list, target: Target, devices: int) -> str:
+    """The estimate as text: each step's phases, the step totals, a round, and the anchors."""
+    lines = [f"time estimate on {devices} x {target.name} ({target.tflops:.0f} TFLOP/s, "
+             f"{target.tbps} TB/s each): roofline (vendor peaks) and expected (/ the "
+             f"efficiency measured on one H200: {MEASURED_EFFICIENCY})",
+             f"{'step / phase':<70}{'roofline s':>12}{'expected s':>12}"]
+    totals = {}
+    for t in times:
+        lines.append(f"  {t.phase + ': ' + t.name:<68}{t.roofline_s:>12.1f}{t.expected_s:>12.1f}")
+        r, e = totals.get(t.phase, (0.0, 0.0))
+        totals[t.phase] = (r + t.roofline_s, e + t.expected_s)
+    for phase, (r, e) in totals.items():
+        lines.append(f"{phase + ' (total)':<70}{r:>12.1f}{e:>12.1f}")
+    steps = {"generator step": config.rounds.generator_steps,
+             "policy step": config.rounds.policy_steps}
+    rr = sum(totals[s][0] * n for s, n in steps.items())
+    re_ = sum(totals[s][1] * n for s, n in steps.items())
+    label = (f"a round ({steps['generator step']} generator + {steps['policy step']} policy "
+             "steps), hours")
+    lines.append(f"{label:<70}{rr / 3600:>12.2f}{re_ / 3600:>12.2f}")
+    p = config.policy
+    tokens = p.prompts_per_step * p.num_responses * (p.max_prompt_tokens + p.max_new_tokens)
+    lines.append(f"policy step tokens/s/device (prompt + response, at expected): "
+                 f"{tokens / totals['policy step'][1] / devices:,.0f}")
+    lines += [f"anchor: {a}" for a in ANCHORS]
+    return "\n".join(lines)
