@@ -1,6 +1,7 @@
 """Tests for drubric_jax.data.schema: loading and validation of the real shared files, errors
 that name file:line:field, and gold ranks with ties (METHOD 11)."""
 
+import json
 import pytest
 
 from drubric_jax import data as dd
@@ -28,10 +29,20 @@ PROMPT_ONLY = {"alpaca_eval/eval.jsonl", "arena_hard/v0.1.jsonl", "arena_hard/v2
 # Real shared files
 # ---------------------------------------------------------------------------
 
+# Files of ../shared/data in another layout (its README: "IFEval prompts (a different
+# layout)"), with their row count and fields; the issue that reads them loads them itself.
+OTHER_LAYOUTS = {"ifeval/input_data.jsonl": (541, {"key", "prompt", "instruction_id_list",
+                                                  "kwargs"})}
+
+
 def test_every_shared_file_loads(shared_dir):
     root = shared_dir / "data"
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.jsonl"))
     assert set(SHARED_COUNTS) <= set(files)
+    for rel, (count, fields) in OTHER_LAYOUTS.items():
+        rows = [json.loads(line) for line in (root / rel).read_text("utf-8").splitlines()]
+        assert len(rows) == count and all(set(r) == fields for r in rows), rel
+    files = [f for f in files if f not in OTHER_LAYOUTS]
     all_ids = set()
     for rel in files:
         recs = load_jsonl(root / rel)

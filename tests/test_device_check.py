@@ -17,7 +17,8 @@ from experiments.device_phases import PHASES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One process per phase on CPU, with no fake devices.
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-ROWS = {"decode": 4, "prefill": 2, "train": 2, "constrained": 1, "moe_verifier": 2}
+# moe_verifier: two lengths under each of the two expert dispatches.
+ROWS = {"decode": 4, "prefill": 2, "train": 2, "constrained": 1, "moe_verifier": 4}
 TIMED = ("compile_s", "steady_s", "ms_per_step", "tokens_per_s")
 
 

@@ -61,8 +61,11 @@ FORWARD_ATTENTION = 3    # float32 [H, T, S] (verifier suffix passes): scores, u
 PREFILL_ATTENTION = 3
 OPTIMIZER_COPIES = 2     # float32 trained-params-sized buffers in the AdamW update: the
 #                          gradients and the updates (new params and moments are donated)
-TRAIN_LOGITS = 5         # float32 [chunk, V]: logits, log-softmax, probs, entropy terms,
-#                          their cotangent
+# float32 [chunk, V] live in the head's backward: logits, log-softmax, its cotangent. The
+# compiled generator update of tests/test_planner.py (chunks of 96 tokens) peaks at 96.5 MB,
+# 39.0 MB of it other terms: at most 3.05 chunks of 18.9 MB (5 was counted while the
+# attention backward, with conditionals, was the peak and hid the count).
+TRAIN_LOGITS = 3
 # Per token of a row, (D-wide, F-wide, H*Dh-wide) buffers of one layer: recomputed with its
 # gradients (train) or run forward. The F-wide ones (the MLP) are in the compute dtype; the
 # D- and H*Dh-wide ones are counted in float32 (RMSNorm and RoPE compute in float32).

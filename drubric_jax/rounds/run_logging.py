@@ -18,8 +18,10 @@ from etils import epath
 
 
 # Where this project's code lives: records from files under these folders pass the filter.
-_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               d) + os.sep for d in ("drubric_jax", "experiments", "configs"))
+# This file is drubric_jax/rounds/run_logging.py: the repository root is three levels up.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_OWN_DIRS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("drubric_jax", "experiments",
+                                                            "configs"))
 
 
 class ThirdPartyFilter(logging.Filter):
