@@ -57,14 +57,11 @@ ATTENTIONS = ("auto", "dense", "blockwise")
 TRAIN_ATTENTION = 3      # float32 [H, T, S]: scores, probabilities, their cotangent
 FORWARD_ATTENTION = 3    # float32 [H, T, S] (verifier suffix passes): scores, unnormalised
 #                          probabilities, their cast for the value product (`materialized`)
-# A prefill into a fresh cache (T = S): the same three.
-PREFILL_ATTENTION = 3
+PREFILL_ATTENTION = 3    # a prefill into a fresh cache (T = S): the same three
 OPTIMIZER_COPIES = 2     # float32 trained-params-sized buffers in the AdamW update: the
 #                          gradients and the updates (new params and moments are donated)
-# float32 [chunk, V] live in the head's backward: logits, log-softmax, its cotangent. The
-# compiled generator update of tests/test_planner.py (chunks of 96 tokens) peaks at 96.5 MB,
-# 39.0 MB of it other terms: at most 3.05 chunks of 18.9 MB (5 was counted while the
-# attention backward, with conditionals, was the peak and hid the count).
+# float32 [chunk, V] live in the head's backward: logits, log-softmax, its cotangent (the
+# compiled generator update of tests/test_planner.py: at most 3.05 chunks live at its peak).
 TRAIN_LOGITS = 3
 # Per token of a row, (D-wide, F-wide, H*Dh-wide) buffers of one layer: recomputed with its
 # gradients (train) or run forward. The F-wide ones (the MLP) are in the compute dtype; the
