@@ -92,8 +92,10 @@ _EXPORT = flags.DEFINE_string("export_tokenizer", None, "Write the SmolLM2 token
                               "directory for --tokenizer, and exit.")
 _CAP = flags.DEFINE_float("phase_cap_s", None, "Most seconds of every phase (default: CAPS_S "
                           "quick, TINY_CAP_S tiny); the budget still applies.")
-_ATTENTION = flags.DEFINE_string("attention", None, "Override ModelConfig.attention in every "
-                                 "phase (auto | materialized | blockwise | cudnn).")
+_ATTENTION = flags.DEFINE_string("attention", None, "Override ModelConfig.attention in the "
+                                 "decode, prefill, constrained and MoE phases (auto | "
+                                 "materialized | blockwise | cudnn; train keeps its run "
+                                 "config's models).")
 _DECODE_FORM = flags.DEFINE_enum("decode_form", None, ["stacked", "per_layer"],
                                  "Force the decode loop's weight and cache form "
                                  "(`models.per_layer_decode`; default: the backend's).")

@@ -25,10 +25,11 @@ import ml_collections
 from drubric_jax.memory.costs import (Target, causal_pairs, forward_flops, kv_bytes,
                                       weight_bytes)
 
-# Fractions of the vendor peaks reached on one H200 (jax 0.11.2, 2026-12-04): decode
-# 52.6-56.6% of the HBM bandwidth (per-layer form), prefill 55.3-57.0% MFU (cuDNN), a LoRA
-# GRPO step of 8K tokens 18.5% MFU.
-MEASURED_EFFICIENCY = {"decode": 0.55, "prefill": 0.55, "update": 0.185}
+# Fractions of the vendor peaks reached on one H200 (jax 0.11.2, 2026-12-04, the device
+# check at this code: results/device_check_h200_2026-12-04/final_quick.log): decode
+# 53.3-56.5% of the HBM bandwidth, prefill 52.6-55.4% MFU, a LoRA GRPO step of 8K tokens
+# 35.9% MFU.
+MEASURED_EFFICIENCY = {"decode": 0.55, "prefill": 0.54, "update": 0.36}
 
 # Public figures to set the estimates beside (their sources' numbers, not ours).
 ANCHORS = (
