@@ -44,4 +44,4 @@ test-fast: $(STAMP)
 	$(call pytest_run,-m "not slow")
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .hypothesis drubric_jax.egg-info

@@ -11,7 +11,7 @@ setup(
     packages=find_packages(include=["drubric_jax", "drubric_jax.*", "experiments", "configs"]),
     package_data={"drubric_jax": ["demo_data/*.jsonl"]},
     install_requires=[
-        "jax>=0.7,<0.12",  # 0.11.2 is the accelerator image's (issue: Scale III)
+        "jax>=0.7,<0.12",  # the code also runs on 0.11.2 (an H200 image's jax)
         "flax>=0.11,<0.13",
         "optax>=0.2.5,<0.3",
         "orbax-checkpoint>=0.11,<0.13",

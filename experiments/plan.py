@@ -55,7 +55,8 @@ _SEARCH = flags.DEFINE_bool("search", True, "Pick rollout and update micro-batch
 _COMPILE = flags.DEFINE_bool("compile", False, "Also compile the steps on N fake devices.")
 _TIME = flags.DEFINE_string("time", None, "Also estimate the time of a generator step, a "
                             "policy step and a round on N devices of this kind (a key of "
-                            "drubric_jax.memory.costs.TARGETS: H200, H100, TPU v5p, ...).")
+                            "drubric_jax.memory.costs.TARGETS: H200, H100, TPU_v5p, ...; "
+                            "_ stands for a space).")
 flags.mark_flags_as_required(["config"])
 
 
