@@ -2,8 +2,8 @@
 
 Each function here lowers and compiles one real jitted function of the package
 (`train_step.make_sharded_train_step`, `sampling.prefill` / `decode_loop` /
-`constrained` sample / forward steps, `evaluator.passes.prefill` / `score_suffixes`) on `jax.ShapeDtypeStruct`
-inputs that carry their shardings (nothing is allocated), and reads XLA's
+`constrained` sample / forward steps, `evaluator.passes.prefill` / `score_suffixes`) on
+`jax.ShapeDtypeStruct` inputs that carry their shardings (nothing is allocated), and reads XLA's
 `memory_analysis()`: bytes per device of the arguments, outputs, donated outputs (alias)
 and temporaries. A function's "extra" bytes are what it needs beyond its arguments
 (temp + output - alias); the planner adds them to the resident state.
