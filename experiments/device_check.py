@@ -50,7 +50,7 @@ writes the same as JSON (`--out`). Per row:
                embedding (B looked-up rows) plus k and v of the attended slots averaged
                over the steps (the JSON has `util_vs_copy` against the copy probe too);
                prefill, verifier, train: MFU, model FLOPs / s / the vendor dense bfloat16
-               peak (`device_measure.PEAK_TFLOPS`, `PEAK_TBPS`); "-" on an unknown device
+               peak (`drubric_jax.memory.costs.TARGETS`); "-" on an unknown device
                (CPU)
     peak GB    memory_stats() peak_bytes_in_use of the phase's process after the row
                (monotone within a phase); "-" where the backend has none (CPU)

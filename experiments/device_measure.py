@@ -19,15 +19,9 @@ import time
 
 import numpy as np
 
-from drubric_jax.memory.costs import TARGETS
+from drubric_jax.memory.costs import target
 
 RESULT_TAG = "@@device_check "
-# Dense bfloat16 peak TFLOP/s and HBM bandwidth TB/s per device (vendor sheets), by a
-# substring of `device_kind`, first match wins (`memory.costs.TARGETS`).
-PEAK_TFLOPS = {k: t.tflops for k, t in TARGETS.items()}
-PEAK_TBPS = {k: t.tbps for k, t in TARGETS.items()}
-
-
 @dataclasses.dataclass(frozen=True)
 class Shapes:
     """Models and lengths of a mode (tokens unless named otherwise)."""
@@ -55,11 +49,6 @@ TINY = Shapes("tiny_qwen3", "tiny_qwen3_moe", 2, (1, 4, 8), 32, 8, (64, 192), 16
               (64, 256), 32, 32, 4, 2 ** 22)
 
 
-def lookup(table: dict, kind: str):
-    """The value of the first key of `table` that is a substring of `kind` (or None)."""
-    return next((v for k, v in table.items() if k in kind), None)
-
-
 def status_of(e: BaseException) -> tuple[str, str]:
     """("oom" | "error", the exception's last non-empty line, at most 300 characters)."""
     text = f"{type(e).__name__}: {e}"
@@ -85,7 +74,8 @@ class Context:
         self.t0 = time.perf_counter()
         stats = self.memory_stats()
         kind = self.dev.device_kind
-        self.peak_tflops, self.peak_tbps = lookup(PEAK_TFLOPS, kind), lookup(PEAK_TBPS, kind)
+        peaks = target(kind)  # vendor peaks by a substring of device_kind (None: unknown)
+        self.peak_tflops, self.peak_tbps = (peaks.tflops, peaks.tbps) if peaks else (None, None)
         self.result = {"phase": phase, "status": "running", "rows": [], "device": {
             "kind": kind, "backend": jax.default_backend(), "jax": jax.__version__,
             "bytes_limit_gb": stats["bytes_limit"] / 1e9 if "bytes_limit" in stats else None,
