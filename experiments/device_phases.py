@@ -45,7 +45,7 @@ def decode(ctx: Context) -> None:
     import jax.numpy as jnp
 
     from drubric_jax import sampling
-    from drubric_jax.memory.terms import sampling_terms
+    from drubric_jax.memory.inference_terms import sampling_terms
 
     s, cfg = ctx.shapes, ctx.model(ctx.shapes.dense)
     ctx.copy_tbps = None
@@ -87,7 +87,7 @@ def prefill(ctx: Context) -> None:
     import jax.numpy as jnp
 
     from drubric_jax import sampling
-    from drubric_jax.memory.terms import verification_terms
+    from drubric_jax.memory.inference_terms import verification_terms
 
     s, cfg = ctx.shapes, ctx.model(ctx.shapes.dense)
     params = ctx.init_params(cfg)
@@ -115,7 +115,7 @@ def moe_verifier(ctx: Context) -> None:
 
     from drubric_jax.evaluator import passes
     from drubric_jax.models.config import PRESETS
-    from drubric_jax.memory.terms import verification_terms
+    from drubric_jax.memory.inference_terms import verification_terms
 
     s = ctx.shapes
     cfg = ctx.model(s.moe, num_layers=s.moe_layers)
@@ -179,7 +179,7 @@ def constrained(ctx: Context) -> None:
     from configs import qwen3_8b
     from drubric_jax.sampling import constrained as constrained_lib
     from drubric_jax import sampling
-    from drubric_jax.memory.terms import sampling_terms
+    from drubric_jax.memory.inference_terms import sampling_terms
     from drubric_jax.evaluator.rubric_generator import RubricGenerator
 
     s = ctx.shapes

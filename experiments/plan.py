@@ -52,6 +52,9 @@ _BLOCK = flags.DEFINE_integer("attention_block", 512, "Key tile of blockwise att
 _HEADROOM = flags.DEFINE_float("headroom", 0.10, "Fraction of the memory kept free.")
 _SEARCH = flags.DEFINE_bool("search", True, "Pick rollout and update micro-batches; else "
                             "plan what the config does (its rollout and update micro-batches).")
+_BACKEND = flags.DEFINE_enum("backend", "gpu", ["cpu", "gpu", "tpu"],
+                             "The platform planned for: CPU and GPU decode on per-layer copies "
+                             "of the rollout weights and KV cache, TPU does not.")
 _COMPILE = flags.DEFINE_bool("compile", False, "Also compile the steps on N fake devices.")
 _TIME = flags.DEFINE_string("time", None, "Also estimate the time of a generator step, a "
                             "policy step and a round on N devices of this kind (a key of "
@@ -73,7 +76,7 @@ def main(argv):
     sizes = tuple(int(x) for x in _MESH.value.split(",")) if _MESH.value else None
     config = _CONFIG.value
     p = planner.plan(config, _DEVICES.value, _MEMORY.value, sizes, _ATTENTION.value,
-                     _BLOCK.value, _HEADROOM.value, _SEARCH.value)
+                     _BLOCK.value, _HEADROOM.value, _SEARCH.value, backend=_BACKEND.value)
     if _COMPILE.value:
         mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:_DEVICES.value])
         planner_compiled.measure_plan(p, RoleModels.from_config(config),

@@ -9,7 +9,7 @@ import pytest
 
 from configs import qwen3_8b, smollm2_cpu
 from drubric_jax.memory import planner
-from drubric_jax.memory.terms import kv_cache_bytes
+from drubric_jax.memory.inference_terms import kv_cache_bytes
 from drubric_jax.models.config import TINY
 
 # embed [V, D]; per layer: attn_norm [D], wq [D, H*Dh], wk, wv [D, Hkv*Dh], wo [H*Dh, D],
@@ -58,14 +58,21 @@ def test_lora_adapters_and_kv_caches_match_hand_counts():
         2 * per_layer * 4
     steps = {(s.phase, s.name): s for s in p.steps}
     sample = _terms(steps["policy", "policy sampling"].terms)
-    # 8 rows x (P = bucket(128) + N = 16) slots: k and v [L, R, Hkv, S, Dh] float32.
-    assert sample["KV cache (8 rows x 144 slots)"] == 2 * 2 * 8 * 2 * 144 * 16 * 4 == \
-        kv_cache_bytes(TINY, 8, 144)
+    # 8 rows over fsdp = 8 (1 a device) x (P = bucket(128) + N = 16) slots: k and v
+    # [L, R, Hkv, S, Dh] float32.
+    assert sample["KV cache (1 of 8 rows x 144 slots)"] == 2 * 2 * 1 * 2 * 144 * 16 * 4 == \
+        kv_cache_bytes(TINY, 8, 144, planner.abstract_mesh(c, 8, (1, 8, 1)))
+    # The rollout copy: every fsdp-split leaf whole on each device (float32 is the compute
+    # dtype), the norms not copied; of the adapters the fsdp-split ones (A of wq, wk, wv,
+    # w_gate, w_up; B of wo, w_down: 7 x 64 x 4 entries a layer).
+    assert sample["rollout copy of the weights (decode layout, compute dtype)"] == \
+        (TINY_PARAMS - NORMS) * 4 + 2 * 7 * 64 * 4 * 4
     # Verifier at its default budgets: prefix bucket 512 + suffix bucket 32 slots; 32768
     # row-slots // 544 -> 16 items per pass (the item chunk), then 2 prefixes per pass.
     verify = _terms(steps["policy", "verification"].terms)
-    assert verify["verifier KV cache (2 rows x 544 slots)"] == 2 * 2 * 2 * 2 * 544 * 16 * 4
-    assert verify["repeated cache (32 rows)"] == 16 * 2 * 2 * 2 * 2 * 544 * 16 * 4
+    # The 2 rows of a pass are padded to the 8 row shards: 1 a device.
+    assert verify["verifier KV cache (1 of 2 rows x 544 slots)"] == 2 * 2 * 1 * 2 * 544 * 16 * 4
+    assert verify["repeated cache (16 rows)"] == 16 * 2 * 2 * 1 * 2 * 544 * 16 * 4
 
 
 def test_verdict_names_the_largest_term_and_the_field_that_shrinks_it():

@@ -33,7 +33,7 @@ from drubric_jax.sampling import constrained as constrained_lib
 from drubric_jax import models, sampling, parallel
 from drubric_jax.rl import train_step as ts
 from drubric_jax.evaluator import passes
-from drubric_jax.models import lora
+from drubric_jax.models import lora, rollout
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.rl.train_config import TrainConfig
 
@@ -115,49 +115,74 @@ def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: Train
     return analyse(step.lower(state, batch, param_structs(base_cfg, mesh)))
 
 
+def rollout_copy(params, cfg: ModelConfig, mesh) -> tuple:
+    """(structs of the rollout copy of `params`, its Compiled or None when nothing is
+    copied): the program `models.rollout.rollout_copy` runs before a sampler call."""
+    program = rollout.copy_program(params, cfg, mesh)
+    if program is None:
+        return params, None
+    copy = analyse(program.lower(params))
+    return copy.outputs, copy
+
+
+def _row_structs(mesh, rows: int, *shapes_dtypes):
+    """Structs of [rows, ...] inputs split over the row shards, as `parallel.put_process_rows`
+    lays them out (rows a multiple of data x fsdp)."""
+    sh = parallel.batch_sharding(mesh)
+    return [jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=sh)
+            for shape, dtype in shapes_dtypes]
+
+
 def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
-                   constrained: bool) -> tuple:
-    """Bytes beyond `params` at each peak of `sampling.generate` on R = `rows` prompts of
-    bucket P = `prompt`, N = `new`: (the prefill, the decode loop) or, `constrained`, (the
-    prefill, the cache unstacking, one constrained step) beside the per-layer weights."""
-    tokens = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
-    mask = jax.ShapeDtypeStruct((rows, prompt), bool)
+                   constrained: bool, mesh) -> tuple:
+    """Bytes per device beyond `params` at each peak of `sampling.generate(..., mesh=mesh)` on
+    R = `rows` prompts (padded to the row shards, as `generate` does) of bucket
+    P = `prompt`, N = `new`, on the rollout copy of `params` (`models.rollout`): (the
+    prefill, the decode loop) or, `constrained`, (the prefill, the cache unstacking, one
+    constrained step) beside the per-layer weights; each with the copy held."""
+    rows = parallel.row_shards(mesh) * -(-rows // parallel.row_shards(mesh))
+    params, copy = rollout_copy(params, cfg, mesh)
+    held = 0 if copy is None else copy.output
+    tokens, mask = _row_structs(mesh, rows, ((prompt,), jnp.int32), ((prompt,), bool))
     # A key struct: nothing is drawn.
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-    pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new))
+    pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new, mesh=mesh))
     state = pre.outputs  # with the sharding the compiler picked for the cache
     stop = jax.ShapeDtypeStruct((1,), jnp.int32)
     method = sampling.Temperature(1.0)
+    # The per-layer copy of the block weights `sampling.decode_params` makes (CPU and GPU).
+    layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
+    loop_params = {**params, "layers": layers.outputs}
     if not constrained:
-        # Lowered on the stacked params, the loop makes the per-layer weight copy inside its
-        # own program: the same bytes `generate` holds with the copy made just before it.
-        dec = analyse(sampling.decode_loop.lower(params, cfg, state, method, stop, 0))
+        dec = analyse(sampling.decode_loop.lower(loop_params, cfg, state, method, stop, 0))
         # The decode loop's peak comes on top of the state the prefill returned.
-        return pre.extra, pre.output + dec.extra
-    copy = analyse(sampling.layer_copy.lower(params, cfg))
+        return held + pre.extra, held + layers.output + pre.output + dec.extra
     unstack = analyse(constrained_lib._decode_cache.lower(state.cache))
-    words = jax.ShapeDtypeStruct((rows, constrained_lib.bitmask_words(cfg.vocab_size)), jnp.int32)
-    force = jax.ShapeDtypeStruct((rows,), bool)
+    words, = _row_structs(mesh, rows, ((constrained_lib.bitmask_words(cfg.vocab_size),),
+                                       jnp.int32))
+    force, = _row_structs(mesh, rows, ((), bool))
     state = state.replace(cache=unstack.outputs)
     sample = analyse(constrained_lib._sample.lower(state, words, force, method, stop, 0))
     new_state, tok, emitted, _ = sample.outputs  # and the all-rows-done flag
-    step = analyse(constrained_lib._forward.lower(copy.outputs, cfg, new_state, tok, emitted))
-    return (pre.extra, copy.output + pre.output + unstack.extra,
-            copy.output + pre.output + max(sample.extra, step.extra))
+    step = analyse(constrained_lib._forward.lower(loop_params, cfg, new_state, tok, emitted))
+    return (held + pre.extra, held + layers.output + pre.output + unstack.extra,
+            held + layers.output + pre.output + max(sample.extra, step.extra))
 
 
 def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix: int,
-                       items: int) -> tuple:
-    """Bytes beyond `params` at each peak of one verifier chunk: (the prefill of R = `rows`
-    prefixes (bucket `prefix`) into P + Ts slots, one suffix pass of Mc = `items` items)."""
-    tokens = jax.ShapeDtypeStruct((rows, prefix), jnp.int32)
-    mask = jax.ShapeDtypeStruct((rows, prefix), bool)
+                       items: int, mesh) -> tuple:
+    """Bytes per device beyond `params` at each peak of one verifier chunk, its rows split
+    over the row shards (`evaluator.placement`): (the prefill of R = `rows` prefixes (bucket
+    `prefix`) into P + Ts slots, one suffix pass of Mc = `items` items)."""
+    rows = parallel.row_shards(mesh) * -(-rows // parallel.row_shards(mesh))
+    tokens, mask = _row_structs(mesh, rows, ((prefix,), jnp.int32), ((prefix,), bool))
     pre = analyse(passes.prefill.lower(params, cfg, tokens, mask, prefix + suffix))
     cache, plen = pre.outputs
     ids = jax.ShapeDtypeStruct((1,), jnp.int32)
-    score = analyse(passes.score_suffixes.lower(
-        params, cfg, cache, plen, jax.ShapeDtypeStruct((rows, items, suffix), jnp.int32),
-        jax.ShapeDtypeStruct((rows, items), jnp.int32), ids, ids))
+    suffixes, lengths = _row_structs(mesh, rows, ((items, suffix), jnp.int32),
+                                     ((items,), jnp.int32))
+    score = analyse(passes.score_suffixes.lower(params, cfg, cache, plen, suffixes, lengths,
+                                                ids, ids))
     # The suffix pass runs on top of the cached prefixes it reads.
     return pre.extra, pre.output + score.extra
 
@@ -204,11 +229,12 @@ def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
                            else (w.rubric_prompt, w.rubric_new))
             return (step.name, rows), lambda n: sampling_peaks(
                 base(role, n), sampler_params(depth(models_.trainee[role], n), base(role, n),
-                                              mesh), rows, prompt, new, role == "generator")
+                                              mesh), rows, prompt, new, role == "generator",
+                mesh)
         if step.name == "verification":
             return (step.name,), lambda n: verification_peaks(
                 base("verifier", n), param_structs(base("verifier", n), mesh),
-                w.verifier_rows, w.verifier_prefix, w.verifier_suffix, w.verifier_items)
+                w.verifier_rows, w.verifier_prefix, w.verifier_suffix, w.verifier_items, mesh)
         prompt, new = ((w.rubric_prompt, w.rubric_new) if phase == "generator"
                        else (w.policy_prompt, w.policy_new))
         # Compiled at the update micro-batch the plan chose for this step.

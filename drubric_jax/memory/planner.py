@@ -25,9 +25,9 @@ import jax
 import ml_collections
 
 from drubric_jax import config_check
+from drubric_jax.memory.inference_terms import sampling_terms, verification_terms
 from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
-                                       resident_terms, sampling_terms, train_terms,
-                                       tree_bytes, verification_terms)
+                                       resident_terms, train_terms, tree_bytes)
 from drubric_jax.evaluator.rubric_generator import MIN_PROMPT_BUCKET
 from drubric_jax.sampling import bucket_length
 from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
@@ -35,6 +35,7 @@ from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
 PHASES = ("generator", "policy")
 DEFAULT_HEADROOM = 0.10  # of the device memory, for the runtime, compiled code, fragmentation
 DEFAULT_BLOCK = 512      # key tile of blockwise attention (planned)
+BACKENDS = ("cpu", "gpu", "tpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Plan:
     capacity: Optional[int]
     headroom: float
     attention: str
+    backend: str
     resident: dict
     host: dict
     steps: list
@@ -145,8 +147,8 @@ class Plan:
         def row(name, *values):
             return f"  {name:<{w}}" + "".join(f"{v / GB:>12.3f}" for v in values)
 
-        out = [f"{self.devices} device(s), mesh {mesh}, {cap} per device, attention="
-               f"{self.attention}; GB (1e9 bytes) per device", "",
+        out = [f"{self.devices} {self.backend} device(s), mesh {mesh}, {cap} per device, "
+               f"attention={self.attention}; GB (1e9 bytes) per device", "",
                f"  {'resident':<{w}}{'generator ph':>12}{'policy ph':>12}"]
         for name in names:
             out.append(row(name, *[next((t.bytes for t in self.resident[p] if t.name == name),
@@ -169,7 +171,8 @@ class Plan:
             return {t.name: round(t.bytes / GB, 4) for t in ts}
 
         return {
-            "devices": self.devices, "mesh": self.mesh, "attention": self.attention,
+            "devices": self.devices, "backend": self.backend, "mesh": self.mesh,
+            "attention": self.attention,
             "capacity_gb": None if self.capacity is None else self.capacity / GB,
             "usable_gb": None if self.usable is None else self.usable / GB,
             "resident_gb": {p: terms(self.resident[p]) for p in PHASES},
@@ -201,7 +204,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
          device_memory_gb: Optional[float] = None, mesh_sizes: Optional[tuple] = None,
          attention: str = "auto", block: int = DEFAULT_BLOCK,
          headroom: float = DEFAULT_HEADROOM, search: bool = True,
-         workload: Optional[Workload] = None) -> Plan:
+         workload: Optional[Workload] = None, backend: Optional[str] = None) -> Plan:
     """Plans `config` on `devices` devices of `device_memory_gb` GB each.
 
     Args:
@@ -216,6 +219,9 @@ def plan(config: ml_collections.ConfigDict, devices: int,
             (`policy/generator.rollout_micro_batch` rows per sampler call, 0 = all;
             `train.micro_batch_size`).
         workload: shapes of the steps; default `Workload.from_config(config)`.
+        backend: the platform planned for, "cpu" | "gpu" | "tpu" (default: this one's,
+            `jax.default_backend()`): CPU and GPU decode on per-layer copies of the rollout
+            weights and cache (`models.per_layer_decode`), TPU does not.
 
     Raises:
         config_check.ConfigError: a bad field, or rows that do not divide over the mesh.
@@ -224,6 +230,9 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    backend = backend or jax.default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     # Shapes and shardings only: planning needs no devices.
     mesh = abstract_mesh(config, devices, mesh_sizes)
     checked = ml_collections.ConfigDict(config.to_dict())  # the run's config on this mesh
@@ -249,13 +258,13 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         steps.append(_choose(phase, "policy sampling", w.policy_rows, _divisors(w.policy_rows),
                              lambda r: sampling_terms(models_, "policy", mesh, r,
                                                       w.policy_prompt, w.policy_new,
-                                                      attention, block, False),
+                                                      attention, block, False, backend),
                              budget, per_call(w.policy_rows,
                                               config.policy.rollout_micro_batch)))
         steps.append(_choose(phase, "rubric sampling", rubric_rows, _divisors(rubric_rows),
                              lambda r: sampling_terms(models_, "generator", mesh, r,
                                                       w.rubric_prompt, w.rubric_new,
-                                                      attention, block, True),
+                                                      attention, block, True, backend),
                              budget, per_call(rubric_rows,
                                               config.generator.rollout_micro_batch)))
         # No micro-batch to choose here: the Verifier's default chunking (`Workload`).
@@ -271,7 +280,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
                              lambda m: train_terms(models_, phase, mesh, rows, m, prompt, new,
                                                    attention, block),
                              budget, None if search else models_.train[phase].micro_batch_size))
-    return Plan(devices, dict(mesh.shape), capacity, headroom, attention,
+    return Plan(devices, dict(mesh.shape), capacity, headroom, attention, backend,
                 {p: split[p][0] for p in PHASES}, {p: split[p][1] for p in PHASES}, steps)
 
 

@@ -15,9 +15,9 @@ shape under `models.param_shardings` on an `AbstractMesh` (no devices needed).
 Activations are counted from the shapes the jitted functions create, as the number of
 buffers of each shape alive at their peak (constants below); `planner_compiled` measures
 the same steps from XLA's compiled memory analysis, and tests hold the two within 25%.
-The sampler's and verifier's inputs carry no sharding, so XLA replicates their KV caches
-and activations on every device (seen in the compiled shardings on 8 fake devices);
-train-step rows are split over data x fsdp.
+Rows are split over data x fsdp in every step (the sampler's and the verifier's, padded to a
+multiple of the row shards, and the train step's); the sampler's and verifier's terms are in
+`memory.inference_terms`.
 
 Attention: "dense" is the materialized attention ([H, T, S] float32 scores per row);
 "blockwise" (flash-style, `models.attention`) keeps [H, T, block] tiles instead, so its
@@ -232,7 +232,7 @@ def _layer_bytes(layers, dtype_bytes: int) -> int:
     return sum(math.prod(x.shape[1:]) for x in jax.tree.leaves(layers)) * dtype_bytes
 
 
-def _attention(cfg: ModelConfig, rows: int, queries: int, keys: int, buffers: int,
+def attention_term(cfg: ModelConfig, rows: int, queries: int, keys: int, buffers: int,
                attention: str, block: int, tensor: int = 1) -> Term:
     if attention == "auto":  # as `models.attention.choose`: blockwise for long rows only
         attention = "blockwise" if queries * keys > AUTO_BLOCKWISE_MIN_SCORES else "dense"
@@ -245,24 +245,18 @@ def _attention(cfg: ModelConfig, rows: int, queries: int, keys: int, buffers: in
                 buffers * rows * -(-cfg.num_heads // tensor) * queries * k * 4, field)
 
 
-def _widths(cfg: ModelConfig, rows: int, tokens: int, widths: tuple, tensor: int = 1) -> int:
+def widths_bytes(cfg: ModelConfig, rows: int, tokens: int, widths: tuple, tensor: int = 1) -> int:
     (d, f, q), (dim, ffn, heads) = widths, models.family(cfg).activation_widths(cfg)
     per_token = ((d * dim + q * -(-heads // tensor)) * 4
                  + f * -(-ffn // tensor) * cfg.compute_dtype.itemsize)
     return rows * tokens * per_token
 
 
-def kv_cache_bytes(cfg: ModelConfig, rows: int, slots: int) -> int:
-    """Bytes of `models.init_cache(cfg, rows, slots)`: k and v [L, R, Hkv, S, Dh]."""
-    return (2 * cfg.num_layers * rows * cfg.num_kv_heads * slots * cfg.head_dim
-            * cfg.compute_dtype.itemsize)
-
-
 def _f32(shapes):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, "float32"), shapes)
 
 
-def _weights_in_use(cfg: ModelConfig, layers, head_bytes: int, mesh) -> list:
+def weights_in_use(cfg: ModelConfig, layers, head_bytes: int, mesh) -> list:
     """Weights a pass materialises beyond the stored shards, in the compute dtype: with
     fsdp > 1 the layer being run and the next (prefetched) all-gathered, and the output
     head; with fsdp = 1 the cast of leaves stored in another dtype (float32 masters)."""
@@ -292,11 +286,11 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
     head = cfg.dim * -(-cfg.vocab_size // tensor) * cfg.compute_dtype.itemsize
     batch = Term("batch arrays", rows // shards * t * BATCH_BYTES,
                  f"config.{role}.max_new_tokens")
-    weights_ = _weights_in_use(cfg, (models_.sampling_shapes(role) if cfg.lora_rank
+    weights_ = weights_in_use(cfg, (models_.sampling_shapes(role) if cfg.lora_rank
                                      else trained)["layers"], head, mesh)
     layer = [Term("one recomputed layer (+ its gradients)",
-                  _widths(cfg, b, t, TRAIN_WIDTHS, tensor), mb_field),
-             _attention(cfg, b, t, t, TRAIN_ATTENTION, attention, block, tensor)]
+                  widths_bytes(cfg, b, t, TRAIN_WIDTHS, tensor), mb_field),
+             attention_term(cfg, b, t, t, TRAIN_ATTENTION, attention, block, tensor)]
     logits = [Term(f"logits chunks ({TRAIN_LOGITS} x float32 [{b}, {chunk}, V])",
                    TRAIN_LOGITS * b * chunk * -(-cfg.vocab_size // tensor) * 4,
                    f"config.{role}.train.logits_chunk")]
@@ -307,7 +301,7 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
                    "config.lora.rank"),
               _saved_activations(cfg, tc.remat, b, t, attention, block, tensor, mb_field,
                                  f"config.{role}.train.remat"),
-              batch, *weights_, *max(layer, logits, key=_total)]
+              batch, *weights_, *max(layer, logits, key=total_bytes)]
     if not cfg.lora_rank:  # the lookup's gradient is a scatter into its own [V, D] buffer
         passes.append(Term("embedding gradient (float32 [V, D])",
                            tree_bytes(_f32({"embed": trained["embed"]}), mesh),
@@ -316,7 +310,7 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
         passes.append(Term("all-reduced gradients (data > 1)", grads, "mesh.fsdp over data"))
     update = [Term(f"{role} AdamW update ({OPTIMIZER_COPIES} x float32 trained params)",
                    OPTIMIZER_COPIES * grads, "config.lora.rank; mesh.fsdp"), batch]
-    return max(passes, update, key=_total)
+    return max(passes, update, key=total_bytes)
 
 
 def _saved_activations(cfg: ModelConfig, remat: bool, b: int, t: int, attention: str,
@@ -326,75 +320,14 @@ def _saved_activations(cfg: ModelConfig, remat: bool, b: int, t: int, attention:
     if remat:
         return Term(f"remat residuals (L x {b} rows x T={t} x D)",
                     cfg.num_layers * b * t * cfg.dim * cfg.compute_dtype.itemsize, mb_field)
-    per_layer = _widths(cfg, b, t, SAVED_WIDTHS, tensor)
-    att = _attention(cfg, b, t, t, SAVED_ATTENTION, attention, block, tensor)
+    per_layer = widths_bytes(cfg, b, t, SAVED_WIDTHS, tensor)
+    att = attention_term(cfg, b, t, t, SAVED_ATTENTION, attention, block, tensor)
     if "dense" in att.name:
         per_layer += att.bytes
     return Term(f"saved activations, no remat (L x {b} rows x T={t})",
                 cfg.num_layers * per_layer, f"{remat_field}=True; {mb_field}")
 
 
-def _total(terms: list) -> int:
+def total_bytes(terms: list) -> int:
+    """Sum of the terms' bytes."""
     return sum(t.bytes for t in terms)
-
-
-def _forward_terms(cfg: ModelConfig, rows: int, tokens: int, slots: int, attention: str,
-                   block: int, field: str, buffers: int = FORWARD_ATTENTION) -> list:
-    return [Term(f"forward activations ({rows} rows x {tokens} tokens)",
-                 _widths(cfg, rows, tokens, FORWARD_WIDTHS), field),
-            _attention(cfg, rows, tokens, slots, buffers, attention, block)]
-
-
-def _logits(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
-    return Term(f"next-token logits ({buffers} x float32 [{rows}, V])",
-                buffers * rows * cfg.vocab_size * 4, field)
-
-
-def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int, new: int,
-                   attention: str, block: int, constrained: bool) -> list:
-    """Transient terms at the peak of `sampling.generate` with `role`'s params on R =
-    `rows` prompts (bucket `prompt`), N = `new`: the larger of the prefill and the decode
-    loop (which unstacks the cache into per-layer arrays, a second copy, and copies the
-    layer weights, `models.decode_params`; the constrained loop does the same)."""
-    cfg = models_.base[models_.sources[role]]
-    slots = prompt + new
-    field = f"rows per sampler call (rollout micro-batch); config.{role}.max_new_tokens"
-    cache = Term(f"KV cache ({rows} rows x {slots} slots)", kv_cache_bytes(cfg, rows, slots),
-                 field)
-    params = models_.sampling_shapes(role)
-    gathered = _weights_in_use(cfg, params["layers"], 0, mesh)
-    logits = _logits(cfg, rows, SAMPLING_LOGITS, field)
-    budget = ("config.generator.input_budget" if role == "generator"
-              else "config.policy.max_prompt_tokens")  # the prefill runs over the prompt
-    # A prefill into a fresh cache attends over the prompt's own tokens (`KVCache.empty`).
-    prefill = [cache, *_forward_terms(cfg, rows, prompt, prompt, attention, block,
-                                      f"rows per sampler call (rollout micro-batch); {budget}",
-                                      PREFILL_ATTENTION),
-               *gathered]
-    decode = [cache, logits, dataclasses.replace(cache, name="per-layer copy of the KV cache "
-                                                 "(decode loop)"),
-              Term("per-layer copy of the weights (models.decode_params)",
-                   tree_bytes({"layers": params["layers"]}, mesh),
-                   "none (sampling.decode_params copies the layers once per call)"),
-              *gathered]
-    return max(prefill, decode, key=_total)
-
-
-def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,
-                       items: int, attention: str, block: int) -> list:
-    """Transient terms of one verifier chunk (`evaluator.passes`): the prefill of `rows`
-    prefixes into P + Ts slots, then a suffix pass of `items` items on repeated rows."""
-    cfg = models_.base[models_.sources["verifier"]]
-    slots = prefix + suffix
-    field = "config.verifier.max_prefix_tokens; evaluator.budgets.PassBudgets"
-    cache = Term(f"verifier KV cache ({rows} rows x {slots} slots)",
-                 kv_cache_bytes(cfg, rows, slots), field)
-    gathered = _weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],
-                               0, mesh)
-    prefill = [cache, *_forward_terms(cfg, rows, prefix, prefix, attention, block, field,
-                                      PREFILL_ATTENTION), *gathered]
-    score = [cache, Term(f"repeated cache ({rows * items} rows)",
-                         kv_cache_bytes(cfg, rows * items, slots), field),
-             *_forward_terms(cfg, rows * items, suffix, slots, attention, block, field),
-             _logits(cfg, rows * items, 1, field), *gathered]
-    return max(prefill, score, key=_total)

@@ -161,15 +161,19 @@ def apply(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Arra
     return logits_from_hidden(params, cfg, hidden), cache
 
 
-def per_layer_decode() -> bool:
+def per_layer_decode(backend: Optional[str] = None) -> bool:
     """Whether decode loops run on per-layer copies of the weights and the cache, made once
     per loop: on CPU and GPU, where XLA copies a scanned layer's slices before each matmul
     on every step. On one H200 (Qwen3-8B, bfloat16, `experiments.device_check
     --decode_form=...`) the per-layer form decoded 2.1x faster (B = 1: 6.1 vs 12.8 ms a
     step, 53% vs 25% of the HBM roofline; B = 256: 21.1 vs 46.1 ms) for one more copy of
     the block weights and of the KV cache in device memory (peak 115 vs 59 GB at B = 256;
-    the planner counts both). TPUs keep the stacked form (not measured here)."""
-    return jax.default_backend() in ("cpu", "gpu")
+    the planner counts both). TPUs keep the stacked form (not measured here).
+
+    Args:
+        backend: "cpu", "gpu" or "tpu" (the planner's target); None: `jax.default_backend()`.
+    """
+    return (backend or jax.default_backend()) in ("cpu", "gpu")
 
 
 def decode_params(params: dict, cfg: ModelConfig) -> dict:

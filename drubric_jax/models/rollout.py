@@ -29,7 +29,9 @@ def _keeps_dtype(path) -> bool:
     return (parallel.leaf_name(path) or "").endswith("norm")
 
 
-def _target_dtype(path, leaf, compute):
+def target_dtype(path, leaf, compute):
+    """The dtype of `leaf` (at pytree `path`) in the rollout copy: the compute dtype, except
+    norm scales, which keep their own."""
     return leaf.dtype if _keeps_dtype(path) else compute
 
 
@@ -38,11 +40,25 @@ def _copy_program(treedef, shardings: tuple, compute):
     """One jitted cast-and-reshard program per (tree, target shardings, compute dtype)."""
     def copy(params):
         def one(path, x):
-            return x.astype(_target_dtype(path, x, compute))
+            return x.astype(target_dtype(path, x, compute))
 
         return jax.tree_util.tree_map_with_path(one, params)
 
     return jax.jit(copy, out_shardings=jax.tree_util.tree_unflatten(treedef, shardings))
+
+
+def copy_program(params: dict, cfg: ModelConfig, mesh):
+    """The jitted cast-and-reshard program that makes the rollout copy of `params` (arrays or
+    structs carrying shardings) on `mesh`, or None when every leaf is already in the decode
+    layout and its rollout dtype (nothing to copy). The planner lowers it on structs."""
+    target = parallel.param_shardings(params, mesh, parallel.decode_rules(param_specs()))
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    wanted = jax.tree_util.tree_leaves(target)
+    if all(x.dtype == target_dtype(path, x, cfg.compute_dtype)
+           and x.sharding.is_equivalent_to(sh, x.ndim)
+           for (path, x), sh in zip(flat, wanted)):
+        return None
+    return _copy_program(treedef, tuple(wanted), cfg.compute_dtype)
 
 
 def rollout_copy(params: dict, cfg: ModelConfig, mesh) -> dict:
@@ -60,12 +76,5 @@ def rollout_copy(params: dict, cfg: ModelConfig, mesh) -> dict:
     """
     if mesh is None:
         return params
-    compute = cfg.compute_dtype
-    target = parallel.param_shardings(params, mesh, parallel.decode_rules(param_specs()))
-    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    wanted = jax.tree_util.tree_leaves(target)
-    if all(x.dtype == _target_dtype(path, x, compute)
-           and x.sharding.is_equivalent_to(sh, x.ndim)
-           for (path, x), sh in zip(flat, wanted)):
-        return params
-    return _copy_program(treedef, tuple(wanted), compute)(params)
+    program = copy_program(params, cfg, mesh)
+    return params if program is None else program(params)

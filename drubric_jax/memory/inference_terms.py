@@ -1,0 +1,150 @@
+"""The planner's terms of the inference steps: a sampler call and a verifier chunk.
+
+Both split their rows over the mesh's ("data", "fsdp") axes, padded to a multiple of those
+row shards (`sampling.generate`, `evaluator.placement`), so every row-sized array (KV cache,
+activations, logits) is counted for the rows of one device: ceil(R / (data x fsdp)). The
+sampler's cache also splits its KV heads over "tensor" when they divide
+(`sampling.decode._shard_cache`).
+
+A sampler call runs on the rollout copy of the trainee (`models.rollout.rollout_copy`): the
+weights replicated over "data" and "fsdp", split over "tensor", in the compute dtype. It is
+made before the call and freed after it, so it is a transient of the step; leaves already in
+that layout and dtype are not copied (one device in the compute dtype: nothing). On CPU and
+GPU (`models.per_layer_decode`) the decode loop also holds a per-layer copy of the block
+weights and of the cache; TPUs decode the stacked arrays (no copy). The verifier runs on the
+frozen base in its training layout and gathers a layer at a time, as a train step does.
+
+Axis legend (docs/CONVENTIONS.md): R rows, P prompt bucket, N new tokens, S cache slots,
+D width, V vocab, L layers, Hkv KV heads; here also Mc items per verifier pass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+
+from drubric_jax import models, parallel
+from drubric_jax.memory.terms import (FORWARD_ATTENTION, FORWARD_WIDTHS, PREFILL_ATTENTION,
+                                       SAMPLING_LOGITS, RoleModels, Term, attention_term,
+                                       total_bytes, weights_in_use, widths_bytes)
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.models.rollout import target_dtype
+
+
+def row_shards(mesh) -> int:
+    """data x fsdp: the devices a step's rows are split over."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def rows_per_device(rows: int, mesh) -> int:
+    """ceil(R / (data x fsdp)): a device's rows once R is padded to the row shards."""
+    return -(-rows // row_shards(mesh))
+
+
+def kv_cache_bytes(cfg: ModelConfig, rows: int, slots: int, mesh=None) -> int:
+    """Bytes per device of `models.init_cache(cfg, rows, slots)`, k and v [L, R, Hkv, S, Dh]
+    in the compute dtype: whole (mesh None), or rows over data x fsdp and, when they divide,
+    the KV heads over "tensor" (the sampler's layout)."""
+    heads = cfg.num_kv_heads
+    if mesh is not None:
+        rows = rows_per_device(rows, mesh)
+        tensor = mesh.shape["tensor"]
+        heads = heads // tensor if heads % tensor == 0 else heads
+    return 2 * cfg.num_layers * rows * heads * slots * cfg.head_dim * cfg.compute_dtype.itemsize
+
+
+def rollout_copy_bytes(shapes, cfg: ModelConfig, mesh) -> tuple[int, int]:
+    """(bytes per device of the rollout copy, of its block layers alone) for params of
+    `shapes` (structs in their stored dtype and training layout) on `mesh`: each leaf whose
+    layout (`parallel.decode_rules`) or dtype (`models.rollout.target_dtype`) changes is
+    copied; the others are the params themselves (0 bytes)."""
+    train = jax.tree.leaves(models.param_shardings(shapes, mesh))
+    decode = jax.tree.leaves(parallel.param_shardings(
+        shapes, mesh, parallel.decode_rules(models.param_specs())))
+    copied = layers = 0
+    for (path, x), tr, de in zip(jax.tree_util.tree_flatten_with_path(shapes)[0], train, decode):
+        dtype = target_dtype(path, x, cfg.compute_dtype)
+        shard = de.shard_shape(tuple(x.shape))
+        whole = math.prod(shard) * jax.numpy.dtype(dtype).itemsize
+        if dtype != x.dtype or shard != tr.shard_shape(tuple(x.shape)):
+            copied += whole
+        # The per-layer copy of the decode loop copies every block leaf of the copy.
+        if any(getattr(e, "key", None) == "layers" for e in path):
+            layers += whole
+    return copied, layers
+
+
+def forward_terms(cfg: ModelConfig, rows: int, tokens: int, slots: int, attention: str,
+                  block: int, field: str, buffers: int = FORWARD_ATTENTION,
+                  tensor: int = 1) -> list:
+    """A forward pass of `rows` rows (one device's) of `tokens` tokens over `slots` keys:
+    its activations and its attention."""
+    return [Term(f"forward activations ({rows} rows x {tokens} tokens)",
+                 widths_bytes(cfg, rows, tokens, FORWARD_WIDTHS, tensor), field),
+            attention_term(cfg, rows, tokens, slots, buffers, attention, block, tensor)]
+
+
+def logits_term(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
+    """`buffers` float32 [rows, V] next-token logits."""
+    return Term(f"next-token logits ({buffers} x float32 [{rows}, V])",
+                buffers * rows * cfg.vocab_size * 4, field)
+
+
+def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int, new: int,
+                   attention: str, block: int, constrained: bool,
+                   backend: Optional[str] = None) -> list:
+    """Transient terms per device at the peak of `sampling.generate` on the rollout copy of
+    `role`, R = `rows` prompts per call (split over data x fsdp), bucket P = `prompt`,
+    N = `new`: the rollout copy, then the larger of the prefill and the decode loop.
+
+    Args:
+        backend: the platform planned for ("cpu", "gpu", "tpu"; None: this one): CPU and
+            GPU decode on per-layer copies of the weights and the cache
+            (`models.per_layer_decode`), counted here; TPU does not. `constrained` decoding
+            makes the same copies, so it is counted alike.
+    """
+    del constrained  # the constrained loop holds the same arrays (its mask words are small)
+    cfg = models_.base[models_.sources[role]]
+    local, tensor, slots = rows_per_device(rows, mesh), mesh.shape["tensor"], prompt + new
+    field = f"rows per sampler call (rollout micro-batch); config.{role}.max_new_tokens"
+    cache = Term(f"KV cache ({local} of {rows} rows x {slots} slots)",
+                 kv_cache_bytes(cfg, rows, slots, mesh), field)
+    copy, layers = rollout_copy_bytes(models_.sampling_shapes(role), cfg, mesh)
+    weights = ([Term("rollout copy of the weights (decode layout, compute dtype)", copy,
+                     "mesh.tensor (splits the copy)")] if copy else [])
+    budget = ("config.generator.input_budget" if role == "generator"
+              else "config.policy.max_prompt_tokens")  # the prefill runs over the prompt
+    # A prefill into a fresh cache attends over the prompt's own tokens (`KVCache.empty`).
+    prefill = [cache, *forward_terms(cfg, local, prompt, prompt, attention, block,
+                                     f"rows per sampler call (rollout micro-batch); {budget}",
+                                     PREFILL_ATTENTION, tensor)]
+    decode = [cache, logits_term(cfg, local, SAMPLING_LOGITS, field)]
+    if models.per_layer_decode(backend):
+        decode += [dataclasses.replace(cache, name="per-layer copy of the KV cache (decode "
+                                       "loop; CPU and GPU)"),
+                   Term("per-layer copy of the block weights (sampling.decode_params; CPU "
+                        "and GPU)", layers, "mesh.tensor")]
+    return weights + max(prefill, decode, key=total_bytes)
+
+
+def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,
+                       items: int, attention: str, block: int) -> list:
+    """Transient terms per device of one verifier chunk (`evaluator.passes`): the prefill of
+    R = `rows` prefixes (split over data x fsdp) into P + Ts slots, then a suffix pass of
+    Mc = `items` items on the repeated rows, on the frozen base (a layer gathered at a time)."""
+    cfg = models_.base[models_.sources["verifier"]]
+    local, slots = rows_per_device(rows, mesh), prefix + suffix
+    field = "config.verifier.max_prefix_tokens; evaluator.budgets.PassBudgets"
+    cache = Term(f"verifier KV cache ({local} of {rows} rows x {slots} slots)",
+                 kv_cache_bytes(cfg, local, slots), field)
+    gathered = weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],
+                              0, mesh)
+    prefill = [cache, *forward_terms(cfg, local, prefix, prefix, attention, block, field,
+                                     PREFILL_ATTENTION), *gathered]
+    score = [cache, Term(f"repeated cache ({local * items} rows)",
+                         kv_cache_bytes(cfg, local * items, slots), field),
+             *forward_terms(cfg, local * items, suffix, slots, attention, block, field),
+             logits_term(cfg, local * items, 1, field), *gathered]
+    return max(prefill, score, key=total_bytes)
