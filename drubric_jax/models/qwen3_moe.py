@@ -21,6 +21,11 @@ contiguous, and reach the experts one of two ways (`ModelConfig.moe_dispatch`):
 sparse (Qwen3-30B-A3B: `decoder_sparse_step` 1, no `mlp_only_layers`; other layouts are
 refused when the config is read). Only the forward pass is needed: the verifier is frozen.
 
+Router load (`router_load` of one layer, `router_load_counts` of a forward, `load_summary`):
+the share of the real tokens' (token, expert) pairs each expert is routed, the busiest
+expert against a uniform router, the pairs the capacity drops and the experts that get
+none; the verifier logs them per step (`evaluator.chunked`, `rounds.step_metrics`).
+
 Axis legend (docs/CONVENTIONS.md): N tokens of a call (B * T), E experts, k experts per
 token, C rows per expert (capacity), D width, F expert width, L layers.
 
