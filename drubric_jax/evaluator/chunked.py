@@ -8,6 +8,12 @@ scored by the jitted functions of `passes`, and read back into place.
   cache serves every block of Mc item suffixes, right-padded to one bucket Ts per call.
 - full prompts (`full`): one causal pass per chunk, P(yes) read at the last token.
 
+A mixture-of-experts verifier (a family with `router_load_counts`) also counts its router
+load into the `stats=` dict (`counters.LOAD_COUNTS`), on the FIRST pass of each call only:
+one more forward of that pass's prompts (the prefill's tokens, or the full prompts),
+without a cache or LM head. It is a sample of the call's routing (one chunk of real
+inputs), not the load of every pass: the passes themselves return no router output.
+
 Axis legend (drubric_jax/types.py): R (prompt, response) rows, M rubric items, P prefix
 tokens (bucket), T full-prompt tokens (bucket); here also Mc items per pass, Ts suffix
 tokens (bucket).
@@ -19,8 +25,10 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from drubric_jax import models, parallel
 from drubric_jax.evaluator import passes, schedule
 from drubric_jax.evaluator.budgets import PassBudgets, suffix_bucket
+from drubric_jax.evaluator.counters import add_router_load
 from drubric_jax.evaluator.placement import RowPlacement
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling.buckets import left_pad
@@ -48,7 +56,16 @@ class ChunkedPasses:
             [t[:, 0] for t in tables], bucket_of=self.chunking.prefix_bucket,
             max_rows_of=max_rows_of, row_shards=self.placement.row_shards)
 
-    def shared(self, params, prepared: list, out: np.ndarray) -> None:
+    def _router_load(self, params, tokens: jax.Array, mask: jax.Array, stats) -> None:
+        """Counts a mixture-of-experts verifier's router load over one pass's placed prompts
+        into `stats` (`passes.router_load`); nothing for a dense verifier or stats=None.
+        Under several processes a collective: every process calls it at the same pass."""
+        if stats is None or not hasattr(models.family(self.cfg), "router_load_counts"):
+            return
+        add_router_load(stats, parallel.fetch(passes.router_load(params, self.cfg, tokens,
+                                                                 mask)))
+
+    def shared(self, params, prepared: list, out: np.ndarray, stats=None) -> None:
         """Fills out float32[R, M] on the prefix-sharing path (one prefill per response).
 
         Args:
@@ -56,6 +73,8 @@ class ChunkedPasses:
             prepared: R (prefix ids, [suffix ids per item]) pairs (`VerifierText.prepare`;
                 [] for a blank item); R may be 0 on a process under several processes.
             out: float32[R, M], written at every real (row, item); blanks are left alone.
+            stats: optional `stats=` dict: a mixture-of-experts verifier's router load of
+                the first pass goes there (module docstring).
         """
         # Each row: its prefix's tokens, then each item suffix's (0: a blank item).
         table = np.zeros((len(prepared), 1 + out.shape[1]), np.int64)
@@ -70,15 +89,18 @@ class ChunkedPasses:
         # One suffix bucket Ts for the whole call, set by the longest suffix.
         suffix = suffix_bucket(longest)
         put, take = self.placement.put, self.placement.take
-        for ps in self._passes(tables, lambda prefix: self.chunking.rows_per_pass(
-                prefix, suffix, num_items)):
+        for n, ps in enumerate(self._passes(tables, lambda prefix: self.chunking.rows_per_pass(
+                prefix, suffix, num_items))):
             prefix, chunk = ps.bucket, ps.members[me]
             items_per_pass = self.chunking.items_per_pass(prefix, suffix, num_items)
             local_rows = ps.rows // len(tables)  # this process's rows of the pass
             tokens, mask = left_pad([prepared[i][0] for i in chunk], prefix, self.pad_id,
                                     local_rows)
-            cache, prefix_len = passes.prefill(params, self.cfg, put(tokens), put(mask),
+            tokens, mask = put(tokens), put(mask)
+            cache, prefix_len = passes.prefill(params, self.cfg, tokens, mask,
                                                num_slots=prefix + suffix)
+            if n == 0:
+                self._router_load(params, tokens, mask, stats)
             # The chunk's prefilled cache serves every item block (the prefix is computed once).
             for first in range(0, num_items, items_per_pass):
                 # A block no row of the pass has an item in, on any process, is skipped.
@@ -94,18 +116,21 @@ class ChunkedPasses:
                     for m in np.flatnonzero(suf_len[j]):  # real items only
                         out[i, first + m] = values[j, m]
 
-    def full(self, params, prompts_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """P(yes) after each of N non-empty full prompts (this process's rows): float32[N]."""
+    def full(self, params, prompts_ids: Sequence[Sequence[int]], stats=None) -> np.ndarray:
+        """P(yes) after each of N non-empty full prompts (this process's rows): float32[N].
+        stats: as in `shared` (the router load of the first pass)."""
         out = np.zeros((len(prompts_ids),), np.float32)
         table = np.array([[len(ids)] for ids in prompts_ids], np.int64).reshape(-1, 1)
         tables, me = self.placement.tables(table)
-        for ps in self._passes(tables, self.chunking.rows_per_full_pass):
+        for n, ps in enumerate(self._passes(tables, self.chunking.rows_per_full_pass)):
             chunk = list(ps.members[me])
             tokens, mask = left_pad([prompts_ids[i] for i in chunk], ps.bucket, self.pad_id,
                                     ps.rows // len(tables))
+            tokens, mask = self.placement.put(tokens), self.placement.put(mask)
             values = self.placement.take(passes.score_full(
-                params, self.cfg, self.placement.put(tokens), self.placement.put(mask),
-                self.yes_ids, self.no_ids))
+                params, self.cfg, tokens, mask, self.yes_ids, self.no_ids))
+            if n == 0:
+                self._router_load(params, tokens, mask, stats)
             # Filler rows (mesh padding) are dropped.
             out[chunk] = values[:len(chunk)]
         return out

@@ -74,3 +74,13 @@ def score_full(params, cfg: ModelConfig, tokens, token_mask, yes_ids, no_ids):
     # Left padding: the last column is every row's last real token.
     logits = models.logits_from_hidden(params, cfg, hidden[:, -1])
     return p_yes_from_logits(logits, yes_ids, no_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def router_load(params, cfg: ModelConfig, tokens, token_mask):
+    """Router load counts of a mixture-of-experts verifier (`family(cfg).router_load_counts`)
+    over left-padded prompts int32[R, P] (token_mask bool[R, P]): the routing that `prefill`
+    of the same tokens makes. {"pairs": int32[L, E], "dropped": int32[L], "routed":
+    int32[L]}, summed over the rows (padding not counted)."""
+    positions = models.positions_from_mask(token_mask)
+    return models.family(cfg).router_load_counts(params, cfg, tokens, positions, token_mask)

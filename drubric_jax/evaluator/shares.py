@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from drubric_jax import parallel
-from drubric_jax.evaluator.counters import STATS, add_count
+from drubric_jax.evaluator.counters import LOAD_COUNTS, STATS, add_count
 
 
 def judge_shares(judge: Callable, columns: list, width: int,
@@ -28,7 +28,8 @@ def judge_shares(judge: Callable, columns: list, width: int,
         judge: the per-process judge (columns: lists of R_p entries, in `columns`' order).
         columns: equal-length lists of the R rows' fields (prompts, responses, ...).
         width: the result's columns (narrower results are zero-padded).
-        stats: optional counters (`counters.STATS`), summed over the processes.
+        stats: optional counters (`counters.STATS`), summed over the processes; the
+            router load (`counters.LOAD_COUNTS`) is the same on every process and kept.
 
     Returns:
         float32[R, width] on every process.
@@ -45,5 +46,9 @@ def judge_shares(judge: Callable, columns: list, width: int,
                                                np.int64)).sum(axis=0)
         for k, n in zip(STATS, summed):
             add_count(stats, k, int(n))
+        # Router load: counted over a whole (collective) pass, the same on every process.
+        for k in LOAD_COUNTS:
+            if k in local_stats:
+                add_count(stats, k, local_stats[k])
     # Every process's block has the same row count (process_share pads with copies).
     return parallel.gather_rows(got)[:r]

@@ -146,7 +146,8 @@ class Verifier:
                 same prompt (METHOD 12, `calibration`). That costs one extra prefix per
                 distinct (prompt, history) and one suffix row per distinct item of it.
             stats: optional dict that counts prefix_cut, item_cut, prefixes, judgements
-                (summed over the processes).
+                (summed over the processes), and for a mixture-of-experts verifier the
+                router load of the call's first pass (`counters.LOAD_COUNTS`).
             process_rows: under several processes, False: every process passes the same
                 R rows and gets all of them back, while each judges (tokenises, schedules,
                 reads back) only its block of them (`parallel.process_share`) and the
@@ -190,18 +191,19 @@ class Verifier:
         add_count(stats, "prefixes", num_rows)
         add_count(stats, "judgements", sum(1 for lst in items for s in lst if s.strip()))
         if shared_prefix:
-            self.runner.shared(params, prepared, out)
+            self.runner.shared(params, prepared, out, stats)
         else:
             # Naive path: one full prompt per real (response, item) pair.
             full = [(i, m, pre + suf) for i, (pre, sufs) in enumerate(prepared)
                     for m, suf in enumerate(sufs) if suf]
-            values = self.p_yes_ids(params, [ids for _, _, ids in full], process_rows=True)
+            values = self.p_yes_ids(params, [ids for _, _, ids in full], process_rows=True,
+                                    stats=stats)
             for (i, m, _), v in zip(full, values):
                 out[i, m] = v
         return out
 
     def p_yes_ids(self, params, prompts_ids: Sequence[Sequence[int]], *,
-                  process_rows: bool = False) -> np.ndarray:
+                  process_rows: bool = False, stats: Optional[dict] = None) -> np.ndarray:
         """P(yes) after each full token-id prompt (naive path and the direct judges; one
         pass per chunk).
 
@@ -212,6 +214,8 @@ class Verifier:
             process_rows: as in `p_yes` (under several processes, False: the same N
                 prompts on every process, each scores its block and the results are
                 gathered; True: this process's own prompts).
+            stats: optional dict: a mixture-of-experts verifier's router load of the first
+                pass (`counters.LOAD_COUNTS`).
 
         Returns:
             float32[N].
@@ -221,12 +225,13 @@ class Verifier:
         """
         if jax.process_count() > 1 and not process_rows:
             return judge_shares(
-                lambda cols, _: self.p_yes_ids(params, cols[0], process_rows=True),
-                [list(prompts_ids)], 1, None)[:, 0]
+                lambda cols, st: self.p_yes_ids(params, cols[0], process_rows=True,
+                                                stats=st),
+                [list(prompts_ids)], 1, stats)[:, 0]
         for i, ids in enumerate(prompts_ids):
             if not len(ids):
                 raise ValueError(f"prompt {i} is empty")
         # Under several processes an empty share still takes part in every pass.
         if not len(prompts_ids) and not self.runner.placement.collective:
             return np.zeros((0,), np.float32)
-        return self.runner.full(params, prompts_ids)
+        return self.runner.full(params, prompts_ids, stats)

@@ -31,55 +31,117 @@ def hf_config_dict(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
     return {"architectures": [architecture], "model_type": model_type, **fields}
 
 
+# safetensors' dtype codes by numpy dtype name, in the order of its `Dtype` enum: a file
+# lays its tensors out by descending code, then by name (`safetensors` 0.4-0.8 `prepare`).
+_ST_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+              "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
+              "float32": "F32", "float64": "F64", "int64": "I64", "uint64": "U64"}
+_ST_RANK = {code: i for i, code in enumerate(_ST_DTYPES.values())}
+
+
+def safetensors_layout(specs: dict, metadata: dict) -> tuple[bytes, dict]:
+    """The head of a safetensors file (8-byte little-endian header length, then the JSON
+    header padded with spaces to 8 bytes) of tensors {name: (numpy dtype name, shape)},
+    and each tensor's byte offset in the file: what `safetensors.numpy.save_file(tensors,
+    metadata=metadata)` writes, byte for byte (tested), without the tensors' bytes.
+
+    Raises:
+        ValueError: a dtype safetensors has no code for here; metadata of more than one
+            entry (safetensors writes those in hash order).
+    """
+    if len(metadata) > 1:
+        raise ValueError(f"one metadata entry at most, got {sorted(metadata)}")
+    bad = sorted({d for d, _ in specs.values()} - set(_ST_DTYPES))
+    if bad:
+        raise ValueError(f"dtypes without a safetensors code: {bad}")
+    names = sorted(specs, key=lambda n: (-_ST_RANK[_ST_DTYPES[specs[n][0]]], n))
+    header, starts, offset = {"__metadata__": dict(metadata)}, {}, 0
+    for name in names:
+        dtype, shape = specs[name]
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": [int(d) for d in shape],
+                        "data_offsets": [offset, offset + size]}
+        starts[name], offset = offset, offset + size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    head = len(text).to_bytes(8, "little") + text
+    return head, {name: len(head) + start for name, start in starts.items()}
+
+
+def _tensor_specs(params: dict, cfg: ModelConfig, fam) -> dict:
+    """{Hugging Face name: (dtype name, shape)} of the exported tensors, from the leaves'
+    shapes alone (nothing is fetched)."""
+    def spec(x, key):
+        shape = tuple(x.shape)
+        return (np.dtype(x.dtype).name, shape[::-1] if key in fam.TRANSPOSED else shape)
+
+    specs = {fam.TOP_WEIGHT_NAMES[key][0]: spec(params[key], key) for key in fam.top_keys(cfg)}
+    for key in fam.layer_keys(cfg):
+        leaf = params["layers"][key]
+        one = jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)  # one layer's slice
+        for i in range(cfg.num_layers):
+            specs[f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"] = spec(one, key)
+    return specs
+
+
 def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None,
                   bos_id: int = 1, eos_id: int = 2) -> None:
     """Writes params as a Hugging Face directory: config.json, model.safetensors and,
     when `tokenizer` (a PreTrainedTokenizerFast) is given, its tokenizer files.
 
-    Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly.
-    Under several processes every process must call it (each leaf is gathered to the host
-    in turn, a collective); only process 0 keeps the host copies and writes the files.
+    Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly, and the
+    file is the one `safetensors.numpy.save_file` writes (byte for byte). Host memory holds
+    one leaf at a time: the file's header is written first from the leaves' shapes
+    (`safetensors_layout`), then each leaf is fetched (`parallel.fetch_on_first`) and its
+    bytes (each layer's slice of a stacked [L, ...] leaf) written at their offsets before
+    the next leaf is fetched. Under several processes every process must call it (each
+    leaf is gathered in turn, a collective); only process 0 keeps the leaf and writes.
     `directory` is a local path or a URL (gs://bucket/run/export/policy): a URL's files are
-    written to a local temporary directory first (safetensors and the tokenizer write
-    local files) and then copied there with `etils.epath`.
+    written to a local temporary directory first (the tokenizer writes local files) and
+    then copied there with `etils.epath`.
 
     Raises:
         NotImplementedError: a family without export (`qwen3_moe`: only trainees are
             exported, and it is the frozen verifier), before any leaf is gathered.
+        ValueError: a leaf dtype safetensors has no code for (`safetensors_layout`).
     """
-    from safetensors.numpy import save_file
-
     config_json = hf_config_dict(cfg, bos_id, eos_id)
-
-    writer = jax.process_index() == 0
-    tensors = {}
     fam = registry.family(cfg)
-    for key in fam.top_keys(cfg):
-        w = parallel.fetch(params[key])  # one leaf at a time on the host
-        if writer:  # checkpoints store linear weights [out, in]; ours are [in, out]
-            tensors[fam.TOP_WEIGHT_NAMES[key][0]] = w.T if key in fam.TRANSPOSED else w
-    for key in fam.layer_keys(cfg):
-        stacked = parallel.fetch(params["layers"][key])
-        if not writer:
-            continue
-        # Hugging Face names one tensor per layer: the stacked [L, ...] leaf is split.
-        for i in range(cfg.num_layers):
-            w = stacked[i]
-            name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
-            tensors[name] = w.T if key in fam.TRANSPOSED else w
-    if not writer:
-        return
+    # metadata "pt": the format tag transformers checks before it loads a safetensors file.
+    head, offsets = safetensors_layout(_tensor_specs(params, cfg, fam), {"format": "pt"})
+    writer = jax.process_index() == 0
+
+    def leaves():  # (HF name of each piece, the piece) of one fetched leaf at a time
+        for key in fam.top_keys(cfg):
+            w = parallel.fetch_on_first(params[key])
+            if writer:  # checkpoints store linear weights [out, in]; ours are [in, out]
+                yield fam.TOP_WEIGHT_NAMES[key][0], (w.T if key in fam.TRANSPOSED else w)
+            del w
+        for key in fam.layer_keys(cfg):
+            stacked = parallel.fetch_on_first(params["layers"][key])
+            if writer:  # Hugging Face names one tensor per layer: the [L, ...] leaf is split
+                for i in range(cfg.num_layers):
+                    name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
+                    yield name, (stacked[i].T if key in fam.TRANSPOSED else stacked[i])
+            del stacked  # before the next leaf is fetched
 
     def write(local: str) -> None:
         os.makedirs(local, exist_ok=True)
-        # metadata "pt": the format tag transformers checks before it loads a safetensors file.
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-                  os.path.join(local, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(local, "model.safetensors"), "wb") as f:
+            f.write(head)
+            for name, w in leaves():
+                f.seek(offsets[name])
+                f.write(np.ascontiguousarray(w).reshape(-1).view(np.uint8))
+                del w  # a view of the leaf: released before the next leaf is fetched
         with open(os.path.join(local, "config.json"), "w") as f:
             json.dump(config_json, f, indent=2)
         if tokenizer is not None:
             tokenizer.save_pretrained(local)
 
+    if not writer:
+        for _ in leaves():  # the collective gathers, nothing kept
+            pass
+        return
     if "://" not in str(directory):
         write(str(directory))
         return

@@ -21,6 +21,11 @@ contiguous, and reach the experts one of two ways (`ModelConfig.moe_dispatch`):
 sparse (Qwen3-30B-A3B: `decoder_sparse_step` 1, no `mlp_only_layers`; other layouts are
 refused when the config is read). Only the forward pass is needed: the verifier is frozen.
 
+Router load (`router_load` of one layer, `router_load_counts` of a forward, `load_summary`):
+the share of the real tokens' (token, expert) pairs each expert is routed, the busiest
+expert against a uniform router, the pairs the capacity drops and the experts that get
+none; the verifier logs them per step (`evaluator.chunked`, `rounds.step_metrics`).
+
 Axis legend (docs/CONVENTIONS.md): N tokens of a call (B * T), E experts, k experts per
 token, C rows per expert (capacity), D width, F expert width, L layers.
 
@@ -35,6 +40,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from drubric_jax.models import hf_config, llama
@@ -195,6 +201,95 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     layer's feed-forward part."""
     return llama.forward_hidden(params, cfg, tokens, positions, token_mask, cache,
                                 remat=remat, mlp=moe_mlp)
+
+
+def router_load(cfg: ModelConfig, router: jax.Array, h: jax.Array,
+                token_mask: Optional[jax.Array] = None) -> dict:
+    """Router load of one layer: where the real tokens of h go, and what the capacity drops.
+
+    The same routing (`route`) and the same capacity C = `capacity(cfg, N)` as `moe_mlp`
+    over all N = B * T tokens of the call (padding tokens are routed by `moe_mlp` too and
+    take expert rows), but only the pairs of real tokens are counted: padding never adds to
+    a load or to the dropped pairs. Pairs are counted as routed (the router's top-k
+    choices, before the capacity); a pair is dropped when its row in its expert's sorted
+    rows is >= C (GShard, Lepikhin et al. 2020, arXiv:2006.16668; Switch, Fedus et al.
+    2021, arXiv:2101.03961): with an all-True mask, `dropped` is `dropped_pairs`.
+
+    Args:
+        router: [D, E] this layer's router.  h: [B, T, D] the feed-forward input.
+        token_mask: bool[B, T], False at padding; None: every token is real.
+
+    Returns:
+        {"pairs": int32[E] real (token, expert) pairs routed to each expert,
+         "dropped": int32[] of them dropped by the capacity (0 under "ragged"),
+         "routed": int32[] real pairs, N_real * k}.
+    """
+    x = h.reshape(-1, h.shape[-1])
+    n, k = x.shape[0], cfg.num_experts_per_tok
+    real = (jnp.ones((n,), bool) if token_mask is None else token_mask.reshape(n))
+    _, experts = route(cfg, router, x)
+    real_pair = jnp.repeat(real, k)                       # flat pair n * k + j: token n
+    pairs = jnp.zeros((cfg.num_experts,), jnp.int32).at[experts.reshape(-1)].add(
+        real_pair.astype(jnp.int32))
+    dropped = jnp.zeros((), jnp.int32)
+    if cfg.moe_dispatch == "capacity":
+        order, _, position, _ = _sorted_pairs(cfg, experts)
+        dropped = jnp.sum((position >= capacity(cfg, n)) & real_pair[order]).astype(jnp.int32)
+    return {"pairs": pairs, "dropped": dropped,
+            "routed": (jnp.sum(real) * k).astype(jnp.int32)}
+
+
+def router_load_counts(params: dict, cfg: ModelConfig, tokens: jax.Array,
+                       positions: jax.Array, token_mask: jax.Array) -> dict:
+    """`router_load` of every layer, from one forward without a cache over tokens int32[B, T]
+    (positions int32[B, T], token_mask bool[B, T]): the routing a prefill of these tokens
+    into a fresh cache makes (the same causal attention over the call's real tokens, the
+    same capacity). The layers run as in `llama.forward_hidden`'s scan, with the router
+    load as each layer's scan output; the LM head is not run.
+
+    Returns:
+        {"pairs": int32[L, E], "dropped": int32[L], "routed": int32[L]} (`load_summary`
+        turns them into the figures to log).
+    """
+    inv_freq = llama.rope_inv_freq(cfg)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+
+    def body(x, p):
+        loads = []
+
+        def mlp(cfg_, p_, h):  # the layer's mixture of experts, its load recorded
+            loads.append(router_load(cfg_, p_["router"], h, token_mask))
+            return moe_mlp(cfg_, p_, h)
+
+        # `llama._layer`: the block of `forward_hidden` (no cache: keys are this call's).
+        x, _ = llama._layer(cfg, p, x, positions, inv_freq, None,
+                            lambda k, v: (llama._heads_first(k), llama._heads_first(v),
+                                          token_mask, None), mlp)
+        return x, loads[0]
+
+    _, loads = jax.lax.scan(body, x, params["layers"])
+    return loads
+
+
+def load_summary(counts: dict) -> dict:
+    """The router-load figures of `router_load_counts` (or sums of them over calls), host
+    numpy. Per layer l, with n_l = routed[l] real (token, expert) pairs and E experts:
+
+        fraction [L, E]   pairs / n_l, the share of the routed pairs each expert received
+        max_load [L]      max_e pairs * E / n_l: the busiest expert against a uniform
+                          router (1.0 = balanced, E / k = every token on the same k experts)
+        dropped_frac [L]  dropped / n_l
+        dead [L]          experts that received no pair
+
+    Layers with no real pair (n_l = 0) give fraction and max_load 0 and dropped_frac 0.
+    """
+    pairs = np.asarray(counts["pairs"], np.float64)
+    routed = np.asarray(counts["routed"], np.float64)
+    denom = np.maximum(routed, 1.0)
+    return {"fraction": pairs / denom[:, None],
+            "max_load": pairs.max(axis=-1) * pairs.shape[-1] / denom,
+            "dropped_frac": np.asarray(counts["dropped"], np.float64) / denom,
+            "dead": np.sum(pairs == 0, axis=-1)}
 
 
 def config_from_hf(hf: dict) -> dict:

@@ -217,6 +217,40 @@ def fetch(tree: Any) -> Any:
     return jax.device_get(jax.tree.map(one, tree))
 
 
+def fetch_on_first(x: Any) -> Optional[np.ndarray]:
+    """Host numpy of ONE array on process 0; None on every other process (nothing kept).
+
+    For a writer on process 0 (`models.export`) that reads a model leaf by leaf: host
+    memory holds at most this leaf. An array whose shards all live on this process, or a
+    fully replicated one, is read on process 0 only; any other multi-process array is
+    gathered (`multihost_utils.process_allgather`, a collective: every process must call
+    `fetch_on_first` on it at the same point) and the other processes drop their copy on
+    return (JAX has no gather onto one process: `process_allgather` lands on every one).
+    """
+    first = jax.process_index() == 0
+    if not isinstance(x, jax.Array):
+        return np.asarray(x) if first else None
+    if x.is_fully_addressable or x.is_fully_replicated:
+        return _host_copy(x) if first else None
+    from jax.experimental import multihost_utils
+
+    gathered = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return gathered if first else None
+
+
+def _host_copy(x: jax.Array) -> np.ndarray:
+    """A new numpy copy of a fully addressable or fully replicated array, assembled from its
+    shards. Not `np.asarray(x)`: that caches the host value on x (`jax.device_get` too),
+    which would keep every leaf read on the host for as long as x lives."""
+    if x.is_fully_replicated:
+        return np.array(x.addressable_shards[0].data)
+    out = np.empty(x.shape, x.dtype)
+    for shard in x.addressable_shards:
+        if shard.replica_id == 0:  # each block once
+            out[shard.index] = np.asarray(shard.data)
+    return out
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """Fully replicated sharding (metrics, scalars)."""
     return NamedSharding(mesh, P())

@@ -12,6 +12,8 @@ a call: the response set C, an anchor list, or both joined; padded to the longes
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from drubric_jax.evaluator.verdicts import verdicts_from_p_yes
@@ -19,16 +21,19 @@ from drubric_jax.rounds.context import Context, Timer
 
 
 def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer,
-           own: bool = False) -> np.ndarray:
+           own: bool = False, stats: Optional[dict] = None) -> np.ndarray:
     """Verdicts float32[R, M_max] for R (prompt, response, item list) triples, in the
     config's mode (`config.verifier.verdict`: hard 0/1 or soft P(yes); METHOD 11, 12) after
     its calibration (`config.verifier.calibration`). own=True: the triples are this
-    process's own rows (`Verifier.p_yes(process_rows=True)`; every process calls)."""
+    process's own rows (`Verifier.p_yes(process_rows=True)`; every process calls).
+    stats: optional dict of the verifier's counters (`Verifier.p_yes(stats=)`; a
+    mixture-of-experts verifier's router load, `step_metrics.verifier_moe_metrics`)."""
     ver_cfg = ctx.config.verifier
     with timer("verification"):
         p_yes = ctx.verifier.p_yes(ctx.roles.params("verifier"), prompts, responses,
                                    item_lists, history=histories,
-                                   calibration=ver_cfg.calibration, process_rows=own)
+                                   calibration=ver_cfg.calibration, process_rows=own,
+                                   stats=stats)
     return verdicts_from_p_yes(p_yes, ver_cfg.verdict)
 
 
@@ -40,7 +45,8 @@ def fit_items(verdicts: np.ndarray, m: int) -> np.ndarray:
 
 
 def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets, timer: Timer,
-                         inputs=None) -> tuple[np.ndarray, np.ndarray]:
+                         inputs=None, stats: Optional[dict] = None
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """Verdicts of every response of each input's set on each of its G rubric lists, from
     ONE verifier call: a response is judged on the concatenation of its input's G lists
     (one shared prefix per response, `Verifier.p_yes`).
@@ -53,6 +59,7 @@ def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets, timer: Time
         timer: gets the verifier's seconds under "verification".
         inputs: None (all B inputs), or int[B_p] this process's own inputs
             (`process_items.own_items`; every process calls, each judging its own inputs).
+        stats: optional dict of the verifier's counters (`verify`).
 
     Returns:
         (verdicts float32[B', G, J, M], response_mask bool[B', J]) for the B' = B or B_p
@@ -69,7 +76,7 @@ def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets, timer: Time
     qb, qj = np.nonzero(real)  # input (position in idx) and response j of each query row
     v = verify(ctx, [prompts[idx[i]] for i in qb], [histories[idx[i]] for i in qb],
                [sets[idx[i]][j] for i, j in zip(qb, qj)], [flat_items[i] for i in qb], timer,
-               own=inputs is not None)
+               own=inputs is not None, stats=stats)
     v = fit_items(v, g * m)
     grid = np.zeros((b, j_max, g * m), np.float32)
     grid[qb, qj, :v.shape[1]] = v

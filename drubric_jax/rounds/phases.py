@@ -35,7 +35,7 @@ from drubric_jax.rounds.context import Context, PhaseStep, Timer
 from drubric_jax.rounds.judging import fit_items, verify, verify_lists_on_sets
 from drubric_jax.rounds.process_items import gather_items, own_items, process_part
 from drubric_jax.rounds.step_metrics import (generator_reward_metrics, policy_reward_metrics,
-                                             rubric_stats)
+                                             rubric_stats, verifier_moe_metrics)
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.text.budget import fit_prompt
 from drubric_jax.types import Role, Rollout
@@ -161,10 +161,11 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     # Each process judges and rewards its own inputs (Bp of them); each input's C first,
     # then its anchor list: one verifier call judges both.
     mine = own_items(b)
+    vstats: dict = {}  # the verifier's counters (router load of a mixture of experts)
     grid, _ = verify_lists_on_sets(ctx, rb, [a.prompt for a in anchors],
                                    [list(a.history) for a in anchors],
                                    [list(cs) + list(a.responses) for cs, a in zip(sets, anchors)],
-                                   timer, inputs=mine)                      # [Bp, G, K+A, M]
+                                   timer, inputs=mine, stats=vstats)        # [Bp, G, K+A, M]
     # Padded anchor slots are masked out of Eq. 15 (anchor_mask), whatever rank they hold.
     gold = np.zeros((b, a_max), np.int32)
     for i, a in enumerate(anchors):
@@ -189,7 +190,8 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         # A group trains nothing when its combined advantage (Eq. 25) is zero everywhere.
         flat_group_fraction=float(np.mean(np.all(adv.reshape(b, g) == 0, axis=1))),
         **rubric_stats(rb.weights.reshape(b * g, m), rb.item_mask.reshape(b * g, m),
-                       rb.list_valid.reshape(-1), verdicts_c.reshape(b * g, k, m)))
+                       rb.list_valid.reshape(-1), verdicts_c.reshape(b * g, k, m)),
+        **verifier_moe_metrics(vstats))
     return PhaseStep(rb.rollout, process_part(adv, rb.rollout, g), metrics, timer)
 
 
@@ -209,10 +211,11 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     b, m = len(items), rb.weights.shape[-1]
     # Each process judges and scores the responses of its own prompts (Bp of them).
     mine = own_items(b)
+    vstats: dict = {}  # the verifier's counters (router load of a mixture of experts)
     v = verify(ctx, [prompts[i] for i in mine for _ in range(k)],
                [hists[i] for i in mine for _ in range(k)],
                [responses[i * k + j] for i in mine for j in range(k)],
-               [rb.texts[i][0] for i in mine for _ in range(k)], timer, own=True)
+               [rb.texts[i][0] for i in mine for _ in range(k)], timer, own=True, stats=vstats)
     v = fit_items(v, m).reshape(len(mine), k, m)  # [Bp, K, M]
     # Eq. 12; an invalid list scores every response 0, so its group is flat (METHOD 11).
     scores, valid = rewards.rubric_scores(v, rb.weights[mine, 0], rb.item_mask[mine, 0])
@@ -222,7 +225,8 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     adv, metrics = _policy_advantages(scores.reshape(-1), np.repeat(np.arange(b), k), b)
     metrics.update(
         rubric_invalid_fraction=float(1 - np.mean(valid)),
-        **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v))
+        **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v),
+        **verifier_moe_metrics(vstats))
     trace = [
         {"prompt": prompts[i], "responses": sets[i],
          "items": [t for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],

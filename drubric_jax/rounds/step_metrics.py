@@ -5,6 +5,7 @@
     rubric_stats              parse-valid rate, items per list, weight histogram, yes-rate,
                               zero-variance items
     mean_spread               the mean std Eq. 21 divided non-flat groups by
+    verifier_moe_metrics      a mixture-of-experts verifier's router load (none if dense)
 
 Axis legend (docs/CONVENTIONS.md): B groups (prompts, or generator inputs), G rubric lists
 per input, K responses, M items, R rows (flat, grouped by id).
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from drubric_jax.evaluator.counters import LOAD_COUNTS
+from drubric_jax.models.qwen3_moe import load_summary
 from drubric_jax.rl import advantages as adv_lib
 
 
@@ -85,4 +88,32 @@ def rubric_stats(weights, item_mask, list_valid, verdicts) -> dict:
         "weight_hist": hist,
         "yes_rate": float(vbar[item_mask].mean()) if n_items else 0.0,
         "zero_variance_item_fraction": float(flat[item_mask].mean()) if n_items else 0.0,
+    }
+
+
+def verifier_moe_metrics(stats: dict) -> dict:
+    """The router load of a mixture-of-experts verifier in one step, from the `stats=` dict
+    of its calls (`counters.LOAD_COUNTS`: measured on the first pass of each call, see
+    `evaluator.chunked`), summarised by `qwen3_moe.load_summary`:
+
+        verifier_moe_max_load      the worst layer's busiest expert against a uniform router
+                                   (max_e pairs_e * E / (N k); 1.0 is balanced)
+        verifier_moe_dropped_frac  (token, expert) pairs dropped by the capacity / all
+                                   routed pairs, over every layer (GShard / Switch capacity)
+        verifier_moe_dead_experts  the most experts of one layer that received no pair
+        verifier_moe_routed_pairs  the (token, expert) pairs measured per layer (N k, N the
+                                   real tokens: padding not counted)
+
+    A dense verifier (no such counts): {}.
+    """
+    if not all(k in stats for k in LOAD_COUNTS):
+        return {}
+    counts = {key: stats[name] for name, key in LOAD_COUNTS.items()}
+    s = load_summary(counts)
+    routed = np.asarray(counts["routed"], np.int64)
+    return {
+        "verifier_moe_max_load": float(s["max_load"].max()),
+        "verifier_moe_dropped_frac": float(np.sum(counts["dropped"]) / max(routed.sum(), 1)),
+        "verifier_moe_dead_experts": int(s["dead"].max()),
+        "verifier_moe_routed_pairs": int(routed[0]),
     }
