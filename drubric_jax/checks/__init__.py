@@ -1,0 +1,21 @@
+"""Checkable rubric items (METHOD 13): IFEval's instruction checkers as items with exact
+verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zhou et al.
+2023, arXiv:2311.07911), wrapped, never copied.
+
+- `checks.table`: the 25 check ids and their argument schemas (`CHECKS`, `CheckSpec`,
+  `ArgSpec`), `SCORABLE_CHECKS` (the two punkt checks are `scorable=False`, with why).
+- `checks.verify`: `validate`, `render` (the checker's own sentence), `verdict` (strict or
+  loose), `InvalidCheck` / `NotScorable`.
+- `checks.draw`: `draw_args(check, rng)`, seeded arguments for data generation.
+- `checks.batch`: `verdicts(items, responses) -> float32[R, M]` in a worker pool.
+"""
+from drubric_jax.checks.batch import verdicts
+from drubric_jax.checks.draw import draw_args
+from drubric_jax.checks.table import (CHECK_IDS, CHECKS, SCORABLE_CHECKS, ArgSpec,
+                                      CheckSpec)
+from drubric_jax.checks.verify import (InvalidCheck, NotScorable, build, render,
+                                       validate, verdict)
+
+__all__ = ["verdicts", "draw_args", "CHECK_IDS", "CHECKS", "SCORABLE_CHECKS", "ArgSpec",
+           "CheckSpec", "InvalidCheck", "NotScorable", "build", "render", "validate",
+           "verdict"]
