@@ -165,3 +165,22 @@ def test_draw_args_is_seeded_and_valid_for_every_scorable_check():
     assert random.getstate() == state
     with pytest.raises(InvalidCheck, match="prompt_to_repeat"):
         checks.draw_args("combination:repeat_prompt", np.random.default_rng(0))
+
+
+def test_gold_score_is_the_fraction_of_true_checks_met():
+    t = [{"check": "punctuation:no_comma", "args": {}},
+         {"check": "keywords:existence", "args": {"keywords": ["river"]}},
+         ("startend:quotation", {})]
+    assert checks.gold_score(t, "by the river") == pytest.approx(2 / 3)
+    assert checks.gold_score(t, '"by the river"') == 1.0
+    assert checks.gold_score(t, "a, b") == 0.0
+    assert checks.gold_score(t, 'Here:\n"by the river"') == pytest.approx(2 / 3)
+    assert checks.gold_score(t, 'Here:\n"by the river"', loose=True) == 1.0
+    assert np.isnan(checks.gold_score([], "anything"))
+    with pytest.raises(InvalidCheck, match="keywords"):
+        checks.gold_score([{"check": "keywords:existence", "args": {}}], "x")
+    with pytest.raises(InvalidCheck):
+        checks.gold_score([{"check": "punctuation:no_comma"}], "x")
+    with pytest.raises(NotScorable):
+        checks.gold_score([("length_constraints:number_sentences",
+                            PUNKT["length_constraints:number_sentences"])], "A. B.")
