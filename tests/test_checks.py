@@ -145,9 +145,11 @@ def test_batched_verdicts_equal_the_loop():
         assert got.dtype == np.float32 and got.shape == (len(responses), len(items))
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(checks.verdicts(items, responses, loose, workers=1), want)
+        np.testing.assert_array_equal(checks.verdicts(items, responses, loose, workers=2), want)
     assert checks.verdicts(items, [], False).shape == (0, len(items))
     with pytest.raises(InvalidCheck):
         checks.verdicts([("punctuation:no_comma", {"x": 1})], ["a"])
+    checks.batch.shutdown()
 
 
 def test_draw_args_is_seeded_and_valid_for_every_scorable_check():

@@ -7,7 +7,8 @@ verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zho
 - `checks.verify`: `validate`, `render` (the checker's own sentence), `verdict` (strict or
   loose), `InvalidCheck` / `NotScorable`.
 - `checks.draw`: `draw_args(check, rng)`, seeded arguments for data generation.
-- `checks.batch`: `verdicts(items, responses) -> float32[R, M]` in a worker pool.
+- `checks.batch`: `verdicts(items, responses) -> float32[R, M]` in a kept process pool
+  (`batch.shutdown` stops it).
 - `checks.gold`: `gold_score(true_checks, response)`, g(x, y) of METHOD 13.
 """
 from drubric_jax.checks.batch import verdicts
