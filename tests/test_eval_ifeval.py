@@ -1,5 +1,6 @@
 """IFEval scoring (drubric_jax.evaluation.ifeval, experiments/eval_ifeval.py) equals
 if-verifiable's own evaluation on hand-written responses to real IFEval rows."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ RESPONSES = [
     "Sure!\nwhat are the two boys playing with and why are they so loud today?",  # lowercase
     "* a\n* b\n* c",  # 3 bullets
     "PARAGRAPH 1\nTHIS SENTENCE IS WEAK.\nPARAGRAPH 2\nIT LACKS DETAIL AND CLARITY.",  # caps
-    '"MATTHIAS ALGIERS: a RESUME"',  # capital_word_frequency x2 (not scored), quotation
+    '"MATTHIAS ALGIERS: a RESUME"',  # capital_word_frequency < 10 and >= 1, quotation
     "dear friend, please go and vote this week because it matters a lot.",  # lowercase
     "We are correlated and experiencing growth",  # keywords, 500 words, no_comma
     "Hammocks are great.",  # 400 words
@@ -40,8 +41,10 @@ def rows(shared_file):
 
 
 def _library(rows, responses):
-    """Per-row (strict, loose) lists from if-verifiable's evaluate_output_for_sample, the
-    not-scorable instructions removed first (the library would raise LookupError on them)."""
+    """Per-row (strict, loose) lists from if-verifiable's evaluate_output_for_sample (the
+    punkt model on nltk's path: `checks.punkt.ensure_punkt`), not-scorable instructions
+    removed first (none in these rows)."""
+    checks.punkt.ensure_punkt()
     out = []
     for row, y in zip(rows, responses):
         keep = [i for i, c in enumerate(row["instruction_id_list"]) if checks.CHECKS[c].scorable]
@@ -69,20 +72,19 @@ def test_report_equals_the_library(rows):
         got = rep["metrics"][name]
         assert got["value"] == pytest.approx(value, abs=1e-12), name
         assert got["ci95"][0] <= got["value"] <= got["ci95"][1]
-    # Counted by hand: rows 1, 3, 5, 6, 7, 8, 11 follow all their scored instructions, and
-    # 13 of the 18 scored instructions are followed (the misses: row 0's and 9's 300 / 500
-    # words, row 2's 12 placeholders, row 4's lowercase, row 10's 400 words).
+    # Counted by hand: rows 1, 3, 5, 6, 7, 8, 11 follow all their instructions, and 15 of
+    # the 20 are followed (the misses: row 0's and 9's 300 / 500 words, row 2's 12
+    # placeholders, row 4's lowercase, row 10's 400 words; row 7 has 3 all-capital words).
     assert rep["metrics"]["prompt_strict"]["value"] == pytest.approx(7 / 12)
-    assert rep["metrics"]["instruction_strict"]["value"] == pytest.approx(13 / 18)
-    assert rep["metrics"]["instruction_loose"]["value"] == pytest.approx(14 / 18)
+    assert rep["metrics"]["instruction_strict"]["value"] == pytest.approx(15 / 20)
+    assert rep["metrics"]["instruction_loose"]["value"] == pytest.approx(16 / 20)
     # Row 4 ("Sure!\n..." lowercase) passes only loose.
     assert judged[4] == [("change_case:english_lowercase", True, False, True, "")]
-    assert rep["not_scored"] == {"count": 2, "of": 20,
-                                 "by_check": {"change_case:capital_word_frequency": 2},
-                                 "invalid_args": [], "prompts_affected": 1, "prompts_without_scorable": 0}
+    assert rep["not_scored"] == {"count": 0, "of": 20, "by_check": {}, "invalid_args": [],
+                                 "prompts_affected": 0, "prompts_without_scorable": 0}
+    assert rep["per_type"]["change_case:capital_word_frequency"]["n"] == 2
     assert rep["per_type"]["punctuation:no_comma"]["n"] == 3
-    assert "change_case:capital_word_frequency" not in rep["per_type"]
-    assert "not scored: 2 of 20" in ifeval.format_table(rep)
+    assert "not scored: 0 of 20" in ifeval.format_table(rep)
 
 
 def test_a_prompt_with_only_unscored_instructions_leaves_the_prompt_denominator():
@@ -103,14 +105,26 @@ def test_not_scored_count_on_the_whole_file(shared_file):
     rep = ifeval.report(ifeval.judge(all_rows, ["x"] * len(all_rows)), n_boot=10)
     assert rep["n_instructions"] == ifeval.IFEVAL_N_INSTRUCTIONS
     ns = rep["not_scored"]
-    # 77 punkt instructions, and rows 1122 / 1129, whose letter "#" / "!" IFEval's checker
-    # replaces by a random letter.
-    assert ns["count"] == 79 and ns["of"] == 834
-    assert ns["by_check"] == {"change_case:capital_word_frequency": 25,
-                              "length_constraints:number_sentences": 52,
-                              "keywords:letter_frequency": 2}
+    # Rows 1122 / 1129, whose letter "#" / "!" IFEval's checker replaces by a random one.
+    assert ns["count"] == 2 and ns["of"] == 834
+    assert ns["by_check"] == {"keywords:letter_frequency": 2}
     assert len(ns["invalid_args"]) == 2 and all("'letter'" in e for e in ns["invalid_args"])
     assert rep["per_type"]["keywords:letter_frequency"]["n"] == 31
+    assert rep["per_type"]["length_constraints:number_sentences"]["n"] == 52
+    assert rep["per_type"]["change_case:capital_word_frequency"]["n"] == 25
+
+
+def test_a_check_not_scorable_here_is_counted_not_dropped(rows, monkeypatch):
+    spec = checks.CHECKS["punctuation:no_comma"]
+    monkeypatch.setitem(checks.CHECKS, spec.check,
+                        dataclasses.replace(spec, scorable=False, reason="test"))
+    rep = ifeval.report(ifeval.judge(rows, RESPONSES), n_boot=20)
+    assert rep["not_scored"]["count"] == 3 and rep["not_scored"]["by_check"] == {
+        spec.check: 3}
+    assert rep["not_scored"]["prompts_without_scorable"] == 1  # row 1: no_comma alone
+    assert spec.check not in rep["per_type"]
+    # the 3 no_comma instructions (rows 0, 1, 9) were all met: 12 of the other 17 are
+    assert rep["metrics"]["instruction_strict"]["value"] == pytest.approx(12 / 17)
 
 
 def test_missing_data_file_is_a_clear_error(tmp_path):
@@ -128,7 +142,7 @@ def test_cli_scores_a_responses_file(rows, tmp_path):
                            f"--out={out}", f"--data={data}", "--n_boot=200"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "prompt-level" in proc.stdout and "not scored: 2 of 20" in proc.stdout
+    assert "prompt-level" in proc.stdout and "not scored: 0 of 20" in proc.stdout
     rep = json.loads((out / "report.json").read_text())
     want = ifeval.report(ifeval.judge(rows, RESPONSES), n_boot=200, seed=0)
     assert rep["metrics"] == want["metrics"] and rep["setup"]["model"] is None

