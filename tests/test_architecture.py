@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "drubric_jax"
 # Top-level packages and modules of drubric_jax, by layer (lowest first).
 LAYERS = [
     {"types"},
-    {"text", "data"},
+    {"text", "data", "checks"},
     {"parallel"},
     {"models"},
     {"sampling"},

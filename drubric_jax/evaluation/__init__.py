@@ -14,6 +14,8 @@ responses, and whether the verifier follows criteria at all.
 - `report`: report.json, trace.jsonl lines, trace.html, log lines.
 - `results`: results.md and its plot from report.json files
   (experiments/report_evaluator.py).
+- `ifeval`: IFEval's prompt- and instruction-level accuracy, strict and loose, with
+  bootstrap CIs over prompts and per instruction type (experiments/eval_ifeval.py).
 - `verifier_check`: items whose truth is known by construction on real responses; the
   AUC of P(yes) (experiments/check_verifier.py).
 """

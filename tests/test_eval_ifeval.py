@@ -1,0 +1,150 @@
+"""IFEval scoring (drubric_jax.evaluation.ifeval, experiments/eval_ifeval.py) equals
+if-verifiable's own evaluation on hand-written responses to real IFEval rows."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from if_verifiable import IFEvalSample, evaluate_output_for_sample
+
+from drubric_jax import checks
+from drubric_jax.evaluation import ifeval
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Responses to the first 12 rows of input_data.jsonl (their instructions in comments).
+RESPONSES = [
+    "Raymond III was a count. *His early life* *His rule* *His legacy*",  # no_comma, 3 hl, 300w
+    "Day 1: Tokyo\nDay 2: Kyoto",  # no_comma
+    "[name] lives at [address]",  # 12 placeholders
+    None,  # repeat_prompt + title: filled from the row's prompt below
+    "Sure!\nwhat are the two boys playing with and why are they so loud today?",  # lowercase
+    "* a\n* b\n* c",  # 3 bullets
+    "PARAGRAPH 1\nTHIS SENTENCE IS WEAK.\nPARAGRAPH 2\nIT LACKS DETAIL AND CLARITY.",  # caps
+    '"MATTHIAS ALGIERS: a RESUME"',  # capital_word_frequency < 10 and >= 1, quotation
+    "dear friend, please go and vote this week because it matters a lot.",  # lowercase
+    "We are correlated and experiencing growth",  # keywords, 500 words, no_comma
+    "Hammocks are great.",  # 400 words
+    '```json\n{"ad": "dry diapers for happy babies"}\n```',  # json
+]
+
+
+@pytest.fixture(scope="module")
+def rows(shared_file):
+    path = shared_file("data", "ifeval", "input_data.jsonl")
+    out = ifeval.read_rows(str(path), limit=len(RESPONSES))
+    RESPONSES[3] = out[3]["prompt"] + "\n<<Leaving>>\nDear boss, I quit."
+    return out
+
+
+def _library(rows, responses):
+    """Per-row (strict, loose) lists from if-verifiable's evaluate_output_for_sample (the
+    punkt model on nltk's path: `checks.punkt.ensure_punkt`), not-scorable instructions
+    removed first (none in these rows)."""
+    checks.punkt.ensure_punkt()
+    out = []
+    for row, y in zip(rows, responses):
+        keep = [i for i, c in enumerate(row["instruction_id_list"]) if checks.CHECKS[c].scorable]
+        sample = IFEvalSample(row["key"], row["prompt"],
+                              [row["instruction_id_list"][i] for i in keep],
+                              [row["kwargs"][i] for i in keep])
+        results, _ = evaluate_output_for_sample("ifeval", sample, y)
+        out.append([(r.strict_pass, r.loose_pass) for r in results])
+    return out
+
+
+def test_report_equals_the_library(rows):
+    judged = ifeval.judge(rows, RESPONSES)
+    lib = _library(rows, RESPONSES)
+    assert [[(v[2], v[3]) for v in p if v[1]] for p in judged] == lib
+    rep = ifeval.report(judged, n_boot=200, seed=0)
+    scored = [p for p in lib if p]
+    want = {
+        "prompt_strict": np.mean([all(s for s, _ in p) for p in scored]),
+        "prompt_loose": np.mean([all(l for _, l in p) for p in scored]),
+        "instruction_strict": sum(s for p in lib for s, _ in p) / sum(map(len, lib)),
+        "instruction_loose": sum(l for p in lib for _, l in p) / sum(map(len, lib)),
+    }
+    for name, value in want.items():
+        got = rep["metrics"][name]
+        assert got["value"] == pytest.approx(value, abs=1e-12), name
+        assert got["ci95"][0] <= got["value"] <= got["ci95"][1]
+    # Counted by hand: rows 1, 3, 5, 6, 7, 8, 11 follow all their instructions, and 15 of
+    # the 20 are followed (the misses: row 0's and 9's 300 / 500 words, row 2's 12
+    # placeholders, row 4's lowercase, row 10's 400 words; row 7 has 3 all-capital words).
+    assert rep["metrics"]["prompt_strict"]["value"] == pytest.approx(7 / 12)
+    assert rep["metrics"]["instruction_strict"]["value"] == pytest.approx(15 / 20)
+    assert rep["metrics"]["instruction_loose"]["value"] == pytest.approx(16 / 20)
+    # Row 4 ("Sure!\n..." lowercase) passes only loose.
+    assert judged[4] == [("change_case:english_lowercase", True, False, True, "")]
+    assert rep["not_scored"] == {"count": 0, "of": 20, "by_check": {}, "invalid_args": [],
+                                 "prompts_affected": 0, "prompts_without_scorable": 0}
+    assert rep["per_type"]["change_case:capital_word_frequency"]["n"] == 2
+    assert rep["per_type"]["punctuation:no_comma"]["n"] == 3
+    assert "not scored: 0 of 20" in ifeval.format_table(rep)
+
+
+def test_a_prompt_with_only_unscored_instructions_leaves_the_prompt_denominator():
+    judged = [[("change_case:capital_word_frequency", False, None, None, "not scorable here")],
+              [("punctuation:no_comma", True, True, True, "")],
+              [("punctuation:no_comma", True, False, True, "")]]
+    rep = ifeval.report(judged, n_boot=50, seed=1)
+    assert rep["metrics"]["prompt_strict"]["value"] == 0.5
+    assert rep["metrics"]["prompt_loose"]["value"] == 1.0
+    assert rep["not_scored"]["prompts_without_scorable"] == 1
+    again = ifeval.report(judged, n_boot=50, seed=1)
+    assert again == rep  # seeded bootstrap
+
+
+def test_not_scored_count_on_the_whole_file(shared_file):
+    all_rows = ifeval.read_rows(str(shared_file("data", "ifeval", "input_data.jsonl")))
+    assert len(all_rows) == ifeval.IFEVAL_N_PROMPTS
+    rep = ifeval.report(ifeval.judge(all_rows, ["x"] * len(all_rows)), n_boot=10)
+    assert rep["n_instructions"] == ifeval.IFEVAL_N_INSTRUCTIONS
+    ns = rep["not_scored"]
+    # Rows 1122 / 1129, whose letter "#" / "!" IFEval's checker replaces by a random one.
+    assert ns["count"] == 2 and ns["of"] == 834
+    assert ns["by_check"] == {"keywords:letter_frequency": 2}
+    assert len(ns["invalid_args"]) == 2 and all("'letter'" in e for e in ns["invalid_args"])
+    assert rep["per_type"]["keywords:letter_frequency"]["n"] == 31
+    assert rep["per_type"]["length_constraints:number_sentences"]["n"] == 52
+    assert rep["per_type"]["change_case:capital_word_frequency"]["n"] == 25
+
+
+def test_a_check_not_scorable_here_is_counted_not_dropped(rows, monkeypatch):
+    spec = checks.CHECKS["punctuation:no_comma"]
+    monkeypatch.setitem(checks.CHECKS, spec.check,
+                        dataclasses.replace(spec, scorable=False, reason="test"))
+    rep = ifeval.report(ifeval.judge(rows, RESPONSES), n_boot=20)
+    assert rep["not_scored"]["count"] == 3 and rep["not_scored"]["by_check"] == {
+        spec.check: 3}
+    assert rep["not_scored"]["prompts_without_scorable"] == 1  # row 1: no_comma alone
+    assert spec.check not in rep["per_type"]
+    # the 3 no_comma instructions (rows 0, 1, 9) were all met: 12 of the other 17 are
+    assert rep["metrics"]["instruction_strict"]["value"] == pytest.approx(12 / 17)
+
+
+def test_missing_data_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="input_data.jsonl"):
+        ifeval.read_rows(str(tmp_path / "input_data.jsonl"))
+
+
+def test_cli_scores_a_responses_file(rows, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"prompt": r["prompt"], "response": y}) + "\n"
+                           for r, y in zip(rows, RESPONSES)))
+    out = tmp_path / "out"
+    data = os.path.join(REPO, "..", "shared", "data", "ifeval", "input_data.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "experiments.eval_ifeval", f"--responses={src}",
+                           f"--out={out}", f"--data={data}", "--n_boot=200"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "prompt-level" in proc.stdout and "not scored: 0 of 20" in proc.stdout
+    rep = json.loads((out / "report.json").read_text())
+    want = ifeval.report(ifeval.judge(rows, RESPONSES), n_boot=200, seed=0)
+    assert rep["metrics"] == want["metrics"] and rep["setup"]["model"] is None
+    written = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
+    assert written == [{"prompt": r["prompt"], "response": y} for r, y in zip(rows, RESPONSES)]
