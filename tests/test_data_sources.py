@@ -74,3 +74,23 @@ def test_demo_prompt_set():
     assert 28 <= len(prompts) <= 40
     assert all(p.source == "demo:prompts" and p.prompt for p in prompts)
     assert all(r.kind == "prompt" for r in load_jsonl(dd.demo_prompt_path()))
+
+
+def test_prompt_rows_keep_their_meta_and_meta_less_rows_hash_as_before(tmp_path):
+    """`meta` reaches the PromptItem (the checks world's true checks live there); a row
+    without meta hashes to the bytes it had before PromptItem carried meta, so earlier
+    runs' data fingerprints still match on resume."""
+    import json
+
+    from drubric_jax.data.fingerprint import _row_bytes
+    from drubric_jax.data.schema import PromptItem
+
+    path = tmp_path / "p.jsonl"
+    meta = {"checks": [{"check": "punctuation:no_comma", "args": {}}]}
+    path.write_text(json.dumps({"id": "a", "source": "s", "prompt": "Hi", "meta": meta}) + "\n")
+    (row,) = dd.prompts_from_jsonl(str(path))
+    assert row.meta == meta
+    bare = PromptItem(id="a", source="s", prompt="Hi")
+    assert _row_bytes(bare) == (b'{"history":[],"id":"a","prompt":"Hi","reference":null,'
+                                b'"source":"s"}')
+    assert b'"meta"' in _row_bytes(row)

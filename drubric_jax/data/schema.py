@@ -313,10 +313,13 @@ def anchor_from_record(record: Record) -> AnchorList:
 
 @dataclass
 class PromptItem:
-    """One policy prompt (METHOD 5): id, source, prompt, history, optional reference."""
+    """One policy prompt (METHOD 5): id, source, prompt, history, optional reference, and
+    the row's `meta` (upstream metadata; in the checks world `meta["checks"]`, the prompt's
+    true checks, which a rule reward such as `checks_gold` reads; never shown to a model)."""
 
     id: str
     source: str
     prompt: str
     history: list = field(default_factory=list)
     reference: Optional[str] = None
+    meta: dict = field(default_factory=dict)

@@ -223,7 +223,8 @@ def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool 
         # Only kept rows count as seen: a filtered copy does not hide a later one that passes.
         seen.add(key)
         out.append(PromptItem(id=rec.id, source=rec.source, prompt=rec.prompt,
-                              history=list(rec.history), reference=rec.reference))
+                              history=list(rec.history), reference=rec.reference,
+                              meta=dict(rec.meta)))
     return out
 
 
