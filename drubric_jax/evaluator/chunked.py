@@ -76,6 +76,12 @@ class ChunkedPasses:
             stats: optional `stats=` dict: a mixture-of-experts verifier's router load of
                 the first pass goes there (module docstring).
         """
+        # Traced under the mesh: the verifier's fsdp-split weights are gathered a layer at a
+        # time and its rows' activations stay split (`parallel.constrain_rows`).
+        with parallel.rows_on(self.placement.mesh):
+            self._shared(params, prepared, out, stats)
+
+    def _shared(self, params, prepared: list, out: np.ndarray, stats) -> None:
         # Each row: its prefix's tokens, then each item suffix's (0: a blank item).
         table = np.zeros((len(prepared), 1 + out.shape[1]), np.int64)
         for i, (pre, sufs) in enumerate(prepared):
@@ -119,6 +125,10 @@ class ChunkedPasses:
     def full(self, params, prompts_ids: Sequence[Sequence[int]], stats=None) -> np.ndarray:
         """P(yes) after each of N non-empty full prompts (this process's rows): float32[N].
         stats: as in `shared` (the router load of the first pass)."""
+        with parallel.rows_on(self.placement.mesh):  # as in `shared`
+            return self._full(params, prompts_ids, stats)
+
+    def _full(self, params, prompts_ids: Sequence[Sequence[int]], stats) -> np.ndarray:
         out = np.zeros((len(prompts_ids),), np.float32)
         table = np.array([[len(ids)] for ids in prompts_ids], np.int64).reshape(-1, 1)
         tables, me = self.placement.tables(table)

@@ -95,6 +95,12 @@ def sampler_params(trainee_cfg: ModelConfig, base_cfg: ModelConfig, mesh):
 def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: TrainConfig, mesh,
                rows: int, prompt: int, new: int) -> Compiled:
     """The sharded GRPO step on R = `rows` rows of T = prompt + new tokens."""
+    return analyse(lower_train_step(trainee_cfg, base_cfg, train_cfg, mesh, rows, prompt, new))
+
+
+def lower_train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: TrainConfig,
+                     mesh, rows: int, prompt: int, new: int):
+    """The `jax.stages.Lowered` sharded GRPO step of `train_step` (its HLO for tests)."""
     # The step a run uses (memoised), lowered on structs.
     optimizer, step = ts.make_sharded_train_step(trainee_cfg, train_cfg, mesh)
     shapes = jax.eval_shape(lambda: ts.init_train_state(ts.trainable_init(trainee_cfg),
@@ -112,7 +118,7 @@ def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: Train
                      loss_mask=arr((rows, t), bool), old_logprobs=arr((rows, t), jnp.float32),
                      advantages=arr((rows,), jnp.float32), truncated=arr((rows,), bool),
                      prompt_len=prompt)
-    return analyse(step.lower(state, batch, param_structs(base_cfg, mesh)))
+    return step.lower(state, batch, param_structs(base_cfg, mesh))
 
 
 def rollout_copy(params, cfg: ModelConfig, mesh) -> tuple:
@@ -175,6 +181,11 @@ def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix:
     over the row shards (`evaluator.placement`): (the prefill of R = `rows` prefixes (bucket
     `prefix`) into P + Ts slots, one suffix pass of Mc = `items` items)."""
     rows = parallel.row_shards(mesh) * -(-rows // parallel.row_shards(mesh))
+    with parallel.rows_on(mesh):  # as `evaluator.chunked` runs them
+        return _verification_peaks(cfg, params, rows, prefix, suffix, items, mesh)
+
+
+def _verification_peaks(cfg, params, rows, prefix, suffix, items, mesh) -> tuple:
     tokens, mask = _row_structs(mesh, rows, ((prefix,), jnp.int32), ((prefix,), bool))
     pre = analyse(passes.prefill.lower(params, cfg, tokens, mask, prefix + suffix))
     cache, plen = pre.outputs

@@ -130,17 +130,21 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
 
 
 def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,
-                       items: int, attention: str, block: int) -> list:
+                       items: int, attention: str, block: int,
+                       backend: Optional[str] = None) -> list:
     """Transient terms per device of one verifier chunk (`evaluator.passes`): the prefill of
     R = `rows` prefixes (split over data x fsdp) into P + Ts slots, then a suffix pass of
-    Mc = `items` items on the repeated rows, on the frozen base (a layer gathered at a time)."""
+    Mc = `items` items on the repeated rows, on the frozen base (layers gathered as it runs)."""
     cfg = models_.base[models_.sources["verifier"]]
     local, slots = rows_per_device(rows, mesh), prefix + suffix
     field = "config.verifier.max_prefix_tokens; evaluator.budgets.PassBudgets"
     cache = Term(f"verifier KV cache ({local} of {rows} rows x {slots} slots)",
                  kv_cache_bytes(cfg, local, slots), field)
+    # Its rows pinned to their devices (`parallel.constrain_rows`), a pass gathers the
+    # fsdp-split layers and the output head (the P(yes) logits).
+    head = cfg.dim * cfg.vocab_size * cfg.compute_dtype.itemsize
     gathered = weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],
-                              0, mesh)
+                              head, mesh, backend)
     prefill = [cache, *forward_terms(cfg, local, prefix, prefix, attention, block, field,
                                      PREFILL_ATTENTION), *gathered]
     score = [cache, Term(f"repeated cache ({local * items} rows)",

@@ -270,7 +270,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         # No micro-batch to choose here: the Verifier's default chunking (`Workload`).
         steps.append(Step(phase, "verification", verification_terms(
             models_, mesh, w.verifier_rows, w.verifier_prefix, w.verifier_suffix,
-            w.verifier_items, attention, block)))
+            w.verifier_items, attention, block, backend)))
         rows, prompt, new = ((w.rubric_rows, w.rubric_prompt, w.rubric_new)
                              if phase == "generator" else
                              (w.policy_rows, w.policy_prompt, w.policy_new))
@@ -278,7 +278,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         fits_mesh = [m for m in _divisors(rows) if m % shards == 0] or [rows]
         steps.append(_choose(phase, f"{phase} update", rows, fits_mesh,
                              lambda m: train_terms(models_, phase, mesh, rows, m, prompt, new,
-                                                   attention, block),
+                                                   attention, block, backend),
                              budget, None if search else models_.train[phase].micro_batch_size))
     return Plan(devices, dict(mesh.shape), capacity, headroom, attention, backend,
                 {p: split[p][0] for p in PHASES}, {p: split[p][1] for p in PHASES}, steps)

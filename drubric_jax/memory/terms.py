@@ -256,23 +256,52 @@ def _f32(shapes):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, "float32"), shapes)
 
 
-def weights_in_use(cfg: ModelConfig, layers, head_bytes: int, mesh) -> list:
+def weights_in_use(cfg: ModelConfig, layers, head_bytes: int, mesh,
+                   backend: Optional[str] = None) -> list:
     """Weights a pass materialises beyond the stored shards, in the compute dtype: with
-    fsdp > 1 the layer being run and the next (prefetched) all-gathered, and the output
-    head; with fsdp = 1 the cast of leaves stored in another dtype (float32 masters)."""
+    fsdp > 1 the layers being gathered and the output head (`head_bytes`, 0 when the pass
+    does not gather it); with fsdp = 1 the cast of leaves stored in another dtype (float32
+    masters). Layers: one at a time on CPU (XLA:CPU runs collectives in program order),
+    two on accelerators (the next layer's gather overlaps the current layer's compute)."""
     gather = mesh.shape["fsdp"] > 1
     moved = {k: x for k, x in layers.items() if gather or x.dtype != cfg.compute_dtype}
-    nbytes = 2 * _layer_bytes(moved, cfg.compute_dtype.itemsize) + (head_bytes if gather else 0)
+    count = 1 if (backend or jax.default_backend()) == "cpu" else 2
+    nbytes = count * _layer_bytes(moved, cfg.compute_dtype.itemsize) + (
+        head_bytes if gather else 0)
     if not nbytes:
         return []
-    return [Term("layer weights in use (gathered or cast: 2 layers + head)", nbytes,
-                 "mesh.fsdp; config.model.master_dtype")]
+    head = " + head" if gather and head_bytes else ""
+    return [Term(f"layer weights in use (gathered or cast: {count} layer{'s' * (count > 1)}"
+                 f"{head})", nbytes, "mesh.fsdp; config.model.master_dtype")]
+
+
+def head_terms(cfg: ModelConfig, mesh, micro_batches: int, trains_head: bool) -> list:
+    """The output head [V, D] in a train step under fsdp > 1, as XLA's buffer assignment of
+    the compiled step shows it (2-layer Qwen3-8B on 8 CPU devices, rows pinned to their
+    devices by `parallel.constrain_rows`): with micro-batches (n > 1) its gather is hoisted
+    out of the micro-batch loop, two gathered copies (compute dtype) live through it; a step
+    that trains the head also holds its whole float32 gradient and the buffer that gradient
+    is all-reduced into before each device keeps its shard (on GPU, XLA may turn that
+    all-reduce into a reduce-scatter: then the plan is one head above)."""
+    if mesh.shape["fsdp"] == 1:
+        return []
+    v, d = -(-cfg.vocab_size // mesh.shape["tensor"]), cfg.dim
+    out = []
+    if micro_batches > 1:
+        out.append(Term("output head gathered (2 copies, hoisted out of the micro-batch loop)",
+                        2 * v * d * cfg.compute_dtype.itemsize, "mesh.tensor; micro-batches"))
+    if trains_head:
+        out.append(Term("output head gradient, whole (float32, + its all-reduce buffer)",
+                        2 * v * d * 4, "config.lora.rank > 0 (a frozen head); mesh.tensor"))
+    return out
 
 
 def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: int,
-                prompt: int, new: int, attention: str, block: int) -> list:
+                prompt: int, new: int, attention: str, block: int,
+                backend: Optional[str] = None) -> list:
     """Transient terms of one GRPO step (`train_step.train_step`) of `role` on R = `rows`
-    rows of T = prompt + new tokens, `micro_batch` rows per gradient pass."""
+    rows of T = prompt + new tokens, `micro_batch` rows per gradient pass, on `backend`
+    ("cpu" | "gpu" | "tpu"; None: this one)."""
     cfg, tc = models_.trainee[role], models_.train[role]
     shards, tensor = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["tensor"]
     # Rows of one micro-batch on one device.
@@ -283,11 +312,11 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
     grads = tree_bytes(_f32(trained), mesh)
     # The output head scores only the completion (start = P): chunks of at most N tokens.
     chunk = min(tc.logits_chunk, new)
-    head = cfg.dim * -(-cfg.vocab_size // tensor) * cfg.compute_dtype.itemsize
     batch = Term("batch arrays", rows // shards * t * BATCH_BYTES,
                  f"config.{role}.max_new_tokens")
     weights_ = weights_in_use(cfg, (models_.sampling_shapes(role) if cfg.lora_rank
-                                     else trained)["layers"], head, mesh)
+                                     else trained)["layers"], 0, mesh, backend)
+    weights_ += head_terms(cfg, mesh, n, trains_head=not cfg.lora_rank)
     layer = [Term("one recomputed layer (+ its gradients)",
                   widths_bytes(cfg, b, t, TRAIN_WIDTHS, tensor), mb_field),
              attention_term(cfg, b, t, t, TRAIN_ATTENTION, attention, block, tensor)]

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from drubric_jax import parallel
 from drubric_jax.models import hf_config, lora
 from drubric_jax.models.attention import attend
 from drubric_jax.models.cache import KVCache
@@ -224,6 +225,7 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
     `start` is the slot of the first query (None without a cache), see `attention.attend`.
     """
     b, t, _ = x.shape
+    x = parallel.constrain_rows(x)  # rows stay split: the weights are what gets gathered
     # Pre-norm: the residual stream x itself is never normalised.
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
     q = (lora.linear(p, "wq", h, cfg)).reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -236,8 +238,9 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
     k_all, v_all, valid, extra = kv_fn(k, v)
-    x = x + lora.linear(p, "wo", attend(cfg, q, k_all, v_all, valid, start), cfg)
-    x = x + mlp(cfg, p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
+    x = parallel.constrain_rows(
+        x + lora.linear(p, "wo", attend(cfg, q, k_all, v_all, valid, start), cfg))
+    x = parallel.constrain_rows(x + mlp(cfg, p, rms_norm(x, p["mlp_norm"], cfg.norm_eps)))
     return x, extra
 
 

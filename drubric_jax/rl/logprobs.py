@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from drubric_jax import models
+from drubric_jax import models, parallel
 from drubric_jax.models.config import ModelConfig
 
 
@@ -120,7 +120,9 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
     # [R, c, V] logits chunk is live at a time.
     @jax.checkpoint
     def score(h_c, tgt_c):
-        logits = models.logits_from_hidden(params, cfg, h_c)     # float32[R, c, V]
+        # Rows stay split (`parallel.constrain_rows`): the head is gathered, not the logits.
+        logits = parallel.constrain_rows(
+            models.logits_from_hidden(params, cfg, parallel.constrain_rows(h_c)))  # [R, c, V]
         logp = token_logprobs_from_logits(logits, tgt_c, temperature)
         # Entropy is a logged metric, never a loss term: no gradient.
         ent = entropy_from_logits(jax.lax.stop_gradient(logits), temperature)

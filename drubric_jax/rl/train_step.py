@@ -295,9 +295,16 @@ def make_sharded_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh
     # ref_params: the full base params (for LoRA, the frozen base the adapters sit on).
     base_sh = models.param_shardings(jax.eval_shape(lambda: models.init_params(
         model_cfg, jax.random.PRNGKey(0))), mesh)
+    @functools.wraps(train_step)
+    def step_on_rows(state, batch, ref_params):
+        # Traced under the mesh: the layers keep their activations on the batch's rows
+        # (`parallel.constrain_rows`), so FSDP gathers weights, not every row's activations.
+        with parallel.rows_on(mesh):
+            return train_step(state, batch, ref_params, model_cfg=model_cfg,
+                              train_cfg=train_cfg, optimizer=optimizer)
+
     step = jax.jit(
-        functools.partial(train_step, model_cfg=model_cfg, train_cfg=train_cfg,
-                          optimizer=optimizer),
+        step_on_rows,
         in_shardings=(state_sh, parallel.batch_sharding(mesh), base_sh),
         out_shardings=(state_sh, parallel.replicated(mesh)),
         # The old state's buffers are reused for the new one: params and moments are not held twice.
