@@ -81,9 +81,7 @@ class RubricGenerator:
         mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
         rows_per_call: rubric lists sampled per sampler call (0 = all B x G at once; the
             rollout micro-batch of `sampling.generate_chunked`).
-        fmt: what the lists are written in (`rubric_formats`): free-text criteria
-            (`LLM_FORMAT`, the default) or checks (`get_format("checks")`, METHOD 13: the
-            schema, prompt and parser of checks; max_item_chars bounds string arguments).
+        fmt: the lists' `rubric_formats.RubricFormat`: free text, or checks (METHOD 13).
 
     Raises:
         ValueError: bad sizes, or llguidance rejects the schema.
@@ -92,8 +90,7 @@ class RubricGenerator:
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
                  input_budget: int = 2048, min_bucket: int = MIN_PROMPT_BUCKET, mesh=None,
-                 rows_per_call: int = 0, per_row_keys: bool = False,
-                 fmt: RubricFormat = LLM_FORMAT):
+                 rows_per_call: int = 0, per_row_keys: bool = False, fmt=LLM_FORMAT):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
@@ -101,13 +98,11 @@ class RubricGenerator:
         self.rows_per_call = int(rows_per_call)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
-        self.max_items = int(max_items)
-        self.max_item_chars = int(max_item_chars)
+        self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
         self.max_new_tokens = int(max_new_tokens)
         self.input_budget = int(input_budget)
         self.min_bucket = int(min_bucket)
-        self.fmt = fmt
-        self.schema = fmt.schema(self.max_items, self.max_item_chars)
+        self.fmt, self.schema = fmt, fmt.schema(self.max_items, self.max_item_chars)
         # Fixed separators ", " and ": " (no other whitespace): the spacing chat models
         # write by themselves in one-line JSON, so the constraint does not push the model
         # off its usual token sequences (compact "," / ":" made SmolLM2 emit noise).
