@@ -242,11 +242,11 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
                        **constraint_metrics([lists[0] for lists in rb.texts], rb.item_mask[:, 0],
                                             truth),
                        **item_rate_metrics(rb.counters))
+    # An item as the reader knows it: a check shows the checker's sentence.
+    shown = ctx.generator.fmt.display if _checks_world(ctx) else (lambda t: t)
     trace = [
         {"prompt": prompts[i], "responses": sets[i],
-         # An item as the reader knows it: a check shows the checker's sentence.
-         "items": [ctx.generator.fmt.display(t)
-                   for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],
+         "items": [shown(t) for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],
          "weights": [int(w) for w, on in zip(rb.weights[i, 0], rb.item_mask[i, 0]) if on],
          "verdicts": [[round(float(x), 3) for x, on in zip(v[i, j], rb.item_mask[i, 0])
                        if on] for j in range(k)],
