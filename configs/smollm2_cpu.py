@@ -55,8 +55,8 @@ def checks_world(c, directory: str = ""):
     anchors.jsonl lists ranked by the gold score; `data.checks_dir` records the directory:
     changing that field later does not move the paths, pass `checks_dir=DIR` or set
     data.prompt_paths / data.anchor_paths), hard verdicts (exact already), and a generator
-    sized for up to 5 checks: about 40 tokens a JSON item, the list of checks in its prompt
-    (~1,000 tokens)."""
+    sized for up to 5 checks: about 40 tokens a JSON item (256 new tokens), and its prompt's
+    template with the list of checks is ~1,400 SmolLM2 tokens (input budget 1,792)."""
     d = checks_dir(directory)
     c.data.name = "custom"
     c.data.checks_dir = d

@@ -59,7 +59,7 @@ def write_checks_world(directory) -> None:
 
 def checks_config(directory):
     """`helpers.tiny_config` in the checks world, one round, the generator sized for JSON
-    checks (its prompt lists the 25 checks: ~1,000 tokens)."""
+    checks (its prompt lists the 25 checks: ~1,400 tokens)."""
     c = tiny_config(extra=f"world=checks,checks_dir={directory}")
     c.rounds.num_rounds = 1
     c.generator.max_items = 2

@@ -1,5 +1,5 @@
-"""Rubric lists whose items are checks (`verifier.kind = "checks"`, METHOD 13), and the
-rubric format a `RubricGenerator` writes in.
+"""Rubric lists whose items are checks (`verifier.kind = "checks"`, METHOD 13): their item
+texts, parser, schema and prompt.
 
     item_text / item_of_text  an item (check, args) <-> its text in a `RubricBatch`: the
                               canonical JSON {"args": ..., "check": ...} (sorted keys), what
