@@ -28,15 +28,17 @@ EXPERIMENT_SCALES = ("smollm2_cpu", "qwen3_8b")
 def experiment_base(arg: str, cpu_data: str = "demo"):
     """(run config, switches, scale) of an experiment config (configs/grpo_learns.py,
     ablation.py, coevolution.py): the switches `scale=smollm2_cpu|qwen3_8b` (the base
-    config, configs/<scale>.py) and `tiny` (its tiny-model switch: `tiny` or `local`);
-    `cpu_data` is the smollm2_cpu data switch (demo | shared) when not tiny.
+    config, configs/<scale>.py), `tiny` (its tiny-model switch: `tiny` or `local`) and
+    `world=llm|checks` (checks: `configs.smollm2_cpu.checks_world`, the checkable-item
+    world of METHOD 13, at either scale; `checks_dir=DIR` its files); `cpu_data` is the
+    smollm2_cpu data switch (demo | shared) when not tiny.
 
     Raises:
         ValueError: an unknown switch or scale.
     """
     import importlib
 
-    opts = parse_switches(arg, {"scale", "tiny"})
+    opts = parse_switches(arg, {"scale", "tiny", "world", "checks_dir"})
     scale = opts.get("scale", "smollm2_cpu")
     if scale not in EXPERIMENT_SCALES:
         raise ValueError(f"scale={scale!r} not in {EXPERIMENT_SCALES}")
@@ -45,6 +47,11 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
         c = base.get_config("tiny" if opts.get("tiny") else f"data={cpu_data}")
     else:
         c = base.get_config("local" if opts.get("tiny") else "")
+    if opts.get("world", "llm") not in ("llm", "checks"):
+        raise ValueError(f"world={opts['world']!r} not in ('llm', 'checks')")
+    if opts.get("world") == "checks":
+        from configs.smollm2_cpu import checks_world
+        checks_world(c, opts.get("checks_dir", ""))
     return c, opts, scale
 
 
@@ -86,6 +93,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.name = "demo"            # "demo" (packaged demo set) | "shared" (../shared/data) | "custom"
     c.data.shared_dir = ""          # root of the shared data; "" = ../shared next to the repo
+    # The checks world's files (train.jsonl, heldout.jsonl, anchors.jsonl; METHOD 13), read
+    # by the `world=checks` switch of configs/smollm2_cpu.py when it builds the paths ("" =
+    # $DRUBRIC_CHECKS_DIR, else ../checks_world next to the repo); recorded here.
+    c.data.checks_dir = ""
     c.data.anchor_paths = ()        # JSONL anchor lists (ranked), used when name == "custom"
     c.data.prompt_paths = ()        # JSONL prompts for the policy phase, name == "custom"
     c.data.max_anchor_rows = 0      # cap on anchor rows read (0 = all)
@@ -142,6 +153,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.train = trainer_config(5e-6)
 
     c.verifier = ml_collections.ConfigDict()
+    # What judges an item: "llm" (the frozen verifier model's P(yes), METHOD 11) or "checks"
+    # (items are IFEval checks with arguments, the checker's 0/1 verdict, METHOD 13; no
+    # verifier model is loaded and the generator writes checks).
+    c.verifier.kind = "llm"
+    c.verifier.loose = False        # checks: IFEval's loose verdict instead of the strict one
+    c.verifier.check_workers = 0    # checks: process-pool size of the checkers (0 = CPU count)
     c.verifier.max_prefix_tokens = 384  # instructions + prompt + response budget, tokens
     c.verifier.max_suffix_tokens = 64   # rubric item question budget, tokens
     c.verifier.verdict = "hard"         # v of Eq. 12-13: hard 1[P(yes) > 0.5] | soft P(yes)

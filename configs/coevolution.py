@@ -39,6 +39,10 @@ from configs.base import experiment_base
 
 def get_config(arg: str = ""):
     c, opts, scale = experiment_base(arg, "shared")
+    if opts.get("world") == "checks":
+        # Its win rates ask the verifier model to judge pairs; the checks world loads none.
+        raise ValueError("configs/coevolution.py: world=checks is not supported (its win "
+                         "rates need the LLM verifier as a judge)")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     c.experiment = dict(
         # Prompts with reference answers for the evaluation; its first

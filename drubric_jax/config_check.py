@@ -14,6 +14,7 @@ import ml_collections
 
 from drubric_jax import models, parallel
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
+from drubric_jax.evaluator.rubric_formats import KINDS as VERIFIER_KINDS
 from drubric_jax.rl.generator_rewards import GENERATOR_REWARDS
 from drubric_jax.rl import rule_rewards
 from drubric_jax.rl.train_config import DTYPES, check_trainer
@@ -131,6 +132,15 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 <= c.verifier.memory_fraction < 1, "verifier.memory_fraction", "must be in [0, 1)")
     need(c.verifier.calibration in CALIBRATIONS, "verifier.calibration",
          f"{c.verifier.calibration!r} not in {CALIBRATIONS}")
+    need(c.verifier.kind in VERIFIER_KINDS, "verifier.kind",
+         f"{c.verifier.kind!r} not in {VERIFIER_KINDS} (llm: the verifier model's P(yes); "
+         "checks: IFEval checks as items, METHOD 13)")
+    need(isinstance(c.verifier.loose, bool), "verifier.loose", "must be True or False")
+    need(c.verifier.check_workers >= 0, "verifier.check_workers", "must be >= 0 (0 = CPUs)")
+    if c.verifier.kind == "checks":
+        # A checker's P(yes) is exactly 0 or 1: there is nothing to re-centre (METHOD 12).
+        need(c.verifier.calibration == "none", "verifier.calibration",
+             "must be 'none' when verifier.kind='checks' (verdicts are exact 0/1)")
     # Mesh, host memory, compile cache and checkpoints.
     for axis in ("data", "fsdp", "tensor"):
         v = c.mesh[axis]

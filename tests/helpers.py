@@ -21,16 +21,17 @@ REPO = Path(__file__).resolve().parents[1]
 # ----------------------------------------------------------------------------- configs
 
 
-def tiny_config(variant: str = "full"):
+def tiny_config(variant: str = "full", extra: str = ""):
     """`configs/smollm2_cpu.py:tiny` cut to a 2-round run of one generator and one policy
     step (1 prompt x 2 responses, 2 rubric lists of <= 2 items, 8 / 48 new tokens), batch
-    rows split over two of the fake CPU devices (tests/conftest.py). Uses the real SmolLM2
-    tokenizer: a test of it needs the `smollm2_gguf` fixture."""
+    rows split over two of the fake CPU devices (tests/conftest.py). `extra`: more switches
+    of the config ("world=checks,checks_dir=DIR"). Uses the real SmolLM2 tokenizer: a test
+    of it needs the `smollm2_gguf` fixture."""
     import jax
 
     from configs.smollm2_cpu import get_config
 
-    c = get_config(f"tiny,variant={variant}")
+    c = get_config(f"tiny,variant={variant}" + (f",{extra}" if extra else ""))
     c.rounds.num_rounds = 2
     c.rounds.generator_steps = 1
     c.rounds.policy_steps = 1

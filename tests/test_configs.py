@@ -11,7 +11,8 @@ from configs import (ablation, coevolution, eval_evaluator, eval_policy, grpo_le
 from drubric_jax import config_check
 
 SMOLLM2_SWITCHES = ["", "data=shared", "variant=full", "variant=disc_only",
-                    "variant=anchor_only", "variant=static", "tiny"]
+                    "variant=anchor_only", "variant=static", "tiny", "world=checks",
+                    "tiny,world=checks", "world=llm"]
 QWEN3_SWITCHES = ["", "local", "lora"]
 
 
@@ -48,7 +49,8 @@ def test_smollm2_cpu_validates_on_8_devices():
 
 
 @pytest.mark.parametrize("arg,device_count", [
-    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1)])
+    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1),
+    ("world=checks", 1), ("scale=qwen3_8b,world=checks", 8)])
 def test_grpo_learns_config_validates_for_both_parts(arg, device_count):
     config = grpo_learns.get_config(arg)
     assert config.rounds.generator_steps == 0  # policy-only: the generator stays G_0
@@ -60,7 +62,8 @@ def test_grpo_learns_config_validates_for_both_parts(arg, device_count):
 
 
 @pytest.mark.parametrize("arg,device_count", [
-    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1)])
+    ("", 1), ("tiny", 1), ("scale=qwen3_8b", 8), ("scale=qwen3_8b,tiny", 1),
+    ("world=checks", 1), ("scale=qwen3_8b,world=checks", 8)])
 def test_ablation_config_validates_for_every_variant(arg, device_count):
     config = ablation.get_config(arg)
     # Generator phase only, scored by the experiment on lists it never trains on.
@@ -86,6 +89,8 @@ def test_coevolution_config_validates_for_both_arms(arg, device_count):
     config.rounds.generator_rounds = -2
     with pytest.raises(config_check.ConfigError, match="rounds.generator_rounds"):
         config_check.validate(config, device_count=device_count, process_count=1)
+    with pytest.raises(ValueError, match="world=checks"):  # its judge is the LLM verifier
+        coevolution.get_config(arg + ",world=checks")
 
 
 def test_eval_policy_config_validates_and_names_bad_fields():

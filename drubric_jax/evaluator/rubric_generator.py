@@ -36,7 +36,7 @@ from drubric_jax.sampling.constrained import JsonSchemaConstraint
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.text import rubric_format
 from drubric_jax.text.budget import fit_prompt
-from drubric_jax.text.prompts import generator_messages
+from drubric_jax.evaluator.rubric_formats import LLM_FORMAT, RubricFormat
 from drubric_jax.types import RubricBatch
 
 
@@ -81,6 +81,7 @@ class RubricGenerator:
         mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
         rows_per_call: rubric lists sampled per sampler call (0 = all B x G at once; the
             rollout micro-batch of `sampling.generate_chunked`).
+        fmt: the lists' `rubric_formats.RubricFormat`: free text, or checks (METHOD 13).
 
     Raises:
         ValueError: bad sizes, or llguidance rejects the schema.
@@ -89,7 +90,7 @@ class RubricGenerator:
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
                  input_budget: int = 2048, min_bucket: int = MIN_PROMPT_BUCKET, mesh=None,
-                 rows_per_call: int = 0, per_row_keys: bool = False):
+                 rows_per_call: int = 0, per_row_keys: bool = False, fmt=LLM_FORMAT):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
@@ -97,12 +98,11 @@ class RubricGenerator:
         self.rows_per_call = int(rows_per_call)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
-        self.max_items = int(max_items)
-        self.max_item_chars = int(max_item_chars)
+        self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
         self.max_new_tokens = int(max_new_tokens)
         self.input_budget = int(input_budget)
         self.min_bucket = int(min_bucket)
-        self.schema = rubric_format.RUBRIC_JSON_SCHEMA(self.max_items, self.max_item_chars)
+        self.fmt, self.schema = fmt, fmt.schema(self.max_items, self.max_item_chars)
         # Fixed separators ", " and ": " (no other whitespace): the spacing chat models
         # write by themselves in one-line JSON, so the constraint does not push the model
         # off its usual token sequences (compact "," / ":" made SmolLM2 emit noise).
@@ -130,8 +130,8 @@ class RubricGenerator:
             ValueError: the template alone exceeds the budget; a bad `order`.
         """
         def render(p, hist, resp):
-            msgs = generator_messages(p, resp or None, hist, order=order if resp else None,
-                                      max_items=self.max_items)
+            msgs = self.fmt.messages(p, resp or None, hist, order=order if resp else None,
+                                     max_items=self.max_items)
             return tok_lib.chat_ids(self.tokenizer, msgs)
 
         fit = fit_prompt(self.tokenizer, render, prompt, history, responses,
@@ -256,11 +256,12 @@ class RubricGenerator:
             self.tokenizer, out, grammar_done, set(self.stop_ids.tolist()), self.max_items,
             np.arange(first, first + b), g, real * g,
             temperature=sampling.scoring_temperature(method), orders=orders,
-            response_cut=response_cut, prompt_cut=prompt_cut)
+            response_cut=response_cut, prompt_cut=prompt_cut, fmt=self.fmt)
 
 
 def _lists_from_rows(tokenizer, out, grammar_done, stops: set, max_items: int,
-                     input_index, g: int, real_rows: int, **prompt_side) -> RubricBatch:
+                     input_index, g: int, real_rows: int, fmt: RubricFormat = LLM_FORMAT,
+                     **prompt_side) -> RubricBatch:
     """The `RubricBatch` of the sampler's R = B * G rows (row b * G + g: list g of the
     input with batch index input_index[b], its group id): each row decoded, its finish
     reason set, parsed (METHOD 11 item rules) and padded to M = max_items; the counters
@@ -282,13 +283,12 @@ def _lists_from_rows(tokenizer, out, grammar_done, stops: set, max_items: int,
             reason = "length"
         else:
             reason = "stop"
-        parsed.append(rubric_format.parse_rubric_output(
-            text, "length" if reason == "length" else "stop", max_items))
+        parsed.append(fmt.parse(text, "length" if reason == "length" else "stop", max_items))
         reasons.append(reason)
         raws.append(text)
     texts, weights, item_mask, valid = rubric_format.pad_rubrics(parsed, max_items)
 
-    counters = dict.fromkeys(rubric_format.COUNTER_KEYS, 0)
+    counters = dict.fromkeys(fmt.counter_keys, 0)
     for p in parsed[:real_rows]:
         for name, v in p.counters.items():
             counters[name] += int(v)

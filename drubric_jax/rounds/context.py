@@ -19,6 +19,7 @@ import numpy as np
 
 from drubric_jax.evaluator.rubric_generator import RubricGenerator
 from drubric_jax.evaluator.budgets import memory_budgets
+from drubric_jax.evaluator.rubric_formats import get_format
 from drubric_jax.evaluator.verifier import Verifier
 from drubric_jax.rounds.roles import Roles
 from drubric_jax.text import tokenizer as tok_lib
@@ -47,33 +48,47 @@ class Timer:
 class Context:
     """What every phase function needs: the config, the roles and their samplers, the mesh,
     the ids that end a policy response (the policy tokenizer's EOS / end of turn) and the
-    policy's pad id (the first of those; the masks, not the id, tell padding apart)."""
+    policy's pad id (the first of those; the masks, not the id, tell padding apart).
+
+    The verifier is a `Verifier` (the model's P(yes)) or, with `verifier.kind = "checks"`,
+    a `ChecksVerifier` (the checkers' 0/1, METHOD 13; the generator then writes checks).
+    `true_checks`: {prompt text: its true checks, `meta["checks"]`} of the run's prompts
+    (METHOD 13's T(x); empty outside the checks world), for the step metrics."""
 
     config: ml_collections.ConfigDict
     roles: Roles
     generator: RubricGenerator
-    verifier: Verifier
+    verifier: Any
     mesh: Any
     policy_stop_ids: np.ndarray
     policy_pad_id: int
+    true_checks: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def build(cls, config, roles: Roles, mesh) -> "Context":
+    def build(cls, config, roles: Roles, mesh, prompts=()) -> "Context":
+        """The context of a run; `prompts`: its `PromptItem`s (read for `true_checks`)."""
         gen_cfg, ver_cfg = config.generator, config.verifier
         gen = roles.generator.model
         stop = tok_lib.stop_ids(roles.policy.model.tokenizer)
+        kind = ver_cfg.get("kind", "llm")
+        true_checks = {x.prompt: x.meta["checks"] for x in prompts
+                       if isinstance(getattr(x, "meta", None), dict) and x.meta.get("checks")}
+        if kind == "checks":
+            from drubric_jax.evaluator.checks_verifier import ChecksVerifier  # imports the checkers
+            verifier = ChecksVerifier(ver_cfg.loose, ver_cfg.check_workers)
+        else:
+            verifier = Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
+                                max_prefix_tokens=ver_cfg.max_prefix_tokens,
+                                max_suffix_tokens=ver_cfg.max_suffix_tokens, mesh=mesh,
+                                **verifier_budgets(roles.verifier.cfg, ver_cfg.memory_fraction))
         return cls(config, roles,
                    RubricGenerator(gen.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
                                    max_item_chars=gen_cfg.max_item_chars,
                                    max_new_tokens=gen_cfg.max_new_tokens,
                                    input_budget=gen_cfg.input_budget, mesh=mesh,
                                    rows_per_call=gen_cfg.rollout_micro_batch,
-                                   per_row_keys=config.per_row_keys),
-                   Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
-                            max_prefix_tokens=ver_cfg.max_prefix_tokens,
-                            max_suffix_tokens=ver_cfg.max_suffix_tokens, mesh=mesh,
-                            **verifier_budgets(roles.verifier.cfg, ver_cfg.memory_fraction)),
-                   mesh, stop, int(stop[0]))
+                                   per_row_keys=config.per_row_keys, fmt=get_format(kind)),
+                   verifier, mesh, stop, int(stop[0]), true_checks)
 
 
 def verifier_budgets(cfg, fraction: float) -> dict:

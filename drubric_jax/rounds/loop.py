@@ -120,7 +120,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                               jax.devices()[:c.mesh.num_devices or None])
     roles = build_roles(c, mesh)
     return Run(
-        config=c, workdir=workdir, ctx=context.Context.build(c, roles, mesh), data=loaded,
+        config=c, workdir=workdir, data=loaded,
+        ctx=context.Context.build(c, roles, mesh, loaded.prompts),
         anchor_iter=data.EpochIterator(loaded.train_anchors, c.generator.anchors_per_step,
                                        c.seed, name="anchors"),
         # seed + 1: the prompt order is shuffled independently of the anchor order.

@@ -34,8 +34,10 @@ from drubric_jax.rounds import hostmem
 from drubric_jax.rounds.context import Context, PhaseStep, Timer
 from drubric_jax.rounds.judging import fit_items, verify, verify_lists_on_sets
 from drubric_jax.rounds.process_items import gather_items, own_items, process_part
-from drubric_jax.rounds.step_metrics import (generator_reward_metrics, policy_reward_metrics,
-                                             rubric_stats, verifier_moe_metrics)
+from drubric_jax.rounds.step_metrics import (constraint_metrics, generator_reward_metrics,
+                                             gold_metrics, item_rate_metrics,
+                                             policy_reward_metrics, rubric_stats,
+                                             verifier_moe_metrics)
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.text.budget import fit_prompt
 from drubric_jax.types import Role, Rollout
@@ -192,6 +194,13 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         **rubric_stats(rb.weights.reshape(b * g, m), rb.item_mask.reshape(b * g, m),
                        rb.list_valid.reshape(-1), verdicts_c.reshape(b * g, k, m)),
         **verifier_moe_metrics(vstats))
+    if _checks_world(ctx):  # METHOD 13: gold of the samples, the lists' constraint recovery
+        truth = _true_checks(ctx, anchors)
+        metrics.update(**gold_metrics(truth, sets, loose=config.verifier.loose),
+                       **constraint_metrics([t for lists in rb.texts for t in lists],
+                                            rb.item_mask.reshape(b * g, m),
+                                            [t for t in truth for _ in range(g)]),
+                       **item_rate_metrics(rb.counters))
     return PhaseStep(rb.rollout, process_part(adv, rb.rollout, g), metrics, timer)
 
 
@@ -227,9 +236,17 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
         rubric_invalid_fraction=float(1 - np.mean(valid)),
         **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v),
         **verifier_moe_metrics(vstats))
+    if _checks_world(ctx):  # METHOD 13: gold beside the proxy score trained on
+        truth = _true_checks(ctx, items)
+        metrics.update(**gold_metrics(truth, sets, scores, config.verifier.loose),
+                       **constraint_metrics([lists[0] for lists in rb.texts], rb.item_mask[:, 0],
+                                            truth),
+                       **item_rate_metrics(rb.counters))
+    # An item as the reader knows it: a check shows the checker's sentence.
+    shown = ctx.generator.fmt.display if _checks_world(ctx) else (lambda t: t)
     trace = [
         {"prompt": prompts[i], "responses": sets[i],
-         "items": [t for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],
+         "items": [shown(t) for t, on in zip(rb.texts[i][0], rb.item_mask[i, 0]) if on],
          "weights": [int(w) for w, on in zip(rb.weights[i, 0], rb.item_mask[i, 0]) if on],
          "verdicts": [[round(float(x), 3) for x, on in zip(v[i, j], rb.item_mask[i, 0])
                        if on] for j in range(k)],
@@ -257,6 +274,18 @@ def rule_policy_rollout(ctx: Context, key, items,
               "scores": [float(s) for s in scores[i * k:(i + 1) * k]]}
              for i in range(min(len(items), ctx.config.log.trace_prompts))]
     return PhaseStep(rollout, process_part(adv, rollout, k), metrics, timer, trace)
+
+
+def _checks_world(ctx: Context) -> bool:
+    """Whether items are checks (`config.verifier.kind = "checks"`, METHOD 13)."""
+    return ctx.config.verifier.get("kind", "llm") == "checks"
+
+
+def _true_checks(ctx: Context, items) -> list:
+    """T(x) of each item (a prompt or an anchor list): its `meta["checks"]`, else the run's
+    prompt of the same text (`Context.true_checks`; anchor lists carry no meta), else None."""
+    return [(getattr(x, "meta", None) or {}).get("checks") or ctx.true_checks.get(x.prompt)
+            for x in items]
 
 
 def _policy_advantages(scores, group_ids, num_groups: int) -> tuple[np.ndarray, dict]:

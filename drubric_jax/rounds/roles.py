@@ -64,10 +64,18 @@ class LoadedModel:
     tokenizer: Any
 
 
+def verifier_model_used(config: ml_collections.ConfigDict) -> bool:
+    """Whether the run loads a verifier model: not when items are checks
+    (`verifier.kind = "checks"`, METHOD 13: the checkers judge them on the host)."""
+    return config.verifier.get("kind", "llm") != "checks"
+
+
 def _source_fields(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
-    """{model source: the config fields that name it}."""
+    """{model source: the config fields that name it} (config.model.verifier left out when
+    no verifier model is used)."""
     fields: dict[str, list[str]] = {}
-    for role in ("policy", "generator", "verifier"):
+    roles = ("policy", "generator") + (("verifier",) if verifier_model_used(config) else ())
+    for role in roles:
         # One entry per distinct source: roles that name the same source share one load.
         fields.setdefault(config.model[role], []).append(f"config.model.{role}")
     return fields
@@ -213,7 +221,7 @@ class Roles:
 
     policy: Trainee
     generator: Trainee
-    verifier: LoadedModel
+    verifier: Optional[LoadedModel]  # None: no verifier model (`verifier_model_used`)
 
     def trainee(self, role: Role) -> Trainee:
         return self.policy if role is Role.POLICY else self.generator
@@ -225,7 +233,7 @@ class Roles:
         if role in (Role.POLICY, Role.GENERATOR):
             return self.trainee(Role(role)).params
         if role == "verifier":
-            return self.verifier.params
+            return None if self.verifier is None else self.verifier.params
         return self.trainee(Role(role.removesuffix("_ref"))).reference_params
 
     def rollout_params(self, role: str, mesh) -> dict:
@@ -296,7 +304,7 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
                             config.seed),
         generator=make_trainee(Role.GENERATOR, gen, trainee_config(gen, config), generator_tc,
                                mesh, config.seed),
-        verifier=loaded[config.model.verifier])
+        verifier=loaded[config.model.verifier] if verifier_model_used(config) else None)
 
 
 def role_memory(roles: Roles) -> dict:
@@ -321,7 +329,7 @@ def role_memory(roles: Roles) -> dict:
         out[name] = total
 
     # The order decides which role a shared base is charged to: the first that names it.
-    size("verifier", roles.verifier.params)
+    size("verifier", roles.verifier.params if roles.verifier is not None else {})
     size("policy_ref", roles.policy.reference_params)
     size("generator_ref", roles.generator.reference_params)
     for trainee in (roles.policy, roles.generator):

@@ -6,6 +6,11 @@
                               zero-variance items
     mean_spread               the mean std Eq. 21 divided non-flat groups by
     verifier_moe_metrics      a mixture-of-experts verifier's router load (none if dense)
+    gold_metrics              checks world: gold score g of the policy's samples beside the
+                              proxy (rubric) score they were trained on (METHOD 13)
+    constraint_metrics        checks world: precision / recall / F1 of the generator's
+                              checks against the prompts' true checks (METHOD 13)
+    item_rate_metrics         checks world: invalid and duplicate item rates of a step
 
 Axis legend (docs/CONVENTIONS.md): B groups (prompts, or generator inputs), G rubric lists
 per input, K responses, M items, R rows (flat, grouped by id).
@@ -117,3 +122,78 @@ def verifier_moe_metrics(stats: dict) -> dict:
         "verifier_moe_dead_experts": int(s["dead"].max()),
         "verifier_moe_routed_pairs": int(routed[0]),
     }
+
+
+def gold_metrics(true_checks, sets, proxy=None, loose: bool = False) -> dict:
+    """The gold score g(x, y) (METHOD 13: the fraction of x's true checks y meets) of the
+    policy's samples, over the prompts that have true checks.
+
+    Args:
+        true_checks: B entries, each the prompt's T(x) ({"check", "args"} mappings) or
+            None / [] for a prompt without checks.
+        sets: B lists of K response texts.
+        proxy: optional float[B, K], the rubric (Eq. 12) scores the samples got.
+        loose: IFEval's loose verdict per check.
+
+    Returns:
+        {} when no prompt has checks; else {"gold_score": mean g, "gold_all_met_fraction":
+        the fraction of samples meeting every true check (IFEval's prompt-level accuracy),
+        and with `proxy` "proxy_score": the mean rubric score of the same samples}.
+    """
+    from drubric_jax import checks  # the checkers import in a second: only when used
+
+    rows = [b for b, t in enumerate(true_checks) if t]
+    if not rows:
+        return {}
+    g = np.array([[checks.gold_score(true_checks[b], y, loose) for y in sets[b]]
+                  for b in rows], np.float64)
+    out = {"gold_score": float(g.mean()), "gold_all_met_fraction": float(np.mean(g == 1.0))}
+    if proxy is not None:
+        out["proxy_score"] = float(np.asarray(proxy, np.float64)[rows].mean())
+    return out
+
+
+def constraint_metrics(texts, item_mask, true_checks) -> dict:
+    """Constraint recovery of rubric lists of checks (METHOD 13; `checks.recovery`),
+    averaged over the lists whose prompt has true checks; an invalid list (no item) has
+    precision = recall = F1 = 0.
+
+    Args:
+        texts: L lists of M item texts (`check_rubrics.item_text`; "" at padding).
+        item_mask: bool[L, M] the kept items.
+        true_checks: L entries, T(x) of the list's prompt or None / [].
+
+    Returns:
+        {} when no list has true checks; else constraint_precision, constraint_recall,
+        constraint_f1 (check id and args equal) and constraint_f1_check_id (ids alone).
+    """
+    from drubric_jax.checks.recovery import constraint_prf
+    from drubric_jax.evaluator.check_rubrics import item_of_text
+
+    rows = [i for i, t in enumerate(true_checks) if t]
+    if not rows:
+        return {}
+    prf, ids = [], []
+    for i in rows:
+        items = [item_of_text(t) for t, on in zip(texts[i], item_mask[i]) if on]
+        prf.append(constraint_prf(items, true_checks[i]))
+        ids.append(constraint_prf(items, true_checks[i], ids_only=True)[2])
+    p, r, f = np.mean(np.array(prf, np.float64), axis=0)
+    return {"constraint_precision": float(p), "constraint_recall": float(r),
+            "constraint_f1": float(f), "constraint_f1_check_id": float(np.mean(ids))}
+
+
+def item_rate_metrics(counters: dict) -> dict:
+    """Invalid and duplicate item rates of one step's rubric lists, from the generator's
+    counters (`RubricBatch.counters`, `check_rubrics.CHECK_COUNTER_KEYS`): each count over
+    the items written in parseable lists (kept + dropped; 0 when there were none).
+
+    Returns:
+        {"invalid_item_rate": invalid_check / items, "duplicate_item_rate": duplicate /
+        items, "invalid_list_rate": 1 - valid_lists / lists}.
+    """
+    items = counters.get("items_kept", 0) + counters.get("items_dropped", 0)
+    lists = counters.get("lists", 0)
+    return {"invalid_item_rate": counters.get("invalid_check", 0) / max(items, 1),
+            "duplicate_item_rate": counters.get("duplicate", 0) / max(items, 1),
+            "invalid_list_rate": 1 - counters.get("valid_lists", 0) / max(lists, 1)}
