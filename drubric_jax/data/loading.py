@@ -17,6 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
+from drubric_jax import checks
 from drubric_jax.data.filters import AnchorFilterConfig, PolicyFilterConfig
 from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import shuffled_order
@@ -250,13 +251,18 @@ def check_data_sources(config) -> dict:
     Returns:
       dict {path: rows in the file} of the JSONL files checked.
 
+    With `config.policy.reward=checks_gold` every prompt row must carry valid true checks
+    in `meta["checks"]` (`checks.true_checks_of`).
+
     Raises:
       FileNotFoundError: a missing file, "<config field>: no such file <path>" (or the
         `resolve_data_paths` error for shared data).
       ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
-        anchor file without ranked rows.
+        anchor file without ranked rows; under checks_gold, "<config field>: <path>:<line>:
+        row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
     """
     rows = {}
+    gold_rule = getattr(getattr(config, "policy", None), "reward", None) == checks.GOLD_REWARD
     for kind, field, path in _configured_files(config):
         if path.startswith("hf:"):
             continue
@@ -267,6 +273,12 @@ def check_data_sources(config) -> dict:
             raise FileNotFoundError(f"{field}: no such file {path}") from None
         except ValueError as e:
             raise ValueError(f"{field}: {e}") from None
+        if kind == "prompts" and gold_rule:
+            # The gold rule reads each prompt's true checks: a row without them fails here,
+            # before any weights load, not at its first reward.
+            for r in records:
+                checks.true_checks_of(r.meta, f"{field}: {path}:{r.line}: row {r.id!r} "
+                                              f"(config.policy.reward={checks.GOLD_REWARD})")
         if kind == "anchors" and not any(r.responses for r in records):
             raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
                              "to build anchor lists from")
