@@ -4,7 +4,8 @@ Pure Python + numpy (METHOD = ../shared/docs/METHOD.md). One job per module:
 
 - `schema`: `Record` rows of the shared JSONL schema (../shared/data/README.md),
   `load_jsonl` (errors name file:line:field), `jsonl_line` (one row written), `gold_ranks`
-  (METHOD 11), and the rows a run reads: `AnchorList` (one anchor example for Eq. 15) and `PromptItem` (METHOD 5).
+  (METHOD 11), and the rows a run reads: `AnchorList` (one anchor example for Eq. 15)
+  and `PromptItem` (METHOD 5).
 - `filters`: the Appendix B heuristics of METHOD section 9 (`is_repetitive`, ...) and
   its two filters: generator training (`AnchorFilterConfig`, `anchor_drop_reason`) and
   policy training (`PolicyFilterConfig`, `policy_prompt_drop_reason`).
