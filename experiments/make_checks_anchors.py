@@ -26,7 +26,8 @@ and a prompt left with fewer than 2 responses is not written (counted, "too_few"
 Resumable: rows are appended one by one (flushed); on restart an incomplete last line
 (a killed write) is truncated, prompts already written are skipped, and a batch holding
 any unwritten prompt is decoded whole again, so a resumed run writes the same bytes as an
-uninterrupted one. A resume with other sampling settings is refused.
+uninterrupted one. A resume with other sampling settings (or --batch) is refused; resume
+with the same --limit, or extend it from a multiple of --batch, so no batch changes shape.
 """
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ def test_checks_gold_reward_by_hand_and_its_missing_field_errors(write_jsonl):
 
     item = data.PromptItem(id="w/1", source="t:w", prompt="x", meta={"checks": _TRUE_CHECKS})
     p = ml_collections.ConfigDict({"reward": "checks_gold", "reward_max_words": 2})
+    assert "checks_gold" in rule_rewards.reward_names()  # config_check accepts it
     rule = rule_rewards.from_config(p)
     assert rule(item, "a cat and a dog") == 1.0  # no comma, lowercase, both keywords
     assert rule(item, "A cat, a dog") == pytest.approx(1 / 3)  # keywords only
