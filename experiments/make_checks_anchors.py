@@ -178,31 +178,35 @@ def gold_summary(path: str) -> dict:
             "per_check_met": {c: round(sum(v) / len(v), 3) for c, v in sorted(per_check.items())}}
 
 
-_PROMPTS = flags.DEFINE_string("prompts", None, "make_checks_data JSONL", required=True)
-_OUT = flags.DEFINE_string("out", None, "anchor JSONL (appended to / resumed)", required=True)
-_K = flags.DEFINE_integer("k", 4, "responses per prompt")
-_MODEL = flags.DEFINE_string("model", "default", "'default' (smollm2-135m-instruct), a .gguf "
-                             "path, a Hugging Face directory or a tiny preset")
-_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 256, "longest response, in tokens")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.7, "sampling temperature")
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed of the sampler (per-row keys)")
-_LIMIT = flags.DEFINE_integer("limit", 0, "first N prompts only; 0 = all")
-_BATCH = flags.DEFINE_integer("batch", 8, "prompts decoded together (K rows each)")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params dtype")
+def define_flags():
+    """The command's flags (defined only when run as a command, so tests can import
+    several experiment modules whose flag names overlap)."""
+    flags.DEFINE_string("prompts", None, "make_checks_data JSONL", required=True)
+    flags.DEFINE_string("out", None, "anchor JSONL (appended to / resumed)", required=True)
+    flags.DEFINE_integer("k", 4, "responses per prompt")
+    flags.DEFINE_string("model", "default", "'default' (smollm2-135m-instruct), a .gguf "
+                        "path, a Hugging Face directory or a tiny preset")
+    flags.DEFINE_integer("max_new_tokens", 256, "longest response, in tokens")
+    flags.DEFINE_float("temperature", 0.7, "sampling temperature")
+    flags.DEFINE_integer("seed", 0, "PRNG seed of the sampler (per-row keys)")
+    flags.DEFINE_integer("limit", 0, "first N prompts only; 0 = all")
+    flags.DEFINE_integer("batch", 8, "prompts decoded together (K rows each)")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params dtype")
 
 
 def main(argv):
     del argv
     from drubric_jax import models
 
-    source = models.DEFAULT_MODEL if _MODEL.value == "default" else _MODEL.value
-    cfg, params, tokenizer = models.load_model(source, _DTYPE.value)
-    stats = write_anchors(_PROMPTS.value, _OUT.value, cfg, params, tokenizer, k=_K.value,
-                          max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
-                          seed=_SEED.value, limit=_LIMIT.value, batch=_BATCH.value,
-                          model_name=source)
-    print(json.dumps({**stats, **gold_summary(_OUT.value)}), flush=True)
+    f = flags.FLAGS
+    source = models.DEFAULT_MODEL if f.model == "default" else f.model
+    cfg, params, tokenizer = models.load_model(source, f.dtype)
+    stats = write_anchors(f.prompts, f.out, cfg, params, tokenizer, k=f.k,
+                          max_new_tokens=f.max_new_tokens, temperature=f.temperature,
+                          seed=f.seed, limit=f.limit, batch=f.batch, model_name=source)
+    print(json.dumps({**stats, **gold_summary(f.out)}), flush=True)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -124,7 +124,8 @@ def write_once(path: str, lines, force: bool) -> None:
 
 def make(out: str, *, seed: int = 0, n_train: int = 256, n_heldout: int = 64,
          sources=DEFAULT_SOURCES, shared_dir: str = "",
-         max_base_chars: int = DEFAULT_MAX_BASE_CHARS, max_checks: int = 3, force: bool = False) -> dict:
+         max_base_chars: int = DEFAULT_MAX_BASE_CHARS, max_checks: int = 3,
+         force: bool = False) -> dict:
     """Writes OUT/train.jsonl, OUT/heldout.jsonl and OUT/manifest.json; returns the manifest.
 
     Raises:
@@ -150,26 +151,31 @@ def make(out: str, *, seed: int = 0, n_train: int = 256, n_heldout: int = 64,
     return manifest
 
 
-_OUT = flags.DEFINE_string("out", None, "output directory", required=True)
-_SEED = flags.DEFINE_integer("seed", 0, "seed of the split and of every constraint draw")
-_TRAIN = flags.DEFINE_integer("train", 256, "training prompts")
-_HELDOUT = flags.DEFINE_integer("heldout", 64, "held-out prompts (other base prompts)")
-_SOURCES = flags.DEFINE_list("sources", list(DEFAULT_SOURCES),
-                             "prompt files, relative to SHARED/data or absolute")
-_SHARED = flags.DEFINE_string("shared_dir", "", "the shared folder (default ../shared)")
-_MAX_CHARS = flags.DEFINE_integer("max_base_chars", DEFAULT_MAX_BASE_CHARS,
-                                  "longer base prompts are skipped")
-_MAX_CHECKS = flags.DEFINE_integer("max_checks", 3, "constraints per prompt: 1..this")
-_FORCE = flags.DEFINE_bool("force", False, "overwrite existing files")
+def define_flags():
+    """The command's flags (defined only when run as a command, so tests can import
+    several experiment modules whose flag names overlap)."""
+    flags.DEFINE_string("out", None, "output directory", required=True)
+    flags.DEFINE_integer("seed", 0, "seed of the split and of every constraint draw")
+    flags.DEFINE_integer("train", 256, "training prompts")
+    flags.DEFINE_integer("heldout", 64, "held-out prompts (other base prompts)")
+    flags.DEFINE_list("sources", list(DEFAULT_SOURCES),
+                      "prompt files, relative to SHARED/data or absolute")
+    flags.DEFINE_string("shared_dir", "", "the shared folder (default ../shared)")
+    flags.DEFINE_integer("max_base_chars", DEFAULT_MAX_BASE_CHARS,
+                         "longer base prompts are skipped")
+    flags.DEFINE_integer("max_checks", 3, "constraints per prompt: 1..this")
+    flags.DEFINE_bool("force", False, "overwrite existing files")
 
 
 def main(argv):
     del argv
-    m = make(_OUT.value, seed=_SEED.value, n_train=_TRAIN.value, n_heldout=_HELDOUT.value,
-             sources=_SOURCES.value, shared_dir=_SHARED.value, max_base_chars=_MAX_CHARS.value,
-             max_checks=_MAX_CHECKS.value, force=_FORCE.value)
+    f = flags.FLAGS
+    m = make(f.out, seed=f.seed, n_train=f.train, n_heldout=f.heldout, sources=f.sources,
+             shared_dir=f.shared_dir, max_base_chars=f.max_base_chars,
+             max_checks=f.max_checks, force=f.force)
     print(json.dumps(m), flush=True)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

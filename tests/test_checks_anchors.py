@@ -47,7 +47,8 @@ def test_anchor_row_by_hand_ranks_by_gold_and_marks_ties(tmp_path):
     assert row["ranking"] == [1, 3, 0, 2] and row["ties"] is False
     assert row["meta"]["truncated"] == [False, True, False, False]
     assert row["meta"]["base_id"] == "b/0" and row["meta"]["sampling"] == {"k": 5}
-    tied = mca.anchor_row(rec, ["a cat and a dog", "Hi, cat and dog", "a cat and dog"], [0, 0, 0], {})
+    tied = mca.anchor_row(rec, ["a cat and a dog", "Hi, cat and dog", "a cat and dog"],
+                          [0, 0, 0], {})
     assert tied["scores"] == pytest.approx([1.0, 1 / 3, 1.0])
     assert tied["ranking"] == [0, 2, 1] and tied["ties"] is True
     anchor = data.anchor_from_record(data.record_from_dict(tied))
