@@ -41,11 +41,11 @@ _TRUE_CHECKS = [{"check": "punctuation:no_comma", "args": {}},
 
 def test_checks_gold_reward_by_hand_and_its_missing_field_errors(write_jsonl):
     from configs.base import base_config
-    from drubric_jax import data
+    from drubric_jax import checks, data
 
     item = data.PromptItem(id="w/1", source="t:w", prompt="x", meta={"checks": _TRUE_CHECKS})
     p = ml_collections.ConfigDict({"reward": "checks_gold", "reward_max_words": 2})
-    assert "checks_gold" in rule_rewards.reward_names()  # config_check accepts it
+    assert checks.GOLD_REWARD == "checks_gold" in rule_rewards.reward_names()  # a config value
     rule = rule_rewards.from_config(p)
     assert rule(item, "a cat and a dog") == 1.0  # no comma, lowercase, both keywords
     assert rule(item, "A cat, a dog") == pytest.approx(1 / 3)  # keywords only

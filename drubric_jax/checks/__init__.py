@@ -14,6 +14,9 @@ verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zho
   (`batch.shutdown` stops it).
 - `checks.gold`: `gold_score(true_checks, response)`, g(x, y) of METHOD 13;
   `true_checks_of(meta, where)`, a prompt row's validated `meta["checks"]`.
+- `checks.world`: the checks world's data: seeded compatible constraints for a base prompt
+  (`draw_constraints`, IFEval's conflict table), the prompt text (`compose_prompt`), the
+  gold order of anchor responses (`rank_by_gold`).
 """
 from drubric_jax.checks.batch import verdicts
 from drubric_jax.checks.draw import draw_args

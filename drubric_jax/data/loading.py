@@ -17,7 +17,6 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
-from drubric_jax import checks
 from drubric_jax.data.filters import AnchorFilterConfig, PolicyFilterConfig
 from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import shuffled_order
@@ -262,7 +261,10 @@ def check_data_sources(config) -> dict:
         row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
     """
     rows = {}
-    gold_rule = getattr(getattr(config, "policy", None), "reward", None) == checks.GOLD_REWARD
+    # checks.GOLD_REWARD; the checkers (seconds to import) load only when the rule is used.
+    gold_rule = getattr(getattr(config, "policy", None), "reward", None) == "checks_gold"
+    if gold_rule:
+        from drubric_jax import checks
     for kind, field, path in _configured_files(config):
         if path.startswith("hf:"):
             continue
@@ -278,7 +280,7 @@ def check_data_sources(config) -> dict:
             # before any weights load, not at its first reward.
             for r in records:
                 checks.true_checks_of(r.meta, f"{field}: {path}:{r.line}: row {r.id!r} "
-                                              f"(config.policy.reward={checks.GOLD_REWARD})")
+                                              "(config.policy.reward=checks_gold)")
         if kind == "anchors" and not any(r.responses for r in records):
             raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
                              "to build anchor lists from")

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from drubric_jax import checks
-
 RUBRIC = "rubric"
 Rule = Callable[[object, str], float]  # (prompt item, response text) -> reward
 
@@ -74,6 +72,8 @@ def checks_gold_reward(item, response: str) -> float:
         ValueError: the row has no valid `meta["checks"]` ("prompt row '<id>' (<source>):
             field 'meta.checks' ...").
     """
+    from drubric_jax import checks  # the checkers load only when this rule is used
+
     where = f"prompt row {getattr(item, 'id', None)!r} ({getattr(item, 'source', '?')})"
     true = checks.true_checks_of(getattr(item, "meta", None), where)
     return checks.gold_score(true, response)
@@ -83,7 +83,7 @@ def checks_gold_reward(item, response: str) -> float:
 RULES: dict[str, Callable[[object], Rule]] = {
     "word_limit": lambda policy: word_limit_reward(int(policy.reward_max_words)),
     "exact_match": lambda policy: exact_match_reward,
-    checks.GOLD_REWARD: lambda policy: checks_gold_reward,
+    "checks_gold": lambda policy: checks_gold_reward,  # = checks.GOLD_REWARD
 }
 
 
