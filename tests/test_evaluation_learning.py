@@ -34,6 +34,46 @@ def test_exact_match_reward_and_from_config():
         rule_rewards.from_config(p)
 
 
+_TRUE_CHECKS = [{"check": "punctuation:no_comma", "args": {}},
+                {"check": "change_case:english_lowercase", "args": {}},
+                {"check": "keywords:existence", "args": {"keywords": ["cat", "dog"]}}]
+
+
+def test_checks_gold_reward_by_hand_and_its_missing_field_errors(write_jsonl):
+    from configs.base import base_config
+    from drubric_jax import checks, data
+
+    item = data.PromptItem(id="w/1", source="t:w", prompt="x", meta={"checks": _TRUE_CHECKS})
+    p = ml_collections.ConfigDict({"reward": "checks_gold", "reward_max_words": 2})
+    assert checks.GOLD_REWARD == "checks_gold" in rule_rewards.reward_names()  # a config value
+    rule = rule_rewards.from_config(p)
+    assert rule(item, "a cat and a dog") == 1.0  # no comma, lowercase, both keywords
+    assert rule(item, "A cat, a dog") == pytest.approx(1 / 3)  # keywords only
+    assert rule(item, "a cat, no other pet") == pytest.approx(1 / 3)  # lowercase only
+    assert rule(item, "Hello, World") == 0.0
+    assert rule(item, "   ") == 0.0  # strict: an all-whitespace answer meets nothing
+    bare = data.PromptItem(id="w/2", source="t:w", prompt="x")
+    with pytest.raises(ValueError, match=r"^prompt row 'w/2' \(t:w\): field 'meta.checks' is "
+                                         r"missing"):
+        rule(bare, "a cat and a dog")
+    bad = data.PromptItem(id="w/3", source="t:w", prompt="x",
+                          meta={"checks": [{"check": "punctuation:no_comma", "args": {"n": 1}}]})
+    with pytest.raises(ValueError, match=r"row 'w/3'.*field 'meta.checks' entry 0: .*'n'"):
+        rule(bad, "a cat")
+    # Under checks_gold the data check, before any weights load, names file, line, row, field.
+    prompts = write_jsonl([{"id": "p/0", "source": "t:p", "prompt": "Q?",
+                            "meta": {"checks": _TRUE_CHECKS}},
+                           {"id": "p/1", "source": "t:p", "prompt": "R?"}], name="p.jsonl")
+    c = base_config()
+    c.data.name, c.data.prompt_paths = "custom", (str(prompts),)
+    c.data.anchor_paths = ()
+    assert data.check_data_sources(c) == {str(prompts): 2}  # rubric reward: meta not read
+    c.policy.reward = "checks_gold"
+    with pytest.raises(ValueError, match=r"prompt_paths\[0\]: .*p\.jsonl:2: row 'p/1' .*field "
+                                         r"'meta.checks' is missing"):
+        data.check_data_sources(c)
+
+
 def test_first_last_difference_by_hand():
     groups = [[0.0, 0.2], [0.1], [0.5, 0.5], [0.6, 1.0]]
     out = learning.first_last_difference(groups, first=2, last=2, n_boot=2000, seed=3)

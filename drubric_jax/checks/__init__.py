@@ -12,16 +12,20 @@ verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zho
 - `checks.draw`: `draw_args(check, rng)`, seeded arguments for data generation.
 - `checks.batch`: `verdicts(items, responses) -> float32[R, M]` in a kept process pool
   (`batch.shutdown` stops it).
-- `checks.gold`: `gold_score(true_checks, response)`, g(x, y) of METHOD 13.
+- `checks.gold`: `gold_score(true_checks, response)`, g(x, y) of METHOD 13;
+  `true_checks_of(meta, where)`, a prompt row's validated `meta["checks"]`.
+- `checks.world`: the checks world's data: seeded compatible constraints for a base prompt
+  (`draw_constraints`, IFEval's conflict table), the prompt text (`compose_prompt`), the
+  gold order of anchor responses (`rank_by_gold`).
 """
 from drubric_jax.checks.batch import verdicts
 from drubric_jax.checks.draw import draw_args
-from drubric_jax.checks.gold import gold_score
+from drubric_jax.checks.gold import GOLD_REWARD, gold_score, true_checks_of
 from drubric_jax.checks.table import (CHECK_IDS, CHECKS, SCORABLE_CHECKS, ArgSpec,
                                       CheckSpec)
 from drubric_jax.checks.verify import (InvalidCheck, NotScorable, build, render,
                                        validate, verdict)
 
-__all__ = ["verdicts", "draw_args", "gold_score", "CHECK_IDS", "CHECKS", "SCORABLE_CHECKS",
-           "ArgSpec", "CheckSpec", "InvalidCheck", "NotScorable", "build", "render", "validate",
-           "verdict"]
+__all__ = ["GOLD_REWARD", "verdicts", "draw_args", "gold_score", "true_checks_of", "CHECK_IDS",
+           "CHECKS", "SCORABLE_CHECKS", "ArgSpec", "CheckSpec", "InvalidCheck", "NotScorable",
+           "build", "render", "validate", "verdict"]

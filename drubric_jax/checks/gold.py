@@ -10,7 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from drubric_jax.checks.verify import InvalidCheck, follows, scorable_checker
+from drubric_jax.checks.verify import InvalidCheck, follows, scorable_checker, validate
+
+# config.policy.reward of the rule that trains on g (rl.rule_rewards); data.check_data_sources
+# then requires every prompt row to carry valid true checks.
+GOLD_REWARD = "checks_gold"
 
 
 def _pair(t):
@@ -44,3 +48,36 @@ def gold_score(true_checks, response: str, loose: bool = False) -> float:
         return math.nan
     met = sum(follows(scorable_checker(c, a), response, loose) for c, a in pairs)
     return met / len(pairs)
+
+
+def true_checks_of(meta, where: str) -> list:
+    """The true checks T(x) of a prompt row, `meta["checks"]`, each validated.
+
+    Args:
+        meta: the row's meta dict (`Record.meta`, `PromptItem.meta`).
+        where: the row, for messages (e.g. "file.jsonl:3: row 'x/1'").
+
+    Returns:
+        list of {"check": id, "args": {...}} (args validated, `verify.validate`), >= 1 entry.
+
+    Raises:
+        ValueError: "<where>: field 'meta.checks' ..." when meta has no "checks", it is not
+            a non-empty list, or an entry is malformed or invalid (the entry's index named).
+    """
+    checks = meta.get("checks") if isinstance(meta, Mapping) else None
+    if checks is None:
+        raise ValueError(f"{where}: field 'meta.checks' is missing (a checks-world prompt row "
+                         "holds its true checks there; see experiments.make_checks_data)")
+    if not isinstance(checks, list) or not checks:
+        raise ValueError(f"{where}: field 'meta.checks' must be a non-empty list of "
+                         f"{{check, args}} objects, got {checks!r}")
+    out = []
+    for i, t in enumerate(checks):
+        try:
+            check, args = _pair(t) if isinstance(t, Mapping) else (None, None)
+            if check is None:
+                raise InvalidCheck(None, "check", f"a true check is {{check, args}}, got {t!r}")
+            out.append({"check": check, "args": validate(check, args)})
+        except InvalidCheck as e:
+            raise ValueError(f"{where}: field 'meta.checks' entry {i}: {e}") from None
+    return out

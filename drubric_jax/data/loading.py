@@ -250,13 +250,21 @@ def check_data_sources(config) -> dict:
     Returns:
       dict {path: rows in the file} of the JSONL files checked.
 
+    With `config.policy.reward=checks_gold` every prompt row must carry valid true checks
+    in `meta["checks"]` (`checks.true_checks_of`).
+
     Raises:
       FileNotFoundError: a missing file, "<config field>: no such file <path>" (or the
         `resolve_data_paths` error for shared data).
       ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
-        anchor file without ranked rows.
+        anchor file without ranked rows; under checks_gold, "<config field>: <path>:<line>:
+        row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
     """
     rows = {}
+    # checks.GOLD_REWARD; the checkers (seconds to import) load only when the rule is used.
+    gold_rule = getattr(getattr(config, "policy", None), "reward", None) == "checks_gold"
+    if gold_rule:
+        from drubric_jax import checks
     for kind, field, path in _configured_files(config):
         if path.startswith("hf:"):
             continue
@@ -267,6 +275,12 @@ def check_data_sources(config) -> dict:
             raise FileNotFoundError(f"{field}: no such file {path}") from None
         except ValueError as e:
             raise ValueError(f"{field}: {e}") from None
+        if kind == "prompts" and gold_rule:
+            # The gold rule reads each prompt's true checks: a row without them fails here,
+            # before any weights load, not at its first reward.
+            for r in records:
+                checks.true_checks_of(r.meta, f"{field}: {path}:{r.line}: row {r.id!r} "
+                                              "(config.policy.reward=checks_gold)")
         if kind == "anchors" and not any(r.responses for r in records):
             raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
                              "to build anchor lists from")

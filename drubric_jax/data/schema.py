@@ -220,6 +220,20 @@ def load_jsonl(path: PathLike) -> list:
     return records
 
 
+# Line breaks that str.splitlines would split at, escaped so a row stays on one line.
+_LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"}
+
+
+def jsonl_line(row: dict) -> str:
+    """One row as a JSONL line of the shared schema, newline included: UTF-8 text as is
+    (ensure_ascii off), U+2028, U+2029 and U+0085 written as JSON escapes (as the shared
+    files do), keys in the dict's order. Same dict, same bytes."""
+    text = json.dumps(row, ensure_ascii=False)
+    for ch, esc in _LINE_BREAKS.items():
+        text = text.replace(ch, esc)
+    return text + "\n"
+
+
 def load_jsonl_files(paths: Union[PathLike, Iterable[PathLike]]) -> list:
     """`load_jsonl` over several files, concatenated, ids unique across files.
 

@@ -10,6 +10,13 @@
                  answers get 0 so that stopping at once is no way to satisfy the limit.
     exact_match  1 when the response equals the prompt's reference answer (case and
                  surrounding space ignored), 0 otherwise or without a reference.
+    checks_gold  the gold score g(x, y) of METHOD 13: the fraction of the prompt's true
+                 checks (`item.meta["checks"]`, written by experiments.make_checks_data)
+                 that the response meets, strict verdicts (IFEval's instruction-level
+                 accuracy for one prompt; Zhou et al. 2023, arXiv:2311.07911). The RLVR
+                 upper bound a rubric reward is compared with. A row without valid
+                 `meta.checks` is an error naming the row and the field, raised by
+                 `data.check_data_sources` before any weights load, else at first use.
 A rule reward is a host function (prompt item, response text) -> float; the policy phase
 turns the K rewards of a prompt into advantages exactly as it does rubric scores (Eq. 21,
 `phases.rule_policy_rollout`). A non-finite value marks the row unscorable (METHOD 11).
@@ -51,10 +58,32 @@ def exact_match_reward(item, response: str) -> float:
     return float(bool(ref) and response.strip().lower() == ref)
 
 
+def checks_gold_reward(item, response: str) -> float:
+    """The `checks_gold` rule: `checks.gold_score(item.meta["checks"], response)` (strict).
+
+    Args:
+        item: a PromptItem (`.id`, `.source`, `.meta`).
+        response: the response text.
+
+    Returns:
+        float in [0, 1]: the fraction of the prompt's true checks met.
+
+    Raises:
+        ValueError: the row has no valid `meta["checks"]` ("prompt row '<id>' (<source>):
+            field 'meta.checks' ...").
+    """
+    from drubric_jax import checks  # the checkers load only when this rule is used
+
+    where = f"prompt row {getattr(item, 'id', None)!r} ({getattr(item, 'source', '?')})"
+    true = checks.true_checks_of(getattr(item, "meta", None), where)
+    return checks.gold_score(true, response)
+
+
 # name -> (config.policy -> the rule); the values of config.policy.reward besides RUBRIC.
 RULES: dict[str, Callable[[object], Rule]] = {
     "word_limit": lambda policy: word_limit_reward(int(policy.reward_max_words)),
     "exact_match": lambda policy: exact_match_reward,
+    "checks_gold": lambda policy: checks_gold_reward,  # = checks.GOLD_REWARD
 }
 
 

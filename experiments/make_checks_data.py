@@ -1,0 +1,181 @@
+"""Training prompts of the checks world (METHOD 13): base prompts with 1-3 checkable
+constraints appended in the checkers' own words, the true checks in each row's meta.
+
+    python -m experiments.make_checks_data --out=/work/checks_world --seed=0 \\
+        --train=256 --heldout=64
+
+Writes OUT/train.jsonl and OUT/heldout.jsonl (shared data schema, prompt-only rows) and
+OUT/manifest.json (the arguments and counts), once: an existing file is an error unless
+--force. Base prompts come from the shared prompt-only sets (--sources, under
+../shared/data; never IFEval's own prompts: a source under ifeval/ is refused and a base
+prompt equal to an IFEval prompt is skipped). Base prompts longer than --max_base_chars, or
+repeating an earlier one, are skipped. The kept ones are shuffled by --seed; the first
+--train are the training rows, the next --heldout the held-out rows (disjoint by base
+prompt). Row j of the shuffled order draws its constraints from
+`numpy.random.default_rng([seed, j])` (`checks.world.draw_constraints`), so the same seed
+gives byte-identical files. A row:
+
+    {"id": "checks_world/<split>/<base id>", "source": "checks_world:<split>",
+     "prompt": base + "\\n\\n" + the rendered sentences joined by "\\n",
+     "meta": {"checks": [{"check": id, "args": {...}}, ...], "base_id", "base_source",
+              "base_prompt", "seed"}}
+
+The checks are IFEval's (Zhou et al. 2023, arXiv:2311.07911) from if-verifiable.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+from drubric_jax import data
+from drubric_jax.checks import world
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SOURCES = ("alpaca_eval/eval.jsonl", "vicuna_bench/question.jsonl",
+                   "mt_bench/question.jsonl", "arena_hard/v0.1.jsonl")
+# ~100 tokens of SmolLM2's tokenizer; with up to 3 constraint sentences the prompt stays
+# within about 128-256 tokens.
+DEFAULT_MAX_BASE_CHARS = 400
+SPLITS = ("train", "heldout")
+
+
+def ifeval_prompts(shared_dir: str) -> set:
+    """The IFEval prompts (`ifeval/input_data.jsonl` under shared_dir/data), stripped; an
+    empty set when the file is absent."""
+    path = os.path.join(shared_dir, "data", "ifeval", "input_data.jsonl")
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        return {json.loads(line)["prompt"].strip() for line in f if line.strip()}
+
+
+def base_prompts(paths, max_base_chars: int, exclude=frozenset(), stats=None) -> list:
+    """The usable base prompts of prompt files, in file order.
+
+    Args:
+        paths: shared-schema JSONL files (prompt-only rows; rows with history are skipped).
+        max_base_chars: longer prompts are skipped.
+        exclude: prompt texts (stripped) never to use (IFEval's).
+        stats: optional dict counting "kept", "too_long", "duplicate", "ifeval",
+            "history".
+
+    Returns:
+        list[data.Record].
+
+    Raises:
+        ValueError: a path under an `ifeval` folder (IFEval is an evaluation set), or a bad
+            row (`data.load_jsonl`: file, line, field).
+    """
+    stats = {} if stats is None else stats
+    out, seen = [], set()
+    for p in paths:
+        if "ifeval" in os.path.normpath(p).split(os.sep):
+            raise ValueError(f"--sources: {p} is IFEval's data, an evaluation set: never a "
+                             "source of training prompts")
+    for rec in data.load_jsonl_files(paths):
+        text = rec.prompt.strip()
+        why = ("history" if rec.history else "too_long" if len(rec.prompt) > max_base_chars
+               else "ifeval" if text in exclude else "duplicate" if text in seen else "kept")
+        stats[why] = stats.get(why, 0) + 1
+        if why == "kept":
+            seen.add(text)
+            out.append(rec)
+    return out
+
+
+def make_rows(bases, seed: int, n_train: int, n_heldout: int, max_checks: int = 3) -> dict:
+    """{"train": rows, "heldout": rows} (module docstring's layout) from base prompts.
+
+    Raises:
+        ValueError: fewer base prompts than n_train + n_heldout.
+    """
+    import numpy as np
+
+    if n_train + n_heldout > len(bases):
+        raise ValueError(f"--train={n_train} + --heldout={n_heldout} > the {len(bases)} usable "
+                         "base prompts (add --sources or raise --max_base_chars)")
+    order = np.random.default_rng(seed).permutation(len(bases))
+    rows = {s: [] for s in SPLITS}
+    for j in range(n_train + n_heldout):
+        split = SPLITS[0] if j < n_train else SPLITS[1]
+        base = bases[int(order[j])]
+        true = world.draw_constraints(base.prompt, np.random.default_rng([seed, j]), max_checks)
+        rows[split].append({
+            "id": f"checks_world/{split}/{base.id}", "source": f"checks_world:{split}",
+            "prompt": world.compose_prompt(base.prompt, true),
+            "meta": {"checks": true, "base_id": base.id, "base_source": base.source,
+                     "base_prompt": base.prompt, "seed": seed}})
+    return rows
+
+
+def write_once(path: str, lines, force: bool) -> None:
+    """Writes `lines` (str) to `path`; an existing file is an error unless force.
+
+    Raises:
+        FileExistsError: path exists and not force.
+    """
+    if os.path.exists(path) and not force:
+        raise FileExistsError(f"{path} exists (written once; --force to overwrite)")
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(lines)
+
+
+def make(out: str, *, seed: int = 0, n_train: int = 256, n_heldout: int = 64,
+         sources=DEFAULT_SOURCES, shared_dir: str = "",
+         max_base_chars: int = DEFAULT_MAX_BASE_CHARS, max_checks: int = 3,
+         force: bool = False) -> dict:
+    """Writes OUT/train.jsonl, OUT/heldout.jsonl and OUT/manifest.json; returns the manifest.
+
+    Raises:
+        FileExistsError: an output exists and not force (nothing is written then).
+        ValueError / FileNotFoundError: as `base_prompts` and `make_rows`.
+    """
+    shared_dir = shared_dir or os.path.join(REPO, "..", "shared")
+    paths = [p if os.path.isabs(p) else os.path.join(shared_dir, "data", p) for p in sources]
+    outs = [os.path.join(out, f"{s}.jsonl") for s in SPLITS] + [os.path.join(out, "manifest.json")]
+    if not force and any(os.path.exists(p) for p in outs):
+        raise FileExistsError(f"{[p for p in outs if os.path.exists(p)]} exist (written once; "
+                              "--force to overwrite)")
+    stats = {}
+    bases = base_prompts(paths, max_base_chars, ifeval_prompts(shared_dir), stats)
+    rows = make_rows(bases, seed, n_train, n_heldout, max_checks)
+    os.makedirs(out, exist_ok=True)
+    for s, path in zip(SPLITS, outs):
+        write_once(path, [data.jsonl_line(r) for r in rows[s]], force)
+    manifest = {"seed": seed, "train": n_train, "heldout": n_heldout, "max_checks": max_checks,
+                "max_base_chars": max_base_chars, "sources": list(sources),
+                "base_prompts": stats}
+    write_once(outs[-1], [json.dumps(manifest, indent=1) + "\n"], force)
+    return manifest
+
+
+def define_flags():
+    """The command's flags (defined only when run as a command, so tests can import
+    several experiment modules whose flag names overlap)."""
+    flags.DEFINE_string("out", None, "output directory", required=True)
+    flags.DEFINE_integer("seed", 0, "seed of the split and of every constraint draw")
+    flags.DEFINE_integer("train", 256, "training prompts")
+    flags.DEFINE_integer("heldout", 64, "held-out prompts (other base prompts)")
+    flags.DEFINE_list("sources", list(DEFAULT_SOURCES),
+                      "prompt files, relative to SHARED/data or absolute")
+    flags.DEFINE_string("shared_dir", "", "the shared folder (default ../shared)")
+    flags.DEFINE_integer("max_base_chars", DEFAULT_MAX_BASE_CHARS,
+                         "longer base prompts are skipped")
+    flags.DEFINE_integer("max_checks", 3, "constraints per prompt: 1..this")
+    flags.DEFINE_bool("force", False, "overwrite existing files")
+
+
+def main(argv):
+    del argv
+    f = flags.FLAGS
+    m = make(f.out, seed=f.seed, n_train=f.train, n_heldout=f.heldout, sources=f.sources,
+             shared_dir=f.shared_dir, max_base_chars=f.max_base_chars,
+             max_checks=f.max_checks, force=f.force)
+    print(json.dumps(m), flush=True)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
