@@ -42,9 +42,16 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params/
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, dtype: str):
-    """Greedy responses (str) of `model` to each prompt, one user turn each, in batches."""
+def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, dtype: str,
+                       on_batch=None):
+    """Greedy responses (str) of `model` to each prompt, one user turn each, in batches;
+    `on_batch(responses)` is called after each batch (the caller appends them to its file).
+
+    Returns:
+        (responses, number of responses cut at max_new_tokens).
+    """
     import jax
+    from tqdm import tqdm
 
     from drubric_jax import models, sampling
     from drubric_jax.text import tokenizer as tok_lib
@@ -52,17 +59,33 @@ def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, 
     cfg, params, tokenizer = models.load_model(model, dtype)
     stop = tok_lib.stop_ids(tokenizer)
     out, cut = [], 0
-    for lo in range(0, len(prompts), batch):
+    for lo in tqdm(range(0, len(prompts), batch), desc="eval_ifeval batches", unit="batch"):
         ids = [tok_lib.chat_ids(tokenizer, [{"role": "user", "content": p}])
                for p in prompts[lo:lo + batch]]
         r = sampling.generate(params, cfg, ids, key=jax.random.PRNGKey(0),
                               max_new_tokens=max_new_tokens, method=sampling.Greedy(),
                               stop_ids=stop)
         cut += int(r.truncated.sum())
-        out += [tokenizer.decode(r.tokens[i][r.mask[i]], skip_special_tokens=True)
-                for i in range(len(ids))]
-        logging.info("generated %d / %d", len(out), len(prompts))
+        got = [tokenizer.decode(r.tokens[i][r.mask[i]], skip_special_tokens=True)
+               for i in range(len(ids))]
+        out += got
+        if on_batch is not None:
+            on_batch(got)
     return out, cut
+
+
+def _done_responses(path: str, rows) -> list:
+    """The responses already in `path` (a run killed before it finished): its complete lines,
+    checked against `rows` in order; a partial last line is cut off the file. [] for no file."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        data = f.read()
+    keep = data[:data.rfind(b"\n") + 1]  # complete lines only
+    if len(keep) != len(data):
+        with open(path, "wb") as f:
+            f.write(keep)
+    return read_responses(path, rows)
 
 
 def read_responses(path: str, rows) -> list:
@@ -92,14 +115,34 @@ def main(argv):
         responses = read_responses(_RESPONSES.value, rows)
         rows = rows[:len(responses)]
     else:
-        responses, cut = generate_responses(
-            _MODEL.value, [r["prompt"] for r in rows], max_new_tokens=_MAX_NEW_TOKENS.value,
-            batch=_BATCH.value, dtype=_DTYPE.value)
+        # Written batch by batch: a killed run resumes where its file ends (same --out).
+        os.makedirs(_OUT.value, exist_ok=True)
+        path = os.path.join(_OUT.value, "responses.jsonl")
+        done = _done_responses(path, rows)
+        if done:
+            logging.info("%s: %d responses already there, generating the rest", path,
+                         len(done))
+        prompts = [r["prompt"] for r in rows]
+
+        written = [len(done)]
+
+        def append(got):
+            with open(path, "a", encoding="utf-8") as f:
+                for y in got:
+                    f.write(json.dumps({"prompt": prompts[written[0]], "response": y}) + "\n")
+                    written[0] += 1
+
+        new, cut = generate_responses(
+            _MODEL.value, prompts[len(done):], max_new_tokens=_MAX_NEW_TOKENS.value,
+            batch=_BATCH.value, dtype=_DTYPE.value, on_batch=append)
+        responses = done + new
+        cut = None if done else cut  # truncations of earlier sessions are not known
     t_gen = time.perf_counter() - t0
-    os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, "responses.jsonl"), "w", encoding="utf-8") as f:
-        for row, y in zip(rows, responses):
-            f.write(json.dumps({"prompt": row["prompt"], "response": y}) + "\n")
+    if _RESPONSES.value:
+        os.makedirs(_OUT.value, exist_ok=True)
+        with open(os.path.join(_OUT.value, "responses.jsonl"), "w", encoding="utf-8") as f:
+            for row, y in zip(rows, responses):
+                f.write(json.dumps({"prompt": row["prompt"], "response": y}) + "\n")
     t1 = time.perf_counter()
     rep = ifeval.report(ifeval.judge(rows, responses), n_boot=_N_BOOT.value, seed=_SEED.value)
     rep["setup"] = {"model": None if _RESPONSES.value else _MODEL.value,

@@ -148,3 +148,45 @@ def test_cli_scores_a_responses_file(rows, tmp_path):
     assert rep["metrics"] == want["metrics"] and rep["setup"]["model"] is None
     written = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
     assert written == [{"prompt": r["prompt"], "response": y} for r, y in zip(rows, RESPONSES)]
+
+
+def test_a_killed_generation_resumes_where_its_file_ends(rows, tmp_path, monkeypatch):
+    """Responses are appended batch by batch; a rerun with the same --out keeps the complete
+    lines (a partial last line is cut), generates only the prompts after them, and scores
+    all of them (the model call is replaced by a stub that echoes the prompt's index)."""
+    from absl import flags
+
+    monkeypatch.syspath_prepend(REPO)
+    from experiments import eval_ifeval
+
+    asked = []
+
+    def stub(model, prompts, *, max_new_tokens, batch, dtype, on_batch=None):
+        asked.extend(prompts)
+        got = [f"answer {len(asked) - len(prompts) + i}" for i in range(len(prompts))]
+        for lo in range(0, len(got), batch):
+            on_batch(got[lo:lo + batch])
+        return got, 0
+
+    monkeypatch.setattr(eval_ifeval, "generate_responses", stub)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = [{"prompt": r["prompt"], "response": y} for r, y in zip(rows[:2], RESPONSES[:2])]
+    (out / "responses.jsonl").write_text(
+        "".join(json.dumps(d) + "\n" for d in done) + '{"prompt": "cut in the mid')
+    data = os.path.join(REPO, "..", "shared", "data", "ifeval", "input_data.jsonl")
+    flags.FLAGS(["eval_ifeval", f"--out={out}", f"--data={data}", "--limit=5", "--batch=2",
+                 "--n_boot=50"])
+    try:
+        eval_ifeval.main([])
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert asked == [r["prompt"] for r in rows[2:5]]  # only the prompts after the file's end
+    written = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
+    assert written[:2] == done
+    assert [w["prompt"] for w in written] == [r["prompt"] for r in rows[:5]]
+    assert [w["response"] for w in written[2:]] == ["answer 0", "answer 1", "answer 2"]
+    rep = json.loads((out / "report.json").read_text())
+    want = ifeval.report(ifeval.judge(rows[:5], [w["response"] for w in written]),
+                         n_boot=50, seed=0)
+    assert rep["metrics"] == want["metrics"]
