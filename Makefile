@@ -4,7 +4,7 @@
 #   make test-fast  the same without the tests marked slow, for development
 #   make setup      only create .venv and install
 #   make sample     one chat answer of the default model
-#   make clean      remove .venv, runs/ and the pytest cache
+#   make clean      remove .venv, runs/, the pytest and hypothesis caches and the egg-info
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python

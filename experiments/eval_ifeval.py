@@ -74,36 +74,6 @@ def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, 
     return out, cut
 
 
-def _done_responses(path: str, rows) -> list:
-    """The responses already in `path` (a run killed before it finished): its complete lines,
-    checked against `rows` in order; a partial last line is cut off the file. [] for no file."""
-    if not os.path.exists(path):
-        return []
-    with open(path, "rb") as f:
-        data = f.read()
-    keep = data[:data.rfind(b"\n") + 1]  # complete lines only
-    if len(keep) != len(data):
-        with open(path, "wb") as f:
-            f.write(keep)
-    return read_responses(path, rows)
-
-
-def read_responses(path: str, rows) -> list:
-    """The responses of a {prompt, response} JSONL whose prompts are rows[:n] in order.
-
-    Raises:
-        ValueError: a prompt differs from the data's, or more responses than rows.
-    """
-    with open(path, encoding="utf-8") as f:
-        got = [json.loads(line) for line in f if line.strip()]
-    if len(got) > len(rows):
-        raise ValueError(f"{path}: {len(got)} responses but {len(rows)} IFEval rows")
-    for i, (g, row) in enumerate(zip(got, rows)):
-        if g["prompt"] != row["prompt"]:
-            raise ValueError(f"{path}: row {i}'s prompt is not IFEval row {i}'s")
-    return [g["response"] for g in got]
-
-
 def main(argv):
     del argv
     from drubric_jax.evaluation import ifeval
@@ -112,31 +82,16 @@ def main(argv):
     t0 = time.perf_counter()
     cut = None
     if _RESPONSES.value:
-        responses = read_responses(_RESPONSES.value, rows)
+        responses = ifeval.read_responses(_RESPONSES.value, rows)
         rows = rows[:len(responses)]
     else:
         # Written batch by batch: a killed run resumes where its file ends (same --out).
         os.makedirs(_OUT.value, exist_ok=True)
-        path = os.path.join(_OUT.value, "responses.jsonl")
-        done = _done_responses(path, rows)
-        if done:
-            logging.info("%s: %d responses already there, generating the rest", path,
-                         len(done))
-        prompts = [r["prompt"] for r in rows]
-
-        written = [len(done)]
-
-        def append(got):
-            with open(path, "a", encoding="utf-8") as f:
-                for y in got:
-                    f.write(json.dumps({"prompt": prompts[written[0]], "response": y}) + "\n")
-                    written[0] += 1
-
-        new, cut = generate_responses(
-            _MODEL.value, prompts[len(done):], max_new_tokens=_MAX_NEW_TOKENS.value,
-            batch=_BATCH.value, dtype=_DTYPE.value, on_batch=append)
-        responses = done + new
-        cut = None if done else cut  # truncations of earlier sessions are not known
+        responses, cut = ifeval.resume_responses(
+            os.path.join(_OUT.value, "responses.jsonl"), rows,
+            lambda prompts, on_batch: generate_responses(
+                _MODEL.value, prompts, max_new_tokens=_MAX_NEW_TOKENS.value,
+                batch=_BATCH.value, dtype=_DTYPE.value, on_batch=on_batch))
     t_gen = time.perf_counter() - t0
     if _RESPONSES.value:
         os.makedirs(_OUT.value, exist_ok=True)

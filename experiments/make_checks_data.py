@@ -170,9 +170,12 @@ def define_flags():
 def main(argv):
     del argv
     f = flags.FLAGS
-    m = make(f.out, seed=f.seed, n_train=f.train, n_heldout=f.heldout, sources=f.sources,
-             shared_dir=f.shared_dir, max_base_chars=f.max_base_chars,
-             max_checks=f.max_checks, force=f.force)
+    try:
+        m = make(f.out, seed=f.seed, n_train=f.train, n_heldout=f.heldout, sources=f.sources,
+                 shared_dir=f.shared_dir, max_base_chars=f.max_base_chars,
+                 max_checks=f.max_checks, force=f.force)
+    except FileExistsError as e:  # the files are written once: a message, not a traceback
+        raise app.UsageError(str(e)) from None
     print(json.dumps(m), flush=True)
 
 

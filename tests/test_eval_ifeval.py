@@ -150,43 +150,31 @@ def test_cli_scores_a_responses_file(rows, tmp_path):
     assert written == [{"prompt": r["prompt"], "response": y} for r, y in zip(rows, RESPONSES)]
 
 
-def test_a_killed_generation_resumes_where_its_file_ends(rows, tmp_path, monkeypatch):
-    """Responses are appended batch by batch; a rerun with the same --out keeps the complete
-    lines (a partial last line is cut), generates only the prompts after them, and scores
-    all of them (the model call is replaced by a stub that echoes the prompt's index)."""
-    from absl import flags
-
-    monkeypatch.syspath_prepend(REPO)
-    from experiments import eval_ifeval
-
+def test_a_killed_generation_resumes_where_its_file_ends(rows, tmp_path):
+    """`ifeval.resume_responses` (what eval_ifeval generates through): responses are appended
+    batch by batch; a rerun on the same file keeps its complete lines (a partial last line
+    is cut), generates only the rows after them, and returns all of them in row order (the
+    model is a stub that answers with the prompt's index among those it was asked)."""
     asked = []
 
-    def stub(model, prompts, *, max_new_tokens, batch, dtype, on_batch=None):
+    def stub(prompts, on_batch):
         asked.extend(prompts)
-        got = [f"answer {len(asked) - len(prompts) + i}" for i in range(len(prompts))]
-        for lo in range(0, len(got), batch):
-            on_batch(got[lo:lo + batch])
-        return got, 0
+        got = [f"answer {i}" for i in range(len(prompts))]
+        for lo in range(0, len(got), 2):
+            on_batch(got[lo:lo + 2])
+        return got, 1
 
-    monkeypatch.setattr(eval_ifeval, "generate_responses", stub)
-    out = tmp_path / "out"
-    out.mkdir()
+    path = tmp_path / "responses.jsonl"
     done = [{"prompt": r["prompt"], "response": y} for r, y in zip(rows[:2], RESPONSES[:2])]
-    (out / "responses.jsonl").write_text(
-        "".join(json.dumps(d) + "\n" for d in done) + '{"prompt": "cut in the mid')
-    data = os.path.join(REPO, "..", "shared", "data", "ifeval", "input_data.jsonl")
-    flags.FLAGS(["eval_ifeval", f"--out={out}", f"--data={data}", "--limit=5", "--batch=2",
-                 "--n_boot=50"])
-    try:
-        eval_ifeval.main([])
-    finally:
-        flags.FLAGS.unparse_flags()
-    assert asked == [r["prompt"] for r in rows[2:5]]  # only the prompts after the file's end
-    written = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
+    path.write_text("".join(json.dumps(d) + "\n" for d in done) + '{"prompt": "cut in the mid')
+    responses, cut = ifeval.resume_responses(str(path), rows[:5], stub)
+    assert asked == [r["prompt"] for r in rows[2:5]]  # only the rows after the file's end
+    assert responses == RESPONSES[:2] + ["answer 0", "answer 1", "answer 2"]
+    assert cut is None  # the earlier lines' cuts are not known
+    written = [json.loads(x) for x in path.read_text().splitlines()]
     assert written[:2] == done
-    assert [w["prompt"] for w in written] == [r["prompt"] for r in rows[:5]]
-    assert [w["response"] for w in written[2:]] == ["answer 0", "answer 1", "answer 2"]
-    rep = json.loads((out / "report.json").read_text())
-    want = ifeval.report(ifeval.judge(rows[:5], [w["response"] for w in written]),
-                         n_boot=50, seed=0)
-    assert rep["metrics"] == want["metrics"]
+    assert written == [{"prompt": r["prompt"], "response": y} for r, y in zip(rows[:5], responses)]
+    # A finished file generates nothing; a fresh file reports this call's cuts.
+    assert ifeval.resume_responses(str(path), rows[:5], stub)[0] == responses
+    assert ifeval.resume_responses(str(tmp_path / "new.jsonl"), rows[:3], stub) == (
+        ["answer 0", "answer 1", "answer 2"], 1)

@@ -253,6 +253,7 @@ def _model_config(policy, generator, verifier):
     c.seed = 0
     c.model = ml_collections.ConfigDict(
         dict(policy=policy, generator=generator, verifier=verifier, dtype="float32"))
+    c.verifier = ml_collections.ConfigDict(dict(kind="llm"))  # a verifier model is loaded
     return c
 
 

@@ -162,3 +162,59 @@ def format_table(rep: dict) -> str:
         name = f"{cid} ({t['n']})"
         lines.append(f"{name:<50}{cell(t['strict']):<26}{cell(t['loose'])}")
     return "\n".join(lines)
+
+
+def read_responses(path: str, rows) -> list:
+    """The responses of a {"prompt", "response"} JSONL whose prompts are rows[:n] in order.
+
+    Raises:
+        ValueError: a prompt differs from the data's (naming the line), or more responses
+            than rows.
+    """
+    with open(path, encoding="utf-8") as f:
+        got = [json.loads(line) for line in f if line.strip()]
+    if len(got) > len(rows):
+        raise ValueError(f"{path}: {len(got)} responses but {len(rows)} IFEval rows")
+    for i, (g, row) in enumerate(zip(got, rows)):
+        if g["prompt"] != row["prompt"]:
+            raise ValueError(f"{path}: line {i + 1}'s prompt is not IFEval row {i}'s")
+    return [g["response"] for g in got]
+
+
+def resume_responses(path: str, rows, generate) -> tuple:
+    """Responses to every row, generated into `path` batch by batch so that a killed run
+    resumes where the file ends: its complete lines are kept (checked against `rows` in
+    order; a partial last line is cut off the file) and only the rows after them are
+    generated.
+
+    Args:
+        path: the {"prompt", "response"} JSONL (created when missing).
+        rows: IFEval rows (`read_rows`).
+        generate: `(prompts, on_batch) -> (responses, cut)`; it calls `on_batch(responses)`
+            after each batch (appended to `path` at once) and returns all of them with the
+            number cut at the length limit.
+
+    Returns:
+        (responses of every row, cut count of this call's responses; None when the file
+        already held some, whose cuts are not known).
+    """
+    done = []
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        keep = data[:data.rfind(b"\n") + 1]  # complete lines only
+        if len(keep) != len(data):
+            with open(path, "wb") as f:
+                f.write(keep)
+        done = read_responses(path, rows)
+    prompts = [r["prompt"] for r in rows]
+    written = [len(done)]
+
+    def append(got):
+        with open(path, "a", encoding="utf-8") as f:
+            for y in got:
+                f.write(json.dumps({"prompt": prompts[written[0]], "response": y}) + "\n")
+                written[0] += 1
+
+    new, cut = generate(prompts[len(done):], append) if len(done) < len(rows) else ([], 0)
+    return done + list(new), (None if done else cut)

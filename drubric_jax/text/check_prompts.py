@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from drubric_jax.text.prompts import _check_order, _labelled, _request_block
+from drubric_jax.text.prompts import generator_request
 
 _CHECKS_INTRO = (
     "You write grading checklists for answers to user requests. Each item of the checklist "
@@ -56,16 +56,7 @@ def checks_generator_messages(prompt: str, responses: Optional[Sequence[str]],
     Raises:
         ValueError: `order` is not a permutation of range(K).
     """
-    static = not responses
-    parts = [_request_block(prompt, history)]
-    if static:
-        parts.append("Write the checks for responses to this request as JSON.")
-    else:
-        idx = _check_order(order, len(responses))
-        parts.append(f"Candidate responses ({len(idx)}):")
-        for p, i in enumerate(idx):
-            parts.append(_labelled(f"Response {p + 1}", responses[i]))
-        parts.append("Write the checks as JSON.")
-    return [{"role": "system", "content": checks_generator_system(check_lines, static,
+    return [{"role": "system", "content": checks_generator_system(check_lines, not responses,
                                                                   max_items)},
-            {"role": "user", "content": "\n\n".join(parts)}]
+            {"role": "user", "content": generator_request(prompt, responses, history, order,
+                                                          "the checks")}]

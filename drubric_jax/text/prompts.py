@@ -144,18 +144,32 @@ def generator_messages(prompt: str, responses: Optional[Sequence[str]],
     if max_items is not None:
         # The schema's maxItems in words too, so the model can plan within it.
         system += f"\nWrite at most {int(max_items)} criteria."
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": generator_request(prompt, responses, history, order,
+                                                          "the grading criteria")}]
+
+
+def generator_request(prompt: str, responses: Optional[Sequence[str]],
+                      history: Optional[list], order: Optional[Sequence[int]],
+                      what: str) -> str:
+    """The generator's user turn: the earlier conversation and the request, then (dynamic)
+    the candidate responses labelled in presentation order, then "Write `what` ... as JSON"
+    (the free-text and the checks generator share it).
+
+    Raises:
+      ValueError: `order` is not a permutation of range(K).
+    """
     parts = [_request_block(prompt, history)]
-    if static:
-        parts.append("Write the grading criteria for responses to this request as JSON.")
+    if not responses:
+        parts.append(f"Write {what} for responses to this request as JSON.")
     else:
         idx = _check_order(order, len(responses))
         parts.append(f"Candidate responses ({len(idx)}):")
         # Labels follow the presentation order: "Response p+1" is responses[order[p]].
         for p, i in enumerate(idx):
             parts.append(_labelled(f"Response {p + 1}", responses[i]))
-        parts.append("Write the grading criteria as JSON.")
-    return [{"role": "system", "content": system},
-            {"role": "user", "content": "\n\n".join(parts)}]
+        parts.append(f"Write {what} as JSON.")
+    return "\n\n".join(parts)
 
 
 def verifier_prefix_messages(prompt: str, response: str,
