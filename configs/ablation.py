@@ -28,6 +28,10 @@ verdicts (METHOD 12), 2 lists per held-out anchor list. Sized to the 30-minute b
 (2 cores): 29.8 min (full 13.3 with G_0's scoring, disc_only 8.8, anchor_only 7.7; each
 generator step about 1.9 min). It can only show large effects. The qwen3_8b scale keeps
 that config's settings (100 generator steps, 256 held-out Nectar lists, hard verdicts).
+`world=checks` (METHOD 13): the checks world's anchor lists (16 of them held out), the
+checkers' exact verdicts, 3 generator steps a variant (about 2.2 min each alone: the
+generator writes 4 JSON lists of <= 256 tokens from a ~1,400-token prompt), and the
+held-out constraint F1 of each generator beside Delta_gap, R_anchor and pairwise accuracy.
 """
 from configs.base import experiment_base
 
@@ -50,6 +54,8 @@ def get_config(arg: str = ""):
         c.data.heldout_anchor_rows = 16
         c.generator.train.learning_rate = 1e-5
         c.checkpoint.every_steps = 2  # one save, at the end of a variant's steps
+        if opts.get("world") == "checks":
+            c.rounds.generator_steps = c.checkpoint.every_steps = 3
     if opts.get("tiny"):
         c.rounds.generator_steps = 1
         c.data.heldout_anchor_rows = 4 if scale == "smollm2_cpu" else 2

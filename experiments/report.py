@@ -12,6 +12,8 @@ files in it (nothing is copied from a previous results/):
                   generator's heldout.json (`evaluation.ablation.summarize`)
     coevolution   summary.json with "r_disc": recomputed from eval.json
                   (`evaluation.coevolution.summarize`, plot `coevolution.plot`)
+    checks_policy summary.json with "arms_run": the held-out gold scores and training
+                  curves of every arm and seed (`evaluation.checks_policy.summarize`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
     evaluator     report.json with "macro" (the evaluator benchmark,
                   `evaluation.results.results_markdown`)
@@ -34,7 +36,8 @@ def _read(path: str):
 
 
 def kind_of(run_dir: str) -> str:
-    """"grpo_learns" | "ablation" | "coevolution" | "eval_policy" | "evaluator".
+    """"grpo_learns" | "ablation" | "coevolution" | "checks_policy" | "eval_policy" |
+    "evaluator".
 
     Raises:
         ValueError: the directory holds none of them (names what was looked for).
@@ -47,11 +50,14 @@ def kind_of(run_dir: str) -> str:
         return "ablation"
     if "r_disc" in summary:
         return "coevolution"
+    if "arms_run" in summary:
+        return "checks_policy"
     if "winrate" in report or "humaneval" in report:
         return "eval_policy"
     if "macro" in report:
         return "evaluator"
-    raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution) or "
+    raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution, "
+                     "checks_policy) or "
                      "report.json (eval_policy, evaluator benchmark) of a known experiment")
 
 
@@ -89,6 +95,15 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
         text = co.markdown(fresh, s["command"], s.get("wall_s", {}), s["eval_note"])
         co.plot(fresh, out_stem + ".png")
+        command = s["command"]
+    elif kind == "checks_policy":
+        from drubric_jax.evaluation import checks_policy as cp
+
+        s = _read(os.path.join(run_dir, "summary.json"))
+        fresh = cp.summarize(run_dir, s["arms_run"], s["seeds"], s["n_bootstrap"], s["seed"],
+                             s["window"])
+        text = cp.markdown(fresh, s["command"], s.get("wall_s", {}), s["setup"])
+        cp.plot(fresh, out_stem + ".png")
         command = s["command"]
     elif kind == "eval_policy":
         from drubric_jax.evaluation import policy_eval

@@ -6,6 +6,7 @@ modules, the drivers add it themselves). Heavy imports (jax, the configs, gguf) 
 inside the functions, so importing this module sets nothing up before a driver has set
 its XLA_FLAGS.
 """
+import json
 import os
 import socket
 import subprocess
@@ -50,6 +51,54 @@ def tiny_config(variant: str = "full", extra: str = ""):
     c.mesh.num_devices = min(2, jax.device_count())
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = c.mesh.num_devices, 1, 1
     return c
+
+
+# ----------------------------------------------------------------------------- checks world
+
+# Hand-written rows of the checks world (METHOD 13): prompts with their true checks, and
+# responses that meet some of them.
+NO_COMMA = {"check": "punctuation:no_comma", "args": {}}
+LOWER = {"check": "change_case:english_lowercase", "args": {}}
+WORDS = {"check": "length_constraints:number_words",
+         "args": {"num_words": 100, "relation": "less than"}}
+TITLE = {"check": "detectable_format:title", "args": {}}
+PROMPTS = [
+    ("Describe a rainy day. Do not use any commas. Answer with less than 100 words.",
+     [NO_COMMA, WORDS]),
+    ("Write a short note to a friend. Your entire response should be in English, and in all "
+     "lowercase letters.", [LOWER]),
+    ("Explain what a river is. Your answer must contain a title, wrapped in double angular "
+     "brackets, such as <<poem of joy>>.", [TITLE, NO_COMMA]),
+]
+# Four useful responses per anchor list: the anchor filter (data.filters, Appendix B) drops
+# lists with fewer.
+ANSWERS = ["<<rivers>> a river is water that flows to the sea", "Rain, rain and more rain.",
+           "it was grey and wet all day", "Dear Sam, see you on Friday at the lake.",
+           "A river carries fresh water downhill through its valley."]
+
+
+def _write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def write_checks_world(directory) -> None:
+    """train.jsonl, heldout.jsonl and anchors.jsonl in the layout the checks world's data
+    scripts write (prompt rows with meta.checks; anchor lists ranked best first)."""
+    rows = [{"id": f"cw/{i}", "source": "checks_world", "prompt": p, "meta": {"checks": t}}
+            for i, (p, t) in enumerate(PROMPTS)]
+    _write_jsonl(os.path.join(directory, "train.jsonl"), rows)
+    _write_jsonl(os.path.join(directory, "heldout.jsonl"), rows[:1])
+    from drubric_jax.checks import gold_score
+
+    anchors = []
+    for i, (p, t) in enumerate(PROMPTS):
+        g = [gold_score(t, y) for y in ANSWERS]
+        ranking = sorted(range(len(ANSWERS)), key=lambda j: -g[j])  # best first
+        anchors.append({"id": f"cw/a{i}", "source": "checks_world", "prompt": p,
+                        "responses": ANSWERS, "ranking": ranking, "meta": {"checks": t}})
+    _write_jsonl(os.path.join(directory, "anchors.jsonl"), anchors)
 
 
 def one_round_config():

@@ -9,52 +9,9 @@ import numpy as np
 import pytest
 
 from drubric_jax.rounds import loop
-from helpers import tiny_config
+from helpers import PROMPTS, tiny_config, write_checks_world
 
 pytestmark = pytest.mark.usefixtures("smollm2_gguf")
-
-NO_COMMA = {"check": "punctuation:no_comma", "args": {}}
-LOWER = {"check": "change_case:english_lowercase", "args": {}}
-WORDS = {"check": "length_constraints:number_words",
-         "args": {"num_words": 100, "relation": "less than"}}
-TITLE = {"check": "detectable_format:title", "args": {}}
-PROMPTS = [
-    ("Describe a rainy day. Do not use any commas. Answer with less than 100 words.",
-     [NO_COMMA, WORDS]),
-    ("Write a short note to a friend. Your entire response should be in English, and in all "
-     "lowercase letters.", [LOWER]),
-    ("Explain what a river is. Your answer must contain a title, wrapped in double angular "
-     "brackets, such as <<poem of joy>>.", [TITLE, NO_COMMA]),
-]
-# Four useful responses per anchor list: the anchor filter (data.filters, Appendix B) drops
-# lists with fewer.
-ANSWERS = ["<<rivers>> a river is water that flows to the sea", "Rain, rain and more rain.",
-           "it was grey and wet all day", "Dear Sam, see you on Friday at the lake.",
-           "A river carries fresh water downhill through its valley."]
-
-
-def _write(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-
-
-def write_checks_world(directory) -> None:
-    """train.jsonl, heldout.jsonl and anchors.jsonl in the layout the checks world's data
-    scripts write (prompt rows with meta.checks; anchor lists ranked best first)."""
-    rows = [{"id": f"cw/{i}", "source": "checks_world", "prompt": p, "meta": {"checks": t}}
-            for i, (p, t) in enumerate(PROMPTS)]
-    _write(os.path.join(directory, "train.jsonl"), rows)
-    _write(os.path.join(directory, "heldout.jsonl"), rows[:1])
-    from drubric_jax.checks import gold_score
-
-    anchors = []
-    for i, (p, t) in enumerate(PROMPTS):
-        g = [gold_score(t, y) for y in ANSWERS]
-        ranking = sorted(range(len(ANSWERS)), key=lambda j: -g[j])  # best first
-        anchors.append({"id": f"cw/a{i}", "source": "checks_world", "prompt": p,
-                        "responses": ANSWERS, "ranking": ranking, "meta": {"checks": t}})
-    _write(os.path.join(directory, "anchors.jsonl"), anchors)
 
 
 def checks_config(directory):
@@ -106,3 +63,41 @@ def test_one_round_in_the_checks_world_logs_gold_proxy_and_constraint_recovery(t
     assert held and all(np.isfinite(r["delta_gap"]) for r in held)
     trace = open(os.path.join(workdir, "trace", "round_0.html"), encoding="utf-8").read()
     assert '{"args"' not in trace  # items are shown as the checkers' sentences
+
+
+@pytest.mark.slow
+def test_ablation_heldout_values_carry_constraint_recovery(tmp_path):
+    """The ablation's held-out scoring in the checks world adds each anchor list's
+    constraint recovery (`evaluation.ablation.constraint_per_anchor`), against the true
+    checks the anchor rows carry in their meta; recomputed here from the same lists."""
+    import jax
+
+    from drubric_jax.evaluation import ablation
+    from drubric_jax.evaluator.rubric_generator import RubricInput
+    from drubric_jax.types import Role
+
+    data = tmp_path / "checks_world"
+    data.mkdir()
+    write_checks_world(str(data))
+    c = checks_config(str(data))
+    c.data.heldout_anchor_rows = 2
+    run = loop.setup(c, str(tmp_path / "run"))
+    try:
+        anchors = run.data.heldout_anchors
+        assert len(anchors) == 2 and all(a.meta["checks"] for a in anchors)
+        key = jax.random.PRNGKey(3)
+        out = ablation.heldout_per_list(run.ctx, key, anchors, 2, 1.0)
+        for k in ablation.CHECK_METRICS + ("constraint_precision", "constraint_recall"):
+            assert out[k].shape == (2,) and np.all((0 <= out[k]) & (out[k] <= 1)), k
+        # The same lists again (same key): their recovery by hand.
+        rb = run.ctx.generator.generate_batch(
+            run.ctx.roles.params(Role.GENERATOR), key,
+            [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
+            num_lists=2, temperature=1.0)
+        want = ablation.constraint_per_anchor(
+            rb.texts, np.asarray(rb.item_mask).reshape(2, 2, -1),
+            [a.meta["checks"] for a in anchors])
+        for k, v in want.items():
+            np.testing.assert_array_equal(out[k], v)
+    finally:
+        loop.close(run)

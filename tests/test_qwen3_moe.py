@@ -92,6 +92,44 @@ def test_capacity_dispatch_drops_the_pairs_past_capacity_and_counts_them():
         cfg.replace(moe_dispatch="dense")
 
 
+def test_capacity_dispatch_runs_per_row_shard_under_a_mesh():
+    """Under `parallel.rows_on(mesh)` with 4 row shards (fsdp = 4 of the fake devices), the
+    8 rows of a call are dispatched in 4 groups of 2 rows, each with its own capacity
+    (GShard's groups): the output equals the 1-device loop over experts run on each
+    group's rows alone, and the dropped pairs and router load are the groups' sums. At
+    factor 0.5 a group of 2 x 5 tokens has C = ceil(0.5 * 20 / 4) = 3 rows per expert,
+    so pairs are dropped (the check is not vacuous)."""
+    cfg = CFG.replace(moe_capacity_factor=0.5)
+    params = registry.init_params(cfg, jax.random.PRNGKey(0))
+    p = {k: v[0] for k, v in params["layers"].items()}
+    p["router"] = p["router"] * 50
+    h = jax.random.normal(jax.random.PRNGKey(1), (8, 5, cfg.dim), jnp.float32)
+    mask = jnp.ones((8, 5), bool).at[1, 3:].set(False)
+    mesh = parallel.make_mesh(1, 4, 1, jax.devices()[:4])
+    with parallel.rows_on(mesh):
+        assert qwen3_moe.dispatch_groups(cfg, 8) == 4
+        assert qwen3_moe.dispatch_groups(cfg, 6) == 1  # rows the shards do not divide
+        assert qwen3_moe.dispatch_groups(cfg.replace(moe_dispatch="ragged"), 8) == 1
+        got = jax.jit(lambda p, h: qwen3_moe.moe_mlp(cfg, p, h))(p, h)
+        dropped = int(jax.jit(lambda r, h: qwen3_moe.dropped_pairs(cfg, r, h))(p["router"], h))
+        load = jax.jit(lambda r, h, m: qwen3_moe.router_load(cfg, r, h, m))(
+            p["router"], h, mask)
+    assert qwen3_moe.dispatch_groups(cfg, 8) == 1  # no mesh context: one group
+    want, drops, loads = [], 0, []
+    for g in range(4):
+        rows = slice(2 * g, 2 * g + 2)
+        out, d = _naive_moe(cfg, p, h[rows], capacity=qwen3_moe.capacity(cfg, 10))
+        want.append(out)
+        drops += d
+        loads.append(qwen3_moe.router_load(cfg, p["router"], h[rows], mask[rows]))
+    assert qwen3_moe.capacity(cfg, 10) == 3 and drops > 0
+    np.testing.assert_allclose(np.asarray(got), np.concatenate(want), atol=1e-5, rtol=1e-4)
+    assert dropped == drops
+    for key in ("pairs", "dropped", "routed"):
+        np.testing.assert_array_equal(np.asarray(load[key]),
+                                      np.sum([np.asarray(x[key]) for x in loads], axis=0))
+
+
 @pytest.mark.slow
 def test_cache_decode_equals_full_forward():
     params = registry.init_params(CFG, jax.random.PRNGKey(2))

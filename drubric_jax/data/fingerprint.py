@@ -11,16 +11,16 @@ import hashlib
 import json
 from typing import Sequence
 
-from drubric_jax.data.schema import PromptItem
+from drubric_jax.data.schema import AnchorList, PromptItem
 
 
 def _row_bytes(row) -> bytes:
     """Canonical JSON of one dataclass row (AnchorList, PromptItem): sorted keys, no
     spaces, UTF-8, so equal rows give equal bytes on every machine."""
     fields = dataclasses.asdict(row)
-    if isinstance(row, PromptItem) and not fields["meta"]:
-        # A prompt row without meta hashes as before PromptItem carried meta, so the runs
-        # fingerprinted then still resume.
+    if isinstance(row, (PromptItem, AnchorList)) and not fields["meta"]:
+        # A row without meta hashes as before PromptItem and AnchorList carried meta, so
+        # the runs fingerprinted then still resume.
         del fields["meta"]
     return json.dumps(fields, sort_keys=True, ensure_ascii=False,
                       separators=(",", ":")).encode("utf-8")

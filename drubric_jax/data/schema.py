@@ -301,6 +301,8 @@ class AnchorList:
       responses: list[str], A responses, best first.
       gold_ranks: list[int], A rank positions aligned with `responses`
         (non-decreasing; equal = tied; 1 + number strictly better).
+      meta: the row's metadata (in the checks world `meta["checks"]`, the prompt's true
+        checks: constraint recovery is scored against them; never shown to a model).
     """
 
     id: str
@@ -309,6 +311,7 @@ class AnchorList:
     history: list
     responses: list
     gold_ranks: list
+    meta: dict = field(default_factory=dict)
 
 
 def anchor_from_record(record: Record) -> AnchorList:
@@ -322,7 +325,8 @@ def anchor_from_record(record: Record) -> AnchorList:
                       history=list(record.history),
                       # Best first, as the positions of Eq. 15 expect.
                       responses=[record.responses[i] for i in record.ranking],
-                      gold_ranks=[ranks[i] for i in record.ranking])
+                      gold_ranks=[ranks[i] for i in record.ranking],
+                      meta=dict(record.meta))
 
 
 @dataclass

@@ -10,6 +10,10 @@ anchor list to
     r_anchor    Eq. 15 (the METHOD 11 floor for an invalid list), averaged over the lists
     pairs       gold-ordered pairs x lists; correct: those the scores order strictly right
                 (a tie is wrong, METHOD 11); ties: those tied; valid: valid lists
+    constraint_f1, constraint_f1_check_id, constraint_precision, constraint_recall
+                in the checks world only (METHOD 13, `checks.recovery`): how well the
+                lists' checks recover the prompt's true checks (arguments equal, or the
+                check ids alone), averaged over the lists (an invalid list scores 0)
 
 `summarize` turns the per-list values of several generators into means with percentile
 bootstrap 95% CIs over held-out anchor lists. Every generator is scored on the same lists
@@ -35,6 +39,49 @@ from drubric_jax.types import Role
 METRICS = ("delta_gap", "r_anchor", "strict_acc")
 """The reported statistics: means over lists of delta_gap and r_anchor, and the pooled
 strict pairwise accuracy (correct / pairs)."""
+CHECK_METRICS = ("constraint_f1", "constraint_f1_check_id")
+"""Reported too when every generator was scored in the checks world (means over lists)."""
+
+
+def metrics_of(per_generator: dict) -> tuple:
+    """METRICS, plus CHECK_METRICS when every generator's values hold them."""
+    if all(all(m in p for m in CHECK_METRICS) for p in per_generator.values()):
+        return METRICS + CHECK_METRICS
+    return METRICS
+
+
+def constraint_per_anchor(texts, item_mask, true_checks) -> dict:
+    """Constraint recovery of each anchor list's G rubric lists of checks (METHOD 13).
+
+    Args:
+        texts: U x G lists of M item texts (`RubricBatch.texts`).
+        item_mask: bool[U, G, M] the kept items.
+        true_checks: U entries, T(x) of each anchor list's prompt.
+
+    Returns:
+        {"constraint_precision", "constraint_recall", "constraint_f1",
+        "constraint_f1_check_id"}: float64[U], means over the G lists.
+
+    Raises:
+        ValueError: an anchor list whose prompt has no true checks (its index).
+    """
+    from drubric_jax.checks.recovery import constraint_prf
+    from drubric_jax.evaluator.check_rubrics import item_of_text
+
+    out = {k: [] for k in ("constraint_precision", "constraint_recall", "constraint_f1",
+                           "constraint_f1_check_id")}
+    for u, truth in enumerate(true_checks):
+        if not truth:
+            raise ValueError(f"held-out anchor list {u}: its prompt has no true checks")
+        prf, ids = [], []
+        for g, lst in enumerate(texts[u]):
+            items = [item_of_text(t) for t, on in zip(lst, item_mask[u][g]) if on]
+            prf.append(constraint_prf(items, truth))
+            ids.append(constraint_prf(items, truth, ids_only=True)[2])
+        p, r, f = np.mean(np.asarray(prf, np.float64), axis=0)
+        for k, v in zip(out, (p, r, f, np.mean(ids))):
+            out[k].append(float(v))
+    return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
 def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
@@ -53,7 +100,9 @@ def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
     Returns:
         {"delta_gap", "r_anchor": float64[U] (means over the G lists), "pairs", "correct",
         "ties", "valid": float64[U] (sums over the G lists), "ids": U anchor ids,
-        "num_lists": G}.
+        "num_lists": G}; in the checks world also `constraint_per_anchor`'s four arrays
+        (true checks: the anchor row's `meta["checks"]`, else the run's prompt row of the
+        same text, `Context.true_checks`).
 
     Raises:
         ValueError: no anchors.
@@ -81,26 +130,31 @@ def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
                                               np.asarray(valid) & rb.list_valid)
     pairs, ties, correct = (np.asarray(x, np.float64).sum(axis=1)
                             for x in pairwise_counts(scores, gold_g, mask_g))
-    return {"delta_gap": np.asarray(gap, np.float64).mean(axis=1),
-            "r_anchor": np.asarray(r_anchor, np.float64).mean(axis=1),
-            "pairs": pairs, "correct": correct, "ties": ties,
-            "valid": (np.asarray(valid) & rb.list_valid).sum(axis=1).astype(np.float64),
-            "ids": [a.id for a in anchors], "num_lists": g}
+    out = {"delta_gap": np.asarray(gap, np.float64).mean(axis=1),
+           "r_anchor": np.asarray(r_anchor, np.float64).mean(axis=1),
+           "pairs": pairs, "correct": correct, "ties": ties,
+           "valid": (np.asarray(valid) & rb.list_valid).sum(axis=1).astype(np.float64),
+           "ids": [a.id for a in anchors], "num_lists": g}
+    if ctx.config.verifier.get("kind", "llm") == "checks":
+        truth = [(a.meta or {}).get("checks") or ctx.true_checks.get(a.prompt)
+                 for a in anchors]
+        out.update(constraint_per_anchor(rb.texts, np.asarray(rb.item_mask).reshape(u, g, -1),
+                                         truth))
+    return out
 
 
-def _replicates(per_list: dict, weights: np.ndarray) -> dict:
+def _replicates(per_list: dict, weights: np.ndarray, metrics=METRICS) -> dict:
     """{metric: float64[Bt]} of one generator under resample weights float64[Bt, U]."""
     u = weights.shape[1]
-    return {"delta_gap": weights @ per_list["delta_gap"] / u,
-            "r_anchor": weights @ per_list["r_anchor"] / u,
-            "strict_acc": ratio(weights @ per_list["correct"], weights @ per_list["pairs"])}
+    out = {m: weights @ per_list[m] / u for m in metrics if m != "strict_acc"}
+    out["strict_acc"] = ratio(weights @ per_list["correct"], weights @ per_list["pairs"])
+    return out
 
 
-def _point(per_list: dict) -> dict:
-    return {"delta_gap": float(np.mean(per_list["delta_gap"])),
-            "r_anchor": float(np.mean(per_list["r_anchor"])),
-            "strict_acc": float(ratio(np.sum(per_list["correct"]),
-                                      np.sum(per_list["pairs"])))}
+def _point(per_list: dict, metrics=METRICS) -> dict:
+    out = {m: float(np.mean(per_list[m])) for m in metrics if m != "strict_acc"}
+    out["strict_acc"] = float(ratio(np.sum(per_list["correct"]), np.sum(per_list["pairs"])))
+    return out
 
 
 def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed: int,
@@ -116,7 +170,8 @@ def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed
         n_boot: Bt replicates; seed: their numpy seed.
 
     Returns:
-        {"n_lists": U, "generators": {name: {metric: {"mean", "ci"}, "tie_rate",
+        {"n_lists": U, "metrics": the metrics reported (`metrics_of`),
+        "generators": {name: {metric: {"mean", "ci"}, "tie_rate",
         "valid_rate"}}, "vs_baseline": {name: {metric: {"diff", "ci", "zero_inside_ci"}}},
         "comparisons": {"a - b": same}}.
 
@@ -132,13 +187,14 @@ def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed
     for a, b in [(n, baseline) for n in names] + list(comparisons):
         if a not in per_generator or b not in per_generator:
             raise ValueError(f"unknown generator in ({a!r}, {b!r}); have {names}")
+    metrics = metrics_of(per_generator)
     weights = resample_weights(len(ids), n_boot, seed)
-    reps = {n: _replicates(per_generator[n], weights) for n in names}
-    points = {n: _point(per_generator[n]) for n in names}
+    reps = {n: _replicates(per_generator[n], weights, metrics) for n in names}
+    points = {n: _point(per_generator[n], metrics) for n in names}
 
     def diff(a, b):
         out = {}
-        for m in METRICS:
+        for m in metrics:
             lo, hi = percentile_interval(reps[a][m] - reps[b][m], level)
             out[m] = {"diff": points[a][m] - points[b][m], "ci": [lo, hi],
                       "zero_inside_ci": bool(lo <= 0.0 <= hi)}
@@ -148,12 +204,12 @@ def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed
     for n in names:
         p = per_generator[n]
         generators[n] = {m: {"mean": points[n][m],
-                             "ci": percentile_interval(reps[n][m], level)} for m in METRICS}
+                             "ci": percentile_interval(reps[n][m], level)} for m in metrics}
         generators[n]["tie_rate"] = float(ratio(np.sum(p["ties"]), np.sum(p["pairs"])))
         # Parse-valid rubric lists among the G sampled per anchor list.
         generators[n]["valid_rate"] = float(np.sum(p["valid"]) / (len(ids) * p["num_lists"]))
     return {"n_lists": len(ids), "level": level, "n_bootstrap": n_boot,
-            "generators": generators,
+            "metrics": list(metrics), "generators": generators,
             "vs_baseline": {n: diff(n, baseline) for n in names if n != baseline},
             "comparisons": {f"{a} - {b}": diff(a, b) for a, b in comparisons}}
 
@@ -190,26 +246,34 @@ def markdown_table(summary: dict, command: str, wall_s: dict, heldout_note: str)
     """results.md of the ablation: one row per generator with 95% CIs, the paired
     differences to the baseline, the full-vs-ablation differences and `review_verdict`."""
     level = int(round(100 * summary["level"]))
+    checks = [m for m in CHECK_METRICS if m in summary.get("metrics", METRICS)]
+    heads = {"constraint_f1": "constraint F1", "constraint_f1_check_id": "constraint F1 (ids)"}
     lines = ["# Generator objective ablation (Table 3)", "", f"- command: `{command}`",
              f"- held-out anchor lists: {summary['n_lists']} ({heldout_note})"]
     lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in wall_s.items()]
     lines += ["", f"| generator | Delta_gap [{level}% CI] | R_anchor [{level}% CI] | "
-              f"strict pairwise acc [{level}% CI] | tie rate | valid lists |",
-              "|---|---|---|---|---|---|"]
+              f"strict pairwise acc [{level}% CI] | "
+              + "".join(f"{heads[m]} [{level}% CI] | " for m in checks)
+              + "tie rate | valid lists |", "|---|---|---|---|" + "---|" * len(checks)
+              + "---|---|"]
     for name, g in summary["generators"].items():
         lines.append(f"| {name} | {_ci(g['delta_gap'])} | {_ci(g['r_anchor'])} | "
-                     f"{_ci(g['strict_acc'])} | {g['tie_rate']:.2f} | {g['valid_rate']:.2f} |")
+                     f"{_ci(g['strict_acc'])} | " + "".join(f"{_ci(g[m])} | " for m in checks)
+                     + f"{g['tie_rate']:.2f} | {g['valid_rate']:.2f} |")
     for title, block in (("Paired difference to the baseline", summary["vs_baseline"]),
                          ("Full objective minus each ablation", summary["comparisons"])):
         if not block:
             continue
+        shown = METRICS + tuple(checks)
         lines += ["", f"## {title}", "", "| difference | Delta_gap | R_anchor | strict acc | "
-                  "0 inside the CI (Delta_gap / R_anchor / acc) |", "|---|---|---|---|---|"]
+                  + "".join(f"{heads[m]} | " for m in checks)
+                  + "0 inside the CI (" + " / ".join(["Delta_gap", "R_anchor", "acc"]
+                                                      + [heads[m] for m in checks]) + ") |",
+                  "|---|---|---|---|" + "---|" * len(checks) + "---|"]
         for name, d in block.items():
-            inside = " / ".join("yes" if d[m]["zero_inside_ci"] else "no" for m in METRICS)
-            lines.append(f"| {name} | {_ci(d['delta_gap'], 'diff')} | "
-                         f"{_ci(d['r_anchor'], 'diff')} | {_ci(d['strict_acc'], 'diff')} | "
-                         f"{inside} |")
+            inside = " / ".join("yes" if d[m]["zero_inside_ci"] else "no" for m in shown)
+            lines.append(f"| {name} | " + "".join(f"{_ci(d[m], 'diff')} | " for m in shown)
+                         + f"{inside} |")
     lines += ["", review_verdict(summary), "",
               f"CIs: percentile bootstrap over held-out anchor lists ({summary['n_bootstrap']} "
               "replicates); differences are paired (same lists, same replicates, same "
@@ -225,8 +289,9 @@ def plot(summary: dict, out_png: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(summary["generators"])
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4.5 * len(METRICS), 3.5))
-    for ax, m in zip(axes, METRICS):
+    metrics = summary.get("metrics", METRICS)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.5))
+    for ax, m in zip(axes, metrics):
         means = np.array([summary["generators"][n][m]["mean"] for n in names])
         cis = np.array([summary["generators"][n][m]["ci"] for n in names])
         err = np.abs(cis.T - means[None])

@@ -76,14 +76,38 @@ def rollout_copy_bytes(shapes, cfg: ModelConfig, mesh) -> tuple[int, int]:
     return copied, layers
 
 
+def routed_expert_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """Bytes of one mixture-of-experts layer's "capacity" dispatch of one group of `tokens`
+    tokens (`models.qwen3_moe`): E x C expert rows (C = `capacity`, ~ factor x k rows a
+    token), each with its [D] input row in the compute dtype and its three [F] products
+    (gate, up, their SwiGLU) in float32, the einsums' accumulation type. Read off the
+    compiled `moe_mlp` of one Qwen3-30B-A3B layer on one CPU device (1K-8K tokens, linear
+    in them): 38 float32 D-widths a token, 50 bfloat16 ones; this count gives 34 and 52.
+    The sharded verifier prefill (8 CPU devices, fsdp = 8, one dispatch group a device)
+    grows by the same ~0.28 MB a token. 0 for a dense model."""
+    if not cfg.num_experts:
+        return 0
+    from drubric_jax.models import qwen3_moe
+
+    slots = cfg.num_experts * qwen3_moe.capacity(cfg, tokens)
+    return slots * (cfg.dim * cfg.compute_dtype.itemsize + 3 * cfg.hidden_dim * 4)
+
+
 def forward_terms(cfg: ModelConfig, rows: int, tokens: int, slots: int, attention: str,
                   block: int, field: str, buffers: int = FORWARD_ATTENTION,
                   tensor: int = 1) -> list:
     """A forward pass of `rows` rows (one device's) of `tokens` tokens over `slots` keys:
-    its activations and its attention."""
-    return [Term(f"forward activations ({rows} rows x {tokens} tokens)",
-                 widths_bytes(cfg, rows, tokens, FORWARD_WIDTHS, tensor), field),
-            attention_term(cfg, rows, tokens, slots, buffers, attention, block, tensor)]
+    its activations and its attention, and for a mixture of experts the routed rows of one
+    layer's dispatch (a device's rows are one dispatch group, `qwen3_moe.dispatch_groups`)."""
+    out = [Term(f"forward activations ({rows} rows x {tokens} tokens)",
+                widths_bytes(cfg, rows, tokens, FORWARD_WIDTHS, tensor), field),
+           attention_term(cfg, rows, tokens, slots, buffers, attention, block, tensor)]
+    if cfg.num_experts:
+        out.append(Term(f"routed expert rows of one layer ({rows * tokens} tokens x "
+                        f"{cfg.moe_capacity_factor:g} x k slots)",
+                        routed_expert_bytes(cfg, rows * tokens),
+                        "ModelConfig.moe_capacity_factor; rows per pass"))
+    return out
 
 
 def logits_term(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
@@ -143,10 +167,17 @@ def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix
     # Its rows pinned to their devices (`parallel.constrain_rows`), a pass gathers the
     # fsdp-split layers and the output head (the P(yes) logits).
     head = cfg.dim * cfg.vocab_size * cfg.compute_dtype.itemsize
-    gathered = weights_in_use(cfg, models_.base_shapes(models_.sources["verifier"])["layers"],
-                              head, mesh, backend)
+    layers = models_.base_shapes(models_.sources["verifier"])["layers"]
+    if cfg.num_experts:
+        # A mixture of experts' layer is gathered in two parts: the gate and up experts for
+        # the first products, then the down experts into the memory those products freed
+        # (the buffer assignment of the compiled prefill, 2-layer Qwen3-30B-A3B, fsdp = 8).
+        layers = {k: v for k, v in layers.items() if k != "we_down"}
+    gathered = weights_in_use(cfg, layers, head, mesh, backend)
+    # The prefill only fills the cache: it computes no logits, so it gathers no head.
     prefill = [cache, *forward_terms(cfg, local, prefix, prefix, attention, block, field,
-                                     PREFILL_ATTENTION), *gathered]
+                                     PREFILL_ATTENTION), *weights_in_use(cfg, layers, 0, mesh,
+                                                                          backend)]
     score = [cache, Term(f"repeated cache ({local * items} rows)",
                          kv_cache_bytes(cfg, local * items, slots), field),
              *forward_terms(cfg, local * items, suffix, slots, attention, block, field),

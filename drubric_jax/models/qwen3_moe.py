@@ -15,7 +15,13 @@ contiguous, and reach the experts one of two ways (`ModelConfig.moe_dispatch`):
   [E, C, D] buffer that goes through the experts as one batched matmul. Temporaries and
   FLOPs grow with the routed rows (E * C ~ factor * N * k), on every backend; the pairs
   past an expert's C rows are dropped (GShard, Lepikhin et al. 2020, arXiv:2006.16668;
-  Switch, Fedus et al. 2021, arXiv:2101.03961) and counted by `dropped_pairs`.
+  Switch, Fedus et al. 2021, arXiv:2101.03961) and counted by `dropped_pairs`. As in
+  GShard, the tokens are dispatched in G groups: under a mesh context
+  (`parallel.rows_on`) each row shard's rows are one group with its own capacity
+  (`parallel.row_groups`; G = 1 without one), so a device sorts and buffers only its own
+  tokens and the expert weights are gathered as a dense layer's are (FSDP). Without the
+  groups XLA's partitioner replicated the dispatch of all devices' tokens on every
+  device: 4x the temporaries per token of one device's program at 8 devices.
 - "ragged": one grouped matmul (`jax.lax.ragged_dot`): a grouped GEMM on TPU, but XLA's
   CPU and GPU compilers expand it into a dense masked product over all E experts. Every layer is
 sparse (Qwen3-30B-A3B: `decoder_sparse_step` 1, no `mlp_only_layers`; other layouts are
@@ -43,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from drubric_jax import parallel
 from drubric_jax.models import hf_config, llama
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
@@ -111,10 +118,10 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
 
 
 def route(cfg: ModelConfig, router: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Top-k routing of tokens x [N, D] (module docstring): (weights [N, k] in x's dtype,
-    expert ids int32[N, k]). The softmax is over all E experts in float32, as transformers
-    computes it; the weights are then cast to the hidden dtype, as it does."""
-    logits = jnp.einsum("nd,de->ne", x, router.astype(x.dtype),
+    """Top-k routing of tokens x [..., D] (module docstring): (weights [..., k] in x's
+    dtype, expert ids int32[..., k]). The softmax is over all E experts in float32, as
+    transformers computes it; the weights are then cast to the hidden dtype, as it does."""
+    logits = jnp.einsum("...d,de->...e", x, router.astype(x.dtype),
                         preferred_element_type=jnp.float32)
     weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), cfg.num_experts_per_tok)
     if cfg.norm_topk_prob:
@@ -144,53 +151,88 @@ def _sorted_pairs(cfg: ModelConfig, experts: jax.Array):
     return order, expert, jnp.arange(flat.shape[0]) - starts[expert], sizes
 
 
+def dispatch_groups(cfg: ModelConfig, b: int) -> int:
+    """G, the groups the tokens of a [B, T, D] call are dispatched in (module docstring):
+    `parallel.row_groups(B)` under the "capacity" dispatch, 1 under "ragged"."""
+    return parallel.row_groups(b) if cfg.moe_dispatch == "capacity" else 1
+
+
+def _grouped(cfg: ModelConfig, h: jax.Array) -> jax.Array:
+    """h [B, T, D] as [G, B / G * T, D], group g holding rows [g B / G, (g + 1) B / G)
+    (a row shard's rows), pinned to the row shards."""
+    b, t, d = h.shape
+    g = dispatch_groups(cfg, b)
+    return parallel.constrain_rows(h.reshape(g, (b // g) * t, d))
+
+
 def dropped_pairs(cfg: ModelConfig, router: jax.Array, h: jax.Array) -> jax.Array:
     """int32[] (token, expert) pairs of h [B, T, D] that the "capacity" dispatch drops at
-    this layer's router [D, E] (0 under "ragged"): the router-load figure to log."""
+    this layer's router [D, E] (0 under "ragged"): the router-load figure to log. Counted
+    per dispatch group, each with its own capacity, as `moe_mlp` dispatches."""
     if cfg.moe_dispatch != "capacity":
         return jnp.zeros((), jnp.int32)
-    x = h.reshape(-1, h.shape[-1])
-    _, experts = route(cfg, router, x)
-    _, _, position, _ = _sorted_pairs(cfg, experts)
-    return jnp.sum(position >= capacity(cfg, x.shape[0])).astype(jnp.int32)
+
+    def one(x):  # one group's tokens [n, D]
+        _, experts = route(cfg, router, x)
+        _, _, position, _ = _sorted_pairs(cfg, experts)
+        return jnp.sum(position >= capacity(cfg, x.shape[0])).astype(jnp.int32)
+
+    return jnp.sum(jax.vmap(one)(_grouped(cfg, h)))
+
+
+def _ragged_mlp(cfg: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
+    """The "ragged" dispatch of tokens x [N, D] -> float32 [N, D]."""
+    k, dt = cfg.num_experts_per_tok, cfg.compute_dtype
+    weights, experts = route(cfg, p["router"], x)
+    order, _, _, sizes = _sorted_pairs(cfg, experts)
+    token = order // k                                       # the token of each sorted row
+    xs = jnp.take(x, token, axis=0)                          # [N * k, D]
+
+    def grouped(lhs, w):  # row r times the matrix of the expert it belongs to
+        return jax.lax.ragged_dot(lhs, w.astype(dt), sizes,
+                                  preferred_element_type=jnp.float32).astype(dt)
+
+    act = jax.nn.silu(grouped(xs, p["we_gate"])) * grouped(xs, p["we_up"])
+    y = grouped(act, p["we_down"]) * jnp.take(weights.reshape(-1), order)[:, None]
+    # Each token sums its k expert outputs (index_add in transformers), in float32.
+    return jnp.zeros(x.shape, jnp.float32).at[token].add(y.astype(jnp.float32))
+
+
+def _capacity_mlp(cfg: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
+    """The "capacity" dispatch of one group's tokens x [n, D] -> float32 [n, D]."""
+    (n, d), k, e, dt = x.shape, cfg.num_experts_per_tok, cfg.num_experts, cfg.compute_dtype
+    weights, experts = route(cfg, p["router"], x)
+    order, expert, position, _ = _sorted_pairs(cfg, experts)
+    token = order // k                                       # the token of each sorted row
+    c = capacity(cfg, n)
+    # Sorted pair r goes to row `position` of its expert's C rows; pairs past C go to a
+    # spare row E * C, which no expert reads and whose output is 0.
+    slot = jnp.where(position < c, expert * c + position, e * c)
+    xe = jnp.zeros((e * c + 1, d), x.dtype).at[slot].set(jnp.take(x, token, axis=0))
+    xe = xe[:-1].reshape(e, c, d)
+
+    def batched(lhs, w):  # [E, C, .] times each expert's matrix
+        return jnp.einsum("ecd,edf->ecf", lhs, w.astype(dt),
+                          preferred_element_type=jnp.float32).astype(dt)
+
+    act = jax.nn.silu(batched(xe, p["we_gate"])) * batched(xe, p["we_up"])
+    ye = batched(act, p["we_down"]).reshape(e * c, d)
+    y = jnp.concatenate([ye, jnp.zeros((1, d), dt)])[slot]                # [n * k, D]
+    y = y * jnp.take(weights.reshape(-1), order)[:, None]
+    # Each token sums its k expert outputs (index_add in transformers), in float32.
+    return jnp.zeros((n, d), jnp.float32).at[token].add(y.astype(jnp.float32))
 
 
 def moe_mlp(cfg: ModelConfig, p: dict, h: jax.Array) -> jax.Array:
-    """The mixture-of-experts feed-forward part of one layer, h [B, T, D] -> [B, T, D]."""
+    """The mixture-of-experts feed-forward part of one layer, h [B, T, D] -> [B, T, D]:
+    "ragged" over all B * T tokens at once, "capacity" per dispatch group (module
+    docstring; one group without a mesh context)."""
     b, t, d = h.shape
-    n, k, e = b * t, cfg.num_experts_per_tok, cfg.num_experts
-    x = h.reshape(n, d)
-    weights, experts = route(cfg, p["router"], x)
-    order, expert, position, sizes = _sorted_pairs(cfg, experts)
-    token = order // k                                       # the token of each sorted row
-    dt = cfg.compute_dtype
     if cfg.moe_dispatch == "ragged":
-        xs = jnp.take(x, token, axis=0)                      # [N * k, D]
-
-        def grouped(lhs, w):  # row r times the matrix of the expert it belongs to
-            return jax.lax.ragged_dot(lhs, w.astype(dt), sizes,
-                                      preferred_element_type=jnp.float32).astype(dt)
-
-        act = jax.nn.silu(grouped(xs, p["we_gate"])) * grouped(xs, p["we_up"])
-        y = grouped(act, p["we_down"])
+        out = _ragged_mlp(cfg, p, h.reshape(b * t, d))
     else:
-        c = capacity(cfg, n)
-        # Sorted pair r goes to row `position` of its expert's C rows; pairs past C go to a
-        # spare row E * C, which no expert reads and whose output is 0.
-        slot = jnp.where(position < c, expert * c + position, e * c)
-        xe = jnp.zeros((e * c + 1, d), x.dtype).at[slot].set(jnp.take(x, token, axis=0))
-        xe = xe[:-1].reshape(e, c, d)
-
-        def batched(lhs, w):  # [E, C, .] times each expert's matrix
-            return jnp.einsum("ecd,edf->ecf", lhs, w.astype(dt),
-                              preferred_element_type=jnp.float32).astype(dt)
-
-        act = jax.nn.silu(batched(xe, p["we_gate"])) * batched(xe, p["we_up"])
-        ye = batched(act, p["we_down"]).reshape(e * c, d)
-        y = jnp.concatenate([ye, jnp.zeros((1, d), dt)])[slot]            # [N * k, D]
-    y = y * jnp.take(weights.reshape(-1), order)[:, None]
-    # Each token sums its k expert outputs (index_add in transformers), in float32.
-    out = jnp.zeros((n, d), jnp.float32).at[token].add(y.astype(jnp.float32))
+        out = parallel.constrain_rows(jax.vmap(lambda x: _capacity_mlp(cfg, p, x))(
+            _grouped(cfg, h)))
     return out.astype(h.dtype).reshape(b, t, d)
 
 
@@ -207,9 +249,10 @@ def router_load(cfg: ModelConfig, router: jax.Array, h: jax.Array,
                 token_mask: Optional[jax.Array] = None) -> dict:
     """Router load of one layer: where the real tokens of h go, and what the capacity drops.
 
-    The same routing (`route`) and the same capacity C = `capacity(cfg, N)` as `moe_mlp`
-    over all N = B * T tokens of the call (padding tokens are routed by `moe_mlp` too and
-    take expert rows), but only the pairs of real tokens are counted: padding never adds to
+    The same routing (`route`), dispatch groups and capacity per group C =
+    `capacity(cfg, N / G)` as `moe_mlp` over the N = B * T tokens of the call (padding
+    tokens are routed by `moe_mlp` too and take expert rows), but only the pairs of real
+    tokens are counted: padding never adds to
     a load or to the dropped pairs. Pairs are counted as routed (the router's top-k
     choices, before the capacity); a pair is dropped when its row in its expert's sorted
     rows is >= C (GShard, Lepikhin et al. 2020, arXiv:2006.16668; Switch, Fedus et al.
@@ -224,18 +267,26 @@ def router_load(cfg: ModelConfig, router: jax.Array, h: jax.Array,
          "dropped": int32[] of them dropped by the capacity (0 under "ragged"),
          "routed": int32[] real pairs, N_real * k}.
     """
-    x = h.reshape(-1, h.shape[-1])
-    n, k = x.shape[0], cfg.num_experts_per_tok
-    real = (jnp.ones((n,), bool) if token_mask is None else token_mask.reshape(n))
-    _, experts = route(cfg, router, x)
-    real_pair = jnp.repeat(real, k)                       # flat pair n * k + j: token n
-    pairs = jnp.zeros((cfg.num_experts,), jnp.int32).at[experts.reshape(-1)].add(
-        real_pair.astype(jnp.int32))
-    dropped = jnp.zeros((), jnp.int32)
-    if cfg.moe_dispatch == "capacity":
-        order, _, position, _ = _sorted_pairs(cfg, experts)
-        dropped = jnp.sum((position >= capacity(cfg, n)) & real_pair[order]).astype(jnp.int32)
-    return {"pairs": pairs, "dropped": dropped,
+    b, t, _ = h.shape
+    k = cfg.num_experts_per_tok
+    real = jnp.ones((b, t), bool) if token_mask is None else token_mask
+    x = _grouped(cfg, h)                                   # [G, n, D], as moe_mlp groups
+    real = real.reshape(x.shape[:2])
+
+    def one(x, real):  # one dispatch group: its tokens [n, D] and their mask bool[n]
+        _, experts = route(cfg, router, x)
+        real_pair = jnp.repeat(real, k)                    # flat pair n * k + j: token n
+        pairs = jnp.zeros((cfg.num_experts,), jnp.int32).at[experts.reshape(-1)].add(
+            real_pair.astype(jnp.int32))
+        dropped = jnp.zeros((), jnp.int32)
+        if cfg.moe_dispatch == "capacity":
+            order, _, position, _ = _sorted_pairs(cfg, experts)
+            dropped = jnp.sum((position >= capacity(cfg, x.shape[0]))
+                              & real_pair[order]).astype(jnp.int32)
+        return pairs, dropped
+
+    pairs, dropped = jax.vmap(one)(x, real)
+    return {"pairs": jnp.sum(pairs, axis=0), "dropped": jnp.sum(dropped),
             "routed": (jnp.sum(real) * k).astype(jnp.int32)}
 
 
@@ -329,4 +380,11 @@ def config_to_hf(cfg: ModelConfig, bos_id: int, eos_id: int) -> dict:
 
 # The planner counts an expert's activations at width F, as a dense layer's (what it
 # counted before the families declared their widths).
-activation_widths = llama.activation_widths
+
+
+def activation_widths(cfg: ModelConfig) -> tuple[int, int, int]:
+    """Per-token widths of one layer's activations for the memory planner (`memory.terms`):
+    `llama.activation_widths` with no dense feed-forward width; the experts' buffers are
+    counted per routed row instead (`memory.inference_terms.routed_expert_bytes`)."""
+    d, _, q = llama.activation_widths(cfg)
+    return d, 0, q

@@ -2,7 +2,7 @@
 the devices under several processes (`rows`). The public names of both are exported here.
 """
 from drubric_jax.parallel.mesh import (BATCH_AXES, MESH_AXES, axis_sizes, batch_sharding,
-                                       constrain_rows, rows_on,
+                                       constrain_rows, row_groups, rows_on,
                                        decode_rules, fetch, fetch_on_first, leaf_name,
                                        leaf_sharder, make_mesh, param_shardings, put,
                                        put_rows, replicated, row_shards, spec_for)

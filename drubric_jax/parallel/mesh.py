@@ -186,6 +186,18 @@ def constrain_rows(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(BATCH_AXES)))
 
 
+def row_groups(b: int) -> int:
+    """G, the row shards (data x fsdp) of the mesh context (`rows_on`) when they divide a
+    batch of b rows, else 1: a computation that mixes rows (the mixture of experts'
+    dispatch, `models.qwen3_moe.moe_mlp`) runs per group of b / G rows, so each device
+    works on its own rows."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+        return 1
+    shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+    return shards if shards > 1 and b % shards == 0 else 1
+
+
 def rows_on(mesh: Optional[Mesh]):
     """Context under which `constrain_rows` pins activations to `mesh`'s row shards (a
     no-op context for None); enter it around the tracing of a jitted step."""

@@ -1,0 +1,316 @@
+"""Does a rubric reward raise the gold score? Held-out gold evaluation and the summary of the
+policy-reward experiment in the checks world (issue 32, question 1; METHOD 13).
+
+Each arm trains the policy P_0 with GRPO on one reward (`ARMS`): the gold score itself (the
+RLVR upper bound), or the rubric score (Eq. 12) of a generator's checks judged by their
+checkers. Every policy, P_0 included, then answers the held-out checks-world prompts
+greedily, and each answer gets its gold score g(x, y) (METHOD 13). Reported per arm and seed:
+
+    after - P_0 = mean over held-out prompts of g(x, y_after) - g(x, y_P0)
+
+with a paired percentile-bootstrap 95% CI over prompts (both policies answer the same
+prompts, so one set of replicate weights serves both), and across seeds the mean, standard
+deviation and range of that difference. The training curves (the step's mean proxy reward,
+i.e. what the policy was trained on, and its mean gold score) come from each run's
+metrics.jsonl.
+
+Axis legend (docs/CONVENTIONS.md): here U held-out prompts, Bt bootstrap replicates.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+
+# arm -> what the policy is rewarded with (configs/checks_policy.py sets the run fields).
+ARMS = {
+    "gold": "the gold score g(x, y) (rule reward checks_gold; the upper bound)",
+    "rubric_g0": "the rubric score of the untrained generator G_0's checks",
+    "rubric_trained": "the rubric score of a generator trained on the anchor lists",
+}
+P0_FILE = "p0_heldout.json"      # P_0's held-out answers and gold scores, in the workdir
+HELDOUT_FILE = "heldout.json"     # a trained policy's, in its run directory
+
+
+def greedy_answers(params, cfg, tokenizer, id_lists: Sequence[Sequence[int]], *,
+                   max_new_tokens: int, batch: int,
+                   on_batch: Optional[Callable[[list], None]] = None) -> tuple[list, int]:
+    """Greedy answers of one model to tokenized prompts, `batch` prompts per sampler call.
+
+    Args:
+        params, cfg, tokenizer: a loaded model (`models.load_model`).
+        id_lists: U prompts as token ids (chat template applied, assistant turn open).
+        max_new_tokens: longest answer, tokens; batch: prompts per call (>= 1).
+        on_batch: called with each batch's answers (a caller appends them to a file).
+
+    Returns:
+        (U answers as str, number of answers cut at max_new_tokens).
+    """
+    import jax
+    from tqdm import tqdm
+
+    from drubric_jax import sampling
+    from drubric_jax.text import tokenizer as tok_lib
+
+    stop = tok_lib.stop_ids(tokenizer)
+    out, cut = [], 0
+    for lo in tqdm(range(0, len(id_lists), batch), desc="greedy answers", unit="batch"):
+        ids = [list(x) for x in id_lists[lo:lo + batch]]
+        # Greedy decoding draws nothing; the key is a required argument only.
+        r = sampling.generate(params, cfg, ids, key=jax.random.PRNGKey(0),
+                              max_new_tokens=max_new_tokens, method=sampling.Greedy(),
+                              stop_ids=stop)
+        cut += int(r.truncated.sum())
+        got = [tokenizer.decode(r.tokens[i][r.mask[i]], skip_special_tokens=True)
+               for i in range(len(ids))]
+        out += got
+        if on_batch is not None:
+            on_batch(got)
+    return out, cut
+
+
+def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new_tokens: int,
+                 batch: int = 32, dtype: str = "float32") -> dict:
+    """Greedy answers of `model` to held-out checks-world prompts and their gold scores.
+
+    Prompts are rendered as in the policy phase (`rounds.phases.policy_prompt_ids`: history
+    + request in the chat template, cut to `max_prompt_tokens`).
+
+    Args:
+        model: a `models.load_model` source (the packaged default, a .gguf, an HF export dir).
+        items: U `PromptItem`s whose meta holds their true checks (`meta["checks"]`).
+
+    Returns:
+        {"model", "ids" [U], "gold" [U] float (nan: no scorable check), "answers" [U],
+        "truncated" int, "max_new_tokens", "max_prompt_tokens"}.
+
+    Raises:
+        ValueError: an item without true checks (names its id).
+    """
+    from drubric_jax import models
+    from drubric_jax.checks import gold_score
+    from drubric_jax.rounds.phases import policy_prompt_ids
+
+    for it in items:
+        if not (it.meta or {}).get("checks"):
+            raise ValueError(f"held-out prompt {it.id!r}: no meta.checks (true checks)")
+    cfg, params, tokenizer = models.load_model(model, dtype)
+    ids = [policy_prompt_ids(tokenizer, it.prompt, it.history, max_prompt_tokens)
+           for it in items]
+    answers, cut = greedy_answers(params, cfg, tokenizer, ids, max_new_tokens=max_new_tokens,
+                                  batch=batch)
+    gold = [float(gold_score(it.meta["checks"], y)) for it, y in zip(items, answers)]
+    return {"model": model, "ids": [it.id for it in items], "gold": gold, "answers": answers,
+            "truncated": cut, "max_new_tokens": int(max_new_tokens),
+            "max_prompt_tokens": int(max_prompt_tokens)}
+
+
+def paired_difference(after: Sequence[float], before: Sequence[float], n_boot: int,
+                      seed: int, level: float = 0.95) -> dict:
+    """mean(after) - mean(before) over the prompts both scored, with a paired percentile
+    bootstrap CI (the same replicate weights for both: prompts are the unit).
+
+    Returns:
+        {"before", "after", "difference", "ci": [lo, hi], "prompts": U}; nan values when no
+        prompt has both scores.
+    """
+    a, b = np.asarray(after, np.float64), np.asarray(before, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired scores differ in length: {a.shape} vs {b.shape}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if a.size == 0:
+        nan = float("nan")
+        return {"before": nan, "after": nan, "difference": nan, "ci": [nan, nan], "prompts": 0}
+    w = resample_weights(a.size, n_boot, seed)
+    return {"before": float(b.mean()), "after": float(a.mean()),
+            "difference": float(a.mean() - b.mean()),
+            "ci": percentile_interval(w @ (a - b) / a.size, level), "prompts": int(a.size)}
+
+
+def seed_spread(values: Sequence[float]) -> dict:
+    """{"mean", "sd" (ddof 1; nan for one seed), "min", "max", "seeds"} of per-seed values."""
+    v = np.asarray([x for x in values if np.isfinite(x)], np.float64)
+    if v.size == 0:
+        nan = float("nan")
+        return {"mean": nan, "sd": nan, "min": nan, "max": nan, "seeds": 0}
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
+            "min": float(v.min()), "max": float(v.max()), "seeds": int(v.size)}
+
+
+def training_curves(metrics_path: str, reward_is_gold: bool = False) -> dict:
+    """Per policy step of a run: {"steps", "proxy", "gold"}: the step's mean reward as the
+    policy saw it (`policy_reward`) and its mean gold score (`gold_score`; a run rewarded
+    with the gold score itself, `reward_is_gold`, logs it as its reward)."""
+    from drubric_jax.rounds.run_logging import read_metrics
+
+    rows = sorted((r for r in read_metrics(metrics_path)
+                   if r.get("kind") == "train" and r.get("phase") == "policy"),
+                  key=lambda r: r["global_step"])
+    if not rows:
+        raise ValueError(f"{metrics_path}: no policy training rows (kind=train, phase=policy)")
+    return {"steps": [int(r["global_step"]) for r in rows],
+            "proxy": [float(r.get("policy_reward", float("nan"))) for r in rows],
+            "gold": [float(r.get("policy_reward" if reward_is_gold else "gold_score",
+                                 float("nan"))) for r in rows]}
+
+
+def run_dir(workdir: str, seed: int, arm: str) -> str:
+    """The loop run of one arm and seed: <workdir>/seed<seed>/<arm>."""
+    return os.path.join(workdir, f"seed{seed}", arm)
+
+
+def _read(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: int,
+              seed: int, window: int = 5) -> dict:
+    """The experiment's numbers, recomputed from its files (module docstring).
+
+    Returns:
+        {"p0": {"gold_mean", "prompts"}, "arms": {arm: {"seeds": {s: {"heldout": paired
+        difference vs P_0, "curves": training_curves, "train_gold_first", "train_gold_last",
+        "train_proxy_first", "train_proxy_last"}}, "across_seeds": seed_spread of the
+        held-out differences, "after_across_seeds": seed_spread of the held-out means}},
+        "versus": {"A - B": {s: paired difference of the two arms' held-out scores}},
+        "window"}. Train first / last: the mean of the first / last `window` steps.
+
+    Raises:
+        FileNotFoundError: a missing p0_heldout.json or an arm's heldout.json (names it).
+    """
+    p0 = _read(os.path.join(workdir, P0_FILE))
+    out = {"p0": {"model": p0["model"], "gold_mean": float(np.nanmean(p0["gold"])),
+                  "prompts": len(p0["gold"]),
+                  "truncated": p0.get("truncated")},
+           "arms": {}, "versus": {}, "window": int(window)}
+    after = {}
+    for arm in arms:
+        per_seed = {}
+        for s in seeds:
+            d = run_dir(workdir, s, arm)
+            h = _read(os.path.join(d, HELDOUT_FILE))
+            if h["ids"] != p0["ids"]:
+                raise ValueError(f"{d}/{HELDOUT_FILE}: held-out prompts differ from "
+                                 f"{P0_FILE}'s")
+            after[(arm, s)] = h["gold"]
+            curves = training_curves(os.path.join(d, "metrics.jsonl"), arm == "gold")
+            w = min(window, max(1, len(curves["gold"]) // 2))
+            per_seed[str(s)] = {
+                "heldout": paired_difference(h["gold"], p0["gold"], n_boot, seed),
+                "truncated": h.get("truncated"), "curves": curves,
+                **{f"train_{k}_{end}": float(np.nanmean(curves[k][:w] if end == "first"
+                                                        else curves[k][-w:]))
+                   for k in ("gold", "proxy") for end in ("first", "last")}}
+        out["arms"][arm] = {
+            "reward": ARMS.get(arm, arm), "seeds": per_seed,
+            "across_seeds": seed_spread([v["heldout"]["difference"] for v in per_seed.values()]),
+            "after_across_seeds": seed_spread([v["heldout"]["after"] for v in per_seed.values()])}
+    for i, a in enumerate(arms):
+        for b in arms[i + 1:]:
+            out["versus"][f"{b} - {a}"] = {str(s): paired_difference(
+                after[(b, s)], after[(a, s)], n_boot, seed) for s in seeds}
+    return out
+
+
+def _ci(d: dict) -> str:
+    lo, hi = d["ci"]
+    return f"{d['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
+    """results.md of the experiment: what was shown and what was not, the held-out table per
+    arm and seed, the spread across seeds, the arm-vs-arm differences and the curves' ends."""
+    arms = summary["arms"]
+    lines = ["# Does a rubric reward raise the gold score? (checks world, policy GRPO)", ""]
+    lines += [verdict(summary), "", f"- command: `{command}`", f"- setup: {setup}"]
+    lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in wall_s.items()]
+    p0 = summary["p0"]
+    lines += [f"- P_0 (`{p0['model']}`, untrained) on the {p0['prompts']} held-out prompts, "
+              f"greedy: mean gold {p0['gold_mean']:.3f} ({p0.get('truncated')} answers cut "
+              "at the token budget)", "",
+              "## Held-out gold score, each policy after training minus P_0 (paired, 95% CI "
+              "over prompts)", "", "| arm (reward) | seed | P_0 | after | after - P_0 [95% CI] |",
+              "|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        for s, v in a["seeds"].items():
+            h = v["heldout"]
+            lines.append(f"| {arm} | {s} | {h['before']:.3f} | {h['after']:.3f} | {_ci(h)} |")
+    lines += ["", "## Across seeds (held-out after - P_0)", "",
+              "| arm | seeds | mean | sd | min | max |", "|---|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        x = a["across_seeds"]
+        lines.append(f"| {arm} | {x['seeds']} | {x['mean']:+.3f} | {x['sd']:.3f} | "
+                     f"{x['min']:+.3f} | {x['max']:+.3f} |")
+    if summary["versus"]:
+        lines += ["", "## Arm against arm on the held-out prompts (paired, 95% CI over prompts)",
+                  "", "| difference | seed | value [95% CI] |", "|---|---|---|"]
+        for name, per_seed in summary["versus"].items():
+            for s, d in per_seed.items():
+                lines.append(f"| {name} | {s} | {_ci(d)} |")
+    w = summary["window"]
+    lines += ["", f"## Training batches: mean of the first and last {w} policy steps", "",
+              "| arm | seed | proxy first | proxy last | gold first | gold last |",
+              "|---|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        for s, v in a["seeds"].items():
+            lines.append(f"| {arm} | {s} | {v['train_proxy_first']:.3f} | "
+                         f"{v['train_proxy_last']:.3f} | {v['train_gold_first']:.3f} | "
+                         f"{v['train_gold_last']:.3f} |")
+    lines += ["", "Proxy: the reward the policy was trained on (for `gold` it is the gold "
+              "score). Training-batch means are over 2 prompts x K responses a step: noisy, "
+              "and on training prompts; the held-out table is the test.", ""]
+    return "\n".join(lines)
+
+
+def verdict(summary: dict) -> str:
+    """One sentence per arm: did its held-out gold score rise above P_0 in every seed's CI,
+    in none, or in some (what was shown, and what was not)."""
+    parts = []
+    for arm, a in summary["arms"].items():
+        seeds = a["seeds"].values()
+        above = sum(v["heldout"]["ci"][0] > 0 for v in seeds)
+        below = sum(v["heldout"]["ci"][1] < 0 for v in seeds)
+        n = len(a["seeds"])
+        if above == n:
+            s = f"raised the held-out gold score above P_0 in all {n} seeds (CI above 0)"
+        elif below == n:
+            s = f"lowered it below P_0 in all {n} seeds (CI below 0)"
+        elif above == 0 and below == 0:
+            s = f"moved it by no more than chance in any of {n} seeds (every CI holds 0)"
+        else:
+            s = (f"raised it in {above}, lowered it in {below} and left it within chance in "
+                 f"{n - above - below} of {n} seeds")
+        parts.append(f"`{arm}` {s}")
+    return "Shown: " + "; ".join(parts) + "."
+
+
+def plot(summary: dict, out_png: str) -> None:
+    """Proxy and gold curves per policy step, one panel per arm (every seed drawn; matplotlib
+    Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = summary["arms"]
+    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.5), squeeze=False)
+    for ax, (arm, a) in zip(axes[0], arms.items()):
+        for s, v in a["seeds"].items():
+            c = v["curves"]
+            x = np.arange(1, len(c["gold"]) + 1)
+            ax.plot(x, c["proxy"], ls="--", alpha=0.7, label=f"proxy, seed {s}")
+            ax.plot(x, c["gold"], alpha=0.9, label=f"gold, seed {s}")
+        ax.set_title(arm)
+        ax.set_xlabel("policy step")
+        ax.set_ylabel("mean over the step's responses")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,129 @@
+r"""Does a rubric reward raise the gold score? Policy-only GRPO in the checks world, one run
+per arm and seed, then every policy answers the held-out prompts (issue 32, question 1).
+
+    python -m experiments.checks_policy --config=configs/checks_policy.py --workdir=runs/checks_policy
+
+configs/checks_policy.py says what each arm trains on. Writes, in the workdir:
+    p0_heldout.json            P_0's greedy answers to the held-out prompts, gold scored
+    seed<S>/<arm>/             the arm's co-evolution loop run (metrics.jsonl, checkpoints,
+                               export/policy), and heldout.json: the trained policy's answers
+    summary.json, results.md, curves.png   (`drubric_jax.evaluation.checks_policy`)
+Running the command again resumes: a finished run or evaluation is skipped, an unfinished
+run continues from its last checkpoint (`wall_s.json` keeps each finished stage's time).
+"""
+import json
+import os
+import shlex
+import sys
+import time
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/checks_policy.py[:switches]",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the runs.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def arm_config(c, arm: str):
+    """The loop config of one arm (configs/checks_policy.py).
+
+    Raises:
+        ValueError: an unknown arm, or rubric_trained without experiment.trained_generator.
+    """
+    from drubric_jax.checks import GOLD_REWARD
+    from drubric_jax.evaluation.checks_policy import ARMS
+    from drubric_jax.rl import rule_rewards
+
+    if arm not in ARMS:
+        raise ValueError(f"config.experiment.arms: {arm!r} is not one of {sorted(ARMS)}")
+    cfg = c.copy_and_resolve_references()
+    cfg.rounds.policy_steps = int(c.experiment.policy_steps)
+    cfg.policy.reward = GOLD_REWARD if arm == "gold" else rule_rewards.RUBRIC
+    if arm == "rubric_trained":
+        path = c.experiment.trained_generator
+        if not path or not os.path.isdir(path):
+            raise ValueError("config.experiment.trained_generator: the rubric_trained arm needs "
+                             f"a Hugging Face directory of a trained generator, got {path!r}")
+        cfg.model.generator = os.path.abspath(path)
+    return cfg
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv):
+    del argv
+    from drubric_jax.data.sources import prompts_from_jsonl
+    from drubric_jax.evaluation import checks_policy as cp
+    from drubric_jax.rounds import loop, run_logging
+    from configs.smollm2_cpu import CHECKS_FILES
+
+    run_logging.quiet_third_party_logs(not _VERBOSE.value)
+    c, workdir = _CONFIG.value, _WORKDIR.value
+    e = c.experiment
+    os.makedirs(workdir, exist_ok=True)
+    arms = [a.strip() for a in e.arms.split(",") if a.strip()]
+    seeds = [int(s) for s in str(e.seeds).split(",") if s.strip()]
+    cfgs = {arm: arm_config(c, arm) for arm in arms}  # every arm checked before any compute
+    heldout_path = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
+    items = prompts_from_jsonl(heldout_path)
+    if e.heldout_rows:
+        items = items[:int(e.heldout_rows)]
+    budgets = dict(max_prompt_tokens=int(c.policy.max_prompt_tokens),
+                   max_new_tokens=int(c.policy.max_new_tokens), batch=int(e.eval_batch),
+                   dtype=c.model.dtype)
+
+    def evaluate(model: str, path: str, stage: str):
+        if os.path.exists(path):
+            return
+        t0 = time.perf_counter()
+        out = cp.heldout_gold(model, items, **budgets)
+        out["heldout_file"] = heldout_path
+        _write_json(path, out)
+        run_logging.add_wall_time(workdir, stage, time.perf_counter() - t0)
+
+    evaluate(c.model.policy, os.path.join(workdir, cp.P0_FILE), "heldout P_0")
+    for s in seeds:
+        for arm in arms:
+            cfg = cfgs[arm].copy_and_resolve_references()
+            cfg.seed = s
+            d = cp.run_dir(workdir, s, arm)
+            t0 = time.perf_counter()
+            was_finished = loop.finished(d, cfg) is not None
+            loop.run(cfg, d)
+            if not was_finished:
+                run_logging.add_wall_time(workdir, f"seed{s}/{arm}", time.perf_counter() - t0)
+            evaluate(os.path.join(d, "export", "policy"), os.path.join(d, cp.HELDOUT_FILE),
+                     f"heldout seed{s}/{arm}")
+    command = shlex.join(["python", "-m", "experiments.checks_policy"] + sys.argv[1:])
+    setup = (f"{len(items)} held-out prompts ({heldout_path}); {e.policy_steps} policy steps "
+             f"of {c.policy.prompts_per_step} prompts x K = {c.policy.num_responses} "
+             f"responses of <= {c.policy.max_new_tokens} tokens, learning rate "
+             f"{c.policy.train.learning_rate}; policy {c.model.policy}; trained generator "
+             f"{e.trained_generator or '-'}; held-out answers greedy")
+    summary = cp.summarize(workdir, arms, seeds, int(e.n_bootstrap), int(c.seed),
+                           int(e.window))
+    wall = run_logging.wall_times(workdir)
+    _write_json(os.path.join(workdir, "summary.json"),
+                {"command": command, "setup": setup, "wall_s": wall, "arms_run": arms,
+                 "seeds": seeds, "n_bootstrap": int(e.n_bootstrap), "seed": int(c.seed),
+                 "window": int(e.window), **summary})
+    text = cp.markdown(summary, command, wall, setup)
+    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    cp.plot(summary, os.path.join(workdir, "curves.png"))
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,176 @@
+"""The checks-world experiments of issue 32: the policy-reward experiment
+(`experiments.checks_policy`, `evaluation.checks_policy`), the ablation's constraint
+recovery (`evaluation.ablation.constraint_per_anchor`), anchor rows' meta, and their
+report."""
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from drubric_jax.data import fingerprint
+from drubric_jax.data.schema import AnchorList, anchor_from_record, record_from_dict
+from drubric_jax.evaluation import ablation
+from drubric_jax.evaluation import checks_policy as cp
+from drubric_jax.evaluator.check_rubrics import item_text
+from helpers import assert_percentile_ci, run_module, write_checks_world
+
+NO_COMMA = {"check": "punctuation:no_comma", "args": {}}
+LOWER = {"check": "change_case:english_lowercase", "args": {}}
+WORDS_100 = {"check": "length_constraints:number_words",
+             "args": {"num_words": 100, "relation": "less than"}}
+WORDS_50 = {"check": "length_constraints:number_words",
+            "args": {"num_words": 50, "relation": "less than"}}
+
+
+def _text(t):
+    return item_text(t["check"], t["args"])
+
+
+def test_constraint_per_anchor_by_hand():
+    # Anchor 0, T = {no_comma, words < 100}: list 0 has no_comma and words < 50 (one hit of
+    # two items: P = R = 1/2, F1 = 1/2; ids alone both hit: F1 = 1); list 1 is invalid
+    # (no kept item: 0, 0, 0). Anchor 1, T = {lowercase}: list 0 = {lowercase} (all 1),
+    # list 1 = {lowercase, no_comma} (P = 1/2, R = 1, F1 = 2/3).
+    texts = [[[_text(NO_COMMA), _text(WORDS_50)], ["", ""]],
+             [[_text(LOWER), ""], [_text(LOWER), _text(NO_COMMA)]]]
+    mask = np.array([[[True, True], [False, False]], [[True, False], [True, True]]])
+    out = ablation.constraint_per_anchor(texts, mask, [[NO_COMMA, WORDS_100], [LOWER]])
+    np.testing.assert_allclose(out["constraint_precision"], [0.25, 0.75])
+    np.testing.assert_allclose(out["constraint_recall"], [0.25, 1.0])
+    np.testing.assert_allclose(out["constraint_f1"], [0.25, (1 + 2 / 3) / 2])
+    np.testing.assert_allclose(out["constraint_f1_check_id"], [0.5, (1 + 2 / 3) / 2])
+    with pytest.raises(ValueError, match="anchor list 1"):
+        ablation.constraint_per_anchor(texts, mask, [[NO_COMMA], []])
+
+
+def _per_list(rng, u, with_checks):
+    out = {"delta_gap": rng.uniform(-1, 1, u), "r_anchor": rng.uniform(-1, 0, u),
+           "pairs": np.full(u, 6.0), "correct": rng.integers(0, 7, u).astype(float),
+           "ties": np.zeros(u), "valid": np.full(u, 2.0), "ids": [f"a{i}" for i in range(u)],
+           "num_lists": 2}
+    if with_checks:
+        out["constraint_f1"] = rng.uniform(0, 1, u)
+        out["constraint_f1_check_id"] = rng.uniform(0, 1, u)
+    return out
+
+
+def test_ablation_summary_reports_constraint_f1_only_when_every_generator_has_it():
+    rng = np.random.default_rng(0)
+    per = {"zero_shot": _per_list(rng, 7, True), "full": _per_list(rng, 7, True)}
+    s = ablation.summarize(per, "zero_shot", [], 200, 0)
+    assert s["metrics"] == list(ablation.METRICS + ablation.CHECK_METRICS)
+    d = s["vs_baseline"]["full"]["constraint_f1"]
+    assert d["diff"] == pytest.approx(per["full"]["constraint_f1"].mean()
+                                      - per["zero_shot"]["constraint_f1"].mean())
+    # Paired: the CI is the percentile interval of the replicate-wise differences.
+    x = per["full"]["constraint_f1"] - per["zero_shot"]["constraint_f1"]
+    assert_percentile_ci(d["ci"], lambda w: w @ x / 7, 7, 200)
+    table = ablation.markdown_table(s, "cmd", {}, "note")
+    assert "constraint F1 [95% CI]" in table and "constraint F1 (ids)" in table
+    del per["full"]["constraint_f1"]
+    s = ablation.summarize(per, "zero_shot", [], 200, 0)
+    assert s["metrics"] == list(ablation.METRICS)
+    assert "constraint F1" not in ablation.markdown_table(s, "cmd", {}, "note")
+
+
+def test_anchor_rows_keep_meta_and_meta_less_rows_hash_as_before():
+    row = {"id": "r", "source": "s", "prompt": "p", "responses": ["a", "b"],
+           "ranking": [1, 0], "meta": {"checks": [NO_COMMA]}}
+    a = anchor_from_record(record_from_dict(row, "f.jsonl:1"))
+    assert a.meta == {"checks": [NO_COMMA]} and a.responses == ["b", "a"]
+    bare = dataclasses.replace(a, meta={})
+    # The hash of a meta-less row is that of the row before AnchorList had meta.
+    fields = {k: v for k, v in dataclasses.asdict(bare).items() if k != "meta"}
+    old = json.dumps(fields, sort_keys=True, ensure_ascii=False,
+                     separators=(",", ":")).encode("utf-8")
+    assert fingerprint._row_bytes(bare) == old
+    assert fingerprint._row_bytes(a) != old  # the true checks are part of the row
+    assert isinstance(a, AnchorList)
+
+
+def test_paired_difference_and_seed_spread_by_hand():
+    after, before = [1.0, 0.5, 0.0, float("nan")], [0.5, 0.5, 0.5, 1.0]
+    d = cp.paired_difference(after, before, 200, 0)
+    # The nan prompt is dropped from both: means over 3 prompts.
+    assert d["prompts"] == 3 and d["after"] == pytest.approx(0.5)
+    assert d["before"] == pytest.approx(0.5) and d["difference"] == pytest.approx(0.0)
+    assert_percentile_ci(d["ci"], lambda w: w @ np.array([0.5, 0.0, -0.5]) / 3, 3, 200)
+    with pytest.raises(ValueError, match="length"):
+        cp.paired_difference([1.0], [1.0, 0.0], 10, 0)
+    s = cp.seed_spread([0.1, 0.3, float("nan"), 0.2])
+    assert s["seeds"] == 3 and s["mean"] == pytest.approx(0.2)
+    assert s["sd"] == pytest.approx(0.1) and (s["min"], s["max"]) == (0.1, 0.3)
+    assert np.isnan(cp.seed_spread([0.4])["sd"])
+
+
+def test_verdict_names_each_arm_by_its_cis():
+    def arm(cis):
+        return {"seeds": {str(i): {"heldout": {"ci": ci}} for i, ci in enumerate(cis)}}
+
+    s = {"arms": {"gold": arm([[0.1, 0.3], [0.05, 0.2]]),
+                  "rubric_g0": arm([[-0.1, 0.1], [-0.2, 0.0]]),
+                  "rubric_trained": arm([[0.1, 0.2], [-0.3, -0.1]])}}
+    v = cp.verdict(s)
+    assert "`gold` raised the held-out gold score above P_0 in all 2 seeds" in v
+    assert "`rubric_g0` moved it by no more than chance in any of 2 seeds" in v
+    assert "`rubric_trained` raised it in 1, lowered it in 1" in v
+
+
+def test_checks_policy_config_validates_for_every_arm():
+    from configs import checks_policy
+    from drubric_jax import config_check
+    from experiments.checks_policy import arm_config
+
+    for arg, devices in (("", 1), ("tiny", 1), ("scale=qwen3_8b", 8)):
+        c = checks_policy.get_config(arg)
+        assert c.verifier.kind == "checks" and c.rounds.generator_steps == 0
+        c.experiment.trained_generator = os.path.dirname(os.path.abspath(__file__))
+        for a in cp.ARMS:
+            config_check.validate(arm_config(c, a), device_count=devices, process_count=1)
+    assert arm_config(c, "gold").policy.reward == "checks_gold"
+    c.experiment.trained_generator = ""
+    with pytest.raises(ValueError, match="trained_generator"):
+        arm_config(c, "rubric_trained")
+    with pytest.raises(ValueError, match="arms"):
+        arm_config(c, "bogus")
+    with pytest.raises(ValueError, match="checks world"):
+        checks_policy.get_config("world=llm")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("smollm2_gguf")
+def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
+    data = tmp_path / "world"
+    data.mkdir()
+    write_checks_world(str(data))
+    work = tmp_path / "cp"
+    # Round 1: the gold arm; its exported generator (G_0, untrained) stands in for a
+    # trained one in round 2, which adds the rubric arms in the same workdir.
+    base = ["experiments.checks_policy", f"--config=configs/checks_policy.py:tiny,"
+            f"checks_dir={data}", f"--workdir={work}", "--config.experiment.heldout_rows=0"]
+    run_module(*base, "--config.experiment.arms=gold", timeout=600)
+    p0 = json.loads((work / cp.P0_FILE).read_text())
+    assert len(p0["gold"]) == 1 and p0["ids"] == ["cw/0"]  # heldout.jsonl: one row
+    gold_eval = work / "seed0" / "gold" / cp.HELDOUT_FILE
+    stamp = gold_eval.stat().st_mtime_ns
+    gen = work / "seed0" / "gold" / "export" / "generator"
+    out = run_module(*base, "--config.experiment.arms=gold,rubric_g0,rubric_trained",
+                     f"--config.experiment.trained_generator={gen}", timeout=600)
+    assert gold_eval.stat().st_mtime_ns == stamp  # finished work is not redone
+    s = json.loads((work / "summary.json").read_text())
+    assert s["arms_run"] == ["gold", "rubric_g0", "rubric_trained"]
+    for arm in s["arms_run"]:
+        h = s["arms"][arm]["seeds"]["0"]["heldout"]
+        after = json.loads((work / "seed0" / arm / cp.HELDOUT_FILE).read_text())["gold"]
+        assert h["after"] == pytest.approx(np.nanmean(after))
+        assert h["difference"] == pytest.approx(h["after"] - h["before"])
+        assert len(s["arms"][arm]["seeds"]["0"]["curves"]["gold"]) == 2  # policy steps
+    trained = json.loads((work / "seed0" / "rubric_trained" / "config.json").read_text())
+    assert trained["model"]["generator"] == str(gen)
+    assert "rubric_trained - gold" in s["versus"] and "Shown:" in out
+    res = tmp_path / "results"
+    run_module("experiments.report", str(work), f"--out={res}", timeout=120)
+    md = (res / "checks_policy-cp.md").read_text()
+    assert "| rubric_trained | 0 |" in md and (res / "checks_policy-cp.png").stat().st_size
