@@ -31,6 +31,11 @@ on 2026-12-02 (2 cores): round0 6.2 min, coevolved 5.9, stale 1.7 and, with 12
 evaluation prompts, an evaluation of 18.7 min (32.5 min in all, over the 30-minute
 budget); with the 8 prompts set here the evaluation took 12.5 min, 26.3 min in
 all. It can only show large effects.
+`world=checks` (METHOD 13; `checks_dir=DIR`): items are checks judged by their checkers,
+the evaluation prompts are a seeded 16 of the world's held-out prompts, and the win rates
+give way to exact figures: the gold score of each policy's greedy answers (P0, P1, P2,
+~P2) and, on each arm's samples, the proxy (the Eq. 12 score of the generator it trained
+against) minus the samples' gold. 2 generator and 6 policy steps a round.
 """
 import os
 
@@ -39,10 +44,7 @@ from configs.base import experiment_base
 
 def get_config(arg: str = ""):
     c, opts, scale = experiment_base(arg, "shared")
-    if opts.get("world") == "checks":
-        # Its win rates ask the verifier model to judge pairs; the checks world loads none.
-        raise ValueError("configs/coevolution.py: world=checks is not supported (its win "
-                         "rates need the LLM verifier as a judge)")
+    checks = opts.get("world") == "checks"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     c.experiment = dict(
         # Prompts with reference answers for the evaluation; its first
@@ -63,17 +65,29 @@ def get_config(arg: str = ""):
         c.generator.train.learning_rate = 1e-5
         c.policy.train.learning_rate = 1e-5  # grpo_learns' rate: 1e-6 left P_2 = P_0
         c.experiment.eval_prompts = 8         # the 30-minute budget (docstring)
+    if checks:
+        # METHOD 13: exact gold scores instead of judged win rates. The evaluation prompts
+        # are the world's held-out prompts (none trains), answers at the policy's budget.
+        from configs.smollm2_cpu import CHECKS_FILES
+
+        c.experiment.eval_file = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
+        c.experiment.answer_tokens = c.policy.max_new_tokens
+        if scale == "smollm2_cpu" and not opts.get("tiny"):
+            c.rounds.policy_steps = 6
+            c.experiment.eval_prompts = 16
     if opts.get("tiny"):
         c.rounds.generator_steps = c.rounds.policy_steps = 1
-        c.experiment.eval_file = os.path.join(repo, "drubric_jax", "demo_data",
-                                              "anchors.jsonl")
+        if not checks:
+            c.experiment.eval_file = os.path.join(repo, "drubric_jax", "demo_data",
+                                                  "anchors.jsonl")
         c.data.max_prompt_rows = 0
         c.experiment.eval_prompts = 3
         c.experiment.answer_tokens = 16
         c.experiment.judge_max_tokens = 384
         c.experiment.n_bootstrap = 200
     elif scale == "qwen3_8b":
-        c.experiment.eval_file = ""  # set it: a JSONL of prompts with "reference" answers
+        if not checks:
+            c.experiment.eval_file = ""  # set: a JSONL of prompts with "reference" answers
         c.experiment.eval_prompts = 256
         c.experiment.num_lists = 4
         c.experiment.answer_tokens = 2048

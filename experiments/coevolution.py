@@ -55,14 +55,33 @@ def branch(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+def checks_world(c) -> bool:
+    """Whether the run is in the checks world (METHOD 13): gold scores replace win rates."""
+    return c.verifier.get("kind", "llm") == "checks"
+
+
 def eval_rows(c) -> list:
     """The evaluation prompts: a seeded subset of eval_file's rows after the first
-    data.max_prompt_rows (the policy's training pool when it is the same file)."""
+    data.max_prompt_rows (the policy's training pool when it is the same file); in the
+    checks world a seeded subset of the held-out prompts (`PromptItem`s with their true
+    checks), which no step trains on."""
     import numpy as np
 
     from drubric_jax.evaluation import policy_eval
 
     e = c.experiment
+    if checks_world(c):
+        from drubric_jax.data.sources import prompts_from_jsonl
+
+        items = prompts_from_jsonl(e.eval_file)
+        bad = [it.id for it in items if not (it.meta or {}).get("checks")]
+        if bad or len(items) < e.eval_prompts:
+            raise ValueError(f"config.experiment.eval_file: {e.eval_file} needs >= "
+                             f"{e.eval_prompts} prompts with meta.checks; has {len(items)}"
+                             + (f", {len(bad)} without checks (first {bad[0]!r})" if bad
+                                else ""))
+        keep = np.random.default_rng(c.seed).choice(len(items), e.eval_prompts, replace=False)
+        return [items[i] for i in sorted(keep.tolist())]
     if not e.eval_file:
         raise ValueError("config.experiment.eval_file: give a JSONL of prompts with "
                          "'reference' answers")
@@ -80,8 +99,11 @@ def evaluate(c, workdir: str) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
+    import numpy as np
+
     from drubric_jax.rounds import checkpoint as ckpt_lib
     from drubric_jax.rounds import loop
+    from drubric_jax.evaluation import checks_policy as cp
     from drubric_jax.evaluation import coevolution as co
     from drubric_jax.evaluation import policy_eval
     from drubric_jax.types import Role
@@ -123,7 +145,10 @@ def evaluate(c, workdir: str) -> dict:
         generators = {"G1": params_of(roles.generator, stale["generator"]),
                       "G2": roles.params(Role.GENERATOR)}
         base = jax.random.PRNGKey(c.seed)
-        out = {"ids": [r.id for r in rows], "r_disc": {}, "win_rate": {}, "preference": {}}
+        checks = checks_world(c)
+        out = {"ids": [r.id for r in rows], "r_disc": {}}
+        out.update({"gold": {}, "gold_samples": {}, "proxy": {}, "gap": {}} if checks
+                   else {"win_rate": {}, "preference": {}})
         t0 = time.perf_counter()
 
         def lap(what):
@@ -141,14 +166,29 @@ def evaluate(c, workdir: str) -> dict:
                 r = co.rdisc_per_prompt(run.ctx, gp, jax.random.fold_in(base, LIST_KEY),
                                         prompts, hists, sets, e.num_lists, e.list_temperature)
                 out["r_disc"][f"{g} | {p}"] = r["r_disc"].tolist()
+                if checks:
+                    out["proxy"][f"{g} | {p}"] = r["proxy"].tolist()
                 lap(f"R_disc of {g} on {p}")
+            if checks:  # the samples' gold, mean over the K of each prompt
+                gold = np.asarray([cp.gold_of([it] * len(ys), ys) for it, ys in zip(rows, sets)])
+                out["gold_samples"][p] = np.nanmean(gold, axis=1).tolist()
+        if checks:
+            # Each arm's policy against the generator it trained with: P2 with G2, ~P2 with
+            # the stale G1.
+            for g, p in (("G2", "P2"), ("G1", "~P2")):
+                out["gap"][f"{g} | {p}"] = (np.asarray(out["proxy"][f"{g} | {p}"])
+                                            - np.asarray(out["gold_samples"][p])).tolist()
         tok, cfg = roles.policy.model.tokenizer, roles.policy.model.cfg
-        refs = [policy_eval.reference_of(r) for r in rows]
+        refs = [] if checks else [policy_eval.reference_of(r) for r in rows]
         for p, pp in policies.items():
             answers, _ = policy_eval.answers(
                 cfg, pp, tok, prompts, key=jax.random.fold_in(base, ANSWER_KEY),
                 max_prompt_tokens=c.policy.max_prompt_tokens, max_new_tokens=e.answer_tokens,
                 temperature=0.0, histories=hists, mesh=run.ctx.mesh)
+            if checks:  # exact: the answers' gold scores, no judge
+                out["gold"][p] = cp.gold_of(rows, answers)
+                lap(f"answers and gold of {p}")
+                continue
             a, b = policy_eval.judge_pairs(run.ctx.verifier, roles.params("verifier"), prompts,
                                            answers, refs, e.judge_max_tokens, hists)
             win1, win2 = a > 0.5, b > 0.5
@@ -205,7 +245,8 @@ def main(argv):
     wall = run_logging.wall_times(workdir)
     summary = co.summarize(workdir, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
-    note = co.eval_note(e.eval_file, c.data.max_prompt_rows, c.seed, len(summary["ids"]))
+    note = co.eval_note(e.eval_file, 0 if checks_world(c) else c.data.max_prompt_rows,
+                        c.seed, len(summary["ids"]))
     with open(summary_path, "w") as f:
         json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
                    "n_bootstrap": int(e.n_bootstrap), "eval_note": note, **summary}, f,

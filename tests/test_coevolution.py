@@ -101,3 +101,37 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     assert (report / f"coevolution-{tmp_path.name}.md").read_text() == (
         tmp_path / "results.md").read_text()
     assert (report / f"coevolution-{tmp_path.name}.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_coevolution_in_the_checks_world_scores_gold_and_the_proxy_gap(tmp_path,
+                                                                       smollm2_gguf):
+    """configs/coevolution.py:tiny,world=checks on hand-written checks-world rows: the win
+    rates give way to exact figures, each recomputed here from the evaluation's values:
+    the gold score of every policy's greedy answers, and on each arm's samples the proxy
+    (its generator's Eq. 12 score) minus the samples' gold."""
+    from helpers import write_checks_world
+
+    data = tmp_path / "world"
+    data.mkdir()
+    write_checks_world(str(data))
+    work = tmp_path / "co"
+    run_module("experiments.coevolution",
+               f"--config=configs/coevolution.py:tiny,world=checks,checks_dir={data}",
+               f"--workdir={work}", "--config.log.progress=False",
+               "--config.experiment.eval_prompts=1", "--config.generator.max_items=2",
+               "--config.generator.max_new_tokens=96", "--config.data.heldout_anchor_rows=0",
+               timeout=900)
+    values = json.loads((work / "eval.json").read_text())
+    assert "win_rate" not in values and values["ids"] == ["cw/0"]
+    assert set(values["gold"]) == {"P0", "P1", "P2", "~P2"}
+    assert all(0 <= v[0] <= 1 for v in values["gold"].values())
+    assert set(values["gap"]) == {"G2 | P2", "G1 | ~P2"}
+    for (g, p), gap in zip((("G2", "P2"), ("G1", "~P2")), (values["gap"][k] for k in
+                                                            ("G2 | P2", "G1 | ~P2"))):
+        want = values["proxy"][f"{g} | {p}"][0] - values["gold_samples"][p][0]
+        assert gap[0] == pytest.approx(want, nan_ok=True)
+    s = json.loads((work / "summary.json").read_text())
+    assert set(s["gold"]["differences"]) == {"P2 - ~P2", "P2 - P1", "P1 - P0", "~P2 - P0"}
+    text = (work / "results.md").read_text()
+    assert "Gold score (METHOD 13)" in text and "1 rows of world/heldout.jsonl" in text

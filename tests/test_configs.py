@@ -89,8 +89,10 @@ def test_coevolution_config_validates_for_both_arms(arg, device_count):
     config.rounds.generator_rounds = -2
     with pytest.raises(config_check.ConfigError, match="rounds.generator_rounds"):
         config_check.validate(config, device_count=device_count, process_count=1)
-    with pytest.raises(ValueError, match="world=checks"):  # its judge is the LLM verifier
-        coevolution.get_config(arg + ",world=checks")
+    checks = coevolution.get_config(arg + ",world=checks")
+    assert checks.verifier.kind == "checks"
+    assert checks.experiment.eval_file.endswith("heldout.jsonl")
+    config_check.validate(checks, device_count=device_count, process_count=1)
 
 
 def test_eval_policy_config_validates_and_names_bad_fields():

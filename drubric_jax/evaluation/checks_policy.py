@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -36,49 +36,13 @@ P0_FILE = "p0_heldout.json"      # P_0's held-out answers and gold scores, in th
 HELDOUT_FILE = "heldout.json"     # a trained policy's, in its run directory
 
 
-def greedy_answers(params, cfg, tokenizer, id_lists: Sequence[Sequence[int]], *,
-                   max_new_tokens: int, batch: int,
-                   on_batch: Optional[Callable[[list], None]] = None) -> tuple[list, int]:
-    """Greedy answers of one model to tokenized prompts, `batch` prompts per sampler call.
-
-    Args:
-        params, cfg, tokenizer: a loaded model (`models.load_model`).
-        id_lists: U prompts as token ids (chat template applied, assistant turn open).
-        max_new_tokens: longest answer, tokens; batch: prompts per call (>= 1).
-        on_batch: called with each batch's answers (a caller appends them to a file).
-
-    Returns:
-        (U answers as str, number of answers cut at max_new_tokens).
-    """
-    import jax
-    from tqdm import tqdm
-
-    from drubric_jax import sampling
-    from drubric_jax.text import tokenizer as tok_lib
-
-    stop = tok_lib.stop_ids(tokenizer)
-    out, cut = [], 0
-    for lo in tqdm(range(0, len(id_lists), batch), desc="greedy answers", unit="batch"):
-        ids = [list(x) for x in id_lists[lo:lo + batch]]
-        # Greedy decoding draws nothing; the key is a required argument only.
-        r = sampling.generate(params, cfg, ids, key=jax.random.PRNGKey(0),
-                              max_new_tokens=max_new_tokens, method=sampling.Greedy(),
-                              stop_ids=stop)
-        cut += int(r.truncated.sum())
-        got = [tokenizer.decode(r.tokens[i][r.mask[i]], skip_special_tokens=True)
-               for i in range(len(ids))]
-        out += got
-        if on_batch is not None:
-            on_batch(got)
-    return out, cut
-
-
 def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new_tokens: int,
                  batch: int = 32, dtype: str = "float32") -> dict:
     """Greedy answers of `model` to held-out checks-world prompts and their gold scores.
 
     Prompts are rendered as in the policy phase (`rounds.phases.policy_prompt_ids`: history
-    + request in the chat template, cut to `max_prompt_tokens`).
+    + request in the chat template, cut to `max_prompt_tokens`); `policy_eval.answers`
+    decodes them, `batch` prompts per sampler call.
 
     Args:
         model: a `models.load_model` source (the packaged default, a .gguf, an HF export dir).
@@ -91,22 +55,32 @@ def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new
     Raises:
         ValueError: an item without true checks (names its id).
     """
+    import jax
+
     from drubric_jax import models
-    from drubric_jax.checks import gold_score
-    from drubric_jax.rounds.phases import policy_prompt_ids
+    from drubric_jax.evaluation import policy_eval
 
     for it in items:
         if not (it.meta or {}).get("checks"):
             raise ValueError(f"held-out prompt {it.id!r}: no meta.checks (true checks)")
     cfg, params, tokenizer = models.load_model(model, dtype)
-    ids = [policy_prompt_ids(tokenizer, it.prompt, it.history, max_prompt_tokens)
-           for it in items]
-    answers, cut = greedy_answers(params, cfg, tokenizer, ids, max_new_tokens=max_new_tokens,
-                                  batch=batch)
-    gold = [float(gold_score(it.meta["checks"], y)) for it, y in zip(items, answers)]
-    return {"model": model, "ids": [it.id for it in items], "gold": gold, "answers": answers,
-            "truncated": cut, "max_new_tokens": int(max_new_tokens),
+    # Greedy decoding draws nothing; the key is a required argument only.
+    answers, cut = policy_eval.answers(
+        cfg, params, tokenizer, [it.prompt for it in items], key=jax.random.PRNGKey(0),
+        max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens, temperature=0.0,
+        rows_per_call=batch, histories=[list(it.history) for it in items])
+    return {"model": model, "ids": [it.id for it in items],
+            "gold": gold_of(items, answers), "answers": answers,
+            "truncated": int(np.sum(cut)), "max_new_tokens": int(max_new_tokens),
             "max_prompt_tokens": int(max_prompt_tokens)}
+
+
+def gold_of(items: Sequence, answers: Sequence[str]) -> list:
+    """g(x, y) (METHOD 13) of each answer against its item's true checks (`meta["checks"]`);
+    nan where no check is scorable."""
+    from drubric_jax.checks import gold_score
+
+    return [float(gold_score(it.meta["checks"], y)) for it, y in zip(items, answers)]
 
 
 def paired_difference(after: Sequence[float], before: Sequence[float], n_boot: int,

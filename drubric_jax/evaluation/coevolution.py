@@ -50,7 +50,9 @@ def rdisc_per_prompt(ctx, generator_params, key, prompts, histories, sets,
 
     Returns:
         {"r_disc": float64[U] (mean over the G lists; an invalid list scores 0),
-        "valid": float64[U] (valid lists of the G)}.
+        "valid": float64[U] (valid lists of the G), "proxy": float64[U] the mean Eq. 12
+        score of the responses over the valid lists (nan where none is valid): the reward
+        a policy trained against this generator would see}.
     """
     rb = ctx.generator.generate_batch(
         generator_params, key,
@@ -59,8 +61,13 @@ def rdisc_per_prompt(ctx, generator_params, key, prompts, histories, sets,
     v, real = judging.verify_lists_on_sets(ctx, rb, prompts, histories, sets, Timer())
     r = np.asarray(rewards.discriminability_reward(
         v, rb.weights, rb.item_mask, np.broadcast_to(real[:, None], v.shape[:3])), np.float64)
+    scores, valid = (np.asarray(x) for x in rewards.rubric_scores(v, rb.weights, rb.item_mask))
+    use = (valid & np.asarray(rb.list_valid))[:, :, None] & np.asarray(real)[:, None, :]
+    with np.errstate(invalid="ignore"):
+        proxy = (np.where(use, scores, 0.0).sum(axis=(1, 2)) / use.sum(axis=(1, 2)))
     return {"r_disc": r.mean(axis=1),
-            "valid": np.asarray(rb.list_valid, np.float64).sum(axis=1)}
+            "valid": np.asarray(rb.list_valid, np.float64).sum(axis=1),
+            "proxy": proxy.astype(np.float64)}
 
 
 def paired_summary(values: dict, comparisons, n_boot: int, seed: int,
@@ -125,7 +132,11 @@ def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
             ("Win rate against the reference answers (both orders, ties = 1/2)", "win_rate",
              "policy"),
             ("Soft preference over the reference answers (mean of both orders)",
-             "preference", "policy")):
+             "preference", "policy"),
+            ("Gold score (METHOD 13) of each policy's greedy answers", "gold", "policy"),
+            ("Proxy minus gold on each policy's samples: the Eq. 12 score of the generator it "
+             "trained against minus the samples' gold score", "gap",
+             "generator on policy samples")):
         block = summary.get(key)
         if not block:
             continue
@@ -166,10 +177,12 @@ def plot(summary: dict, out_png: str) -> None:
     left.set_xticks(np.arange(len(policies)), [f"samples of {p}" for p in policies])
     left.set_title("R_disc (Eq. 13)")
     left.legend()
-    w = summary["win_rate"]["means"]
+    key = "gold" if "gold" in summary else "win_rate"
+    w = summary[key]["means"]
     points(right, list(w.values()))
     right.set_xticks(np.arange(len(w)), list(w))
-    right.set_title("win rate against the references")
+    right.set_title("gold score of greedy answers" if key == "gold"
+                    else "win rate against the references")
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
@@ -184,17 +197,36 @@ COMPARISONS = {
     "win_rate": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
     "preference": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0")],
 }
+# The checks world (METHOD 13) replaces the judged win rates by exact gold scores: each
+# policy's greedy answers (gold), and on the policies' samples the proxy (the Eq. 12 score
+# of the generator each arm trained against) minus the samples' gold: is the stale
+# generator exploited more than the co-evolved one?
+CHECKS_COMPARISONS = {
+    "r_disc": COMPARISONS["r_disc"],
+    "gold": [("P2", "~P2"), ("P2", "P1"), ("P1", "P0"), ("~P2", "P0")],
+    "gap": [("G1 | ~P2", "G2 | P2")],
+}
+
+
+def _finite_rows(values: dict) -> dict:
+    """The entries of one block on the prompts where every entry is finite (a prompt whose
+    lists were all invalid has no proxy score; paired statistics need the same prompts)."""
+    arr = {k: np.asarray(v, np.float64) for k, v in values.items()}
+    keep = np.all([np.isfinite(v) for v in arr.values()], axis=0)
+    return {k: v[keep] for k, v in arr.items()}
 
 
 def summarize(workdir: str, n_boot: int, seed: int) -> dict:
-    """Means, CIs and the COMPARISONS' paired differences from `<workdir>/eval.json`."""
+    """Means, CIs and the paired differences of COMPARISONS (CHECKS_COMPARISONS when the
+    evaluation has gold scores, the checks world) from `<workdir>/eval.json`."""
     import json
     import os
 
     with open(os.path.join(workdir, "eval.json")) as f:
         values = json.load(f)
-    out = {key: paired_summary(values[key], pairs, n_boot, seed)
-           for key, pairs in COMPARISONS.items()}
+    comparisons = CHECKS_COMPARISONS if "gold" in values else COMPARISONS
+    out = {key: paired_summary(_finite_rows(values[key]), pairs, n_boot, seed)
+           for key, pairs in comparisons.items()}
     out["ids"] = values["ids"]
     return out
 
@@ -206,4 +238,6 @@ def eval_note(eval_file: str, skipped: int, seed: int, n: int) -> str:
     import os
 
     name = "/".join(os.path.normpath(eval_file).split(os.sep)[-2:])
+    if not skipped:  # the checks world's held-out prompts: never trained on
+        return f"{n} rows of {name} (seed {seed}; ids in eval.json)"
     return f"{n} rows of {name} after its first {skipped} (seed {seed}; ids in eval.json)"
