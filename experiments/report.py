@@ -15,6 +15,8 @@ files in it (nothing is copied from a previous results/):
     checks_policy summary.json with "arms_run": the held-out gold scores and training
                   curves of every arm and seed (`evaluation.checks_policy.summarize`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
+    ifeval        report.json of experiments.eval_ifeval ("metrics" and "not_scored"; with
+                  its paired comparison to a baseline when it has one)
     evaluator     report.json with "macro" (the evaluator benchmark,
                   `evaluation.results.results_markdown`)
 Writes `<out>/<kind>-<run dir name>.md` (+ `.png` where the kind has a plot) and
@@ -37,7 +39,7 @@ def _read(path: str):
 
 def kind_of(run_dir: str) -> str:
     """"grpo_learns" | "ablation" | "coevolution" | "checks_policy" | "eval_policy" |
-    "evaluator".
+    "evaluator" | "ifeval".
 
     Raises:
         ValueError: the directory holds none of them (names what was looked for).
@@ -56,9 +58,11 @@ def kind_of(run_dir: str) -> str:
         return "eval_policy"
     if "macro" in report:
         return "evaluator"
+    if "metrics" in report and "not_scored" in report:
+        return "ifeval"
     raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution, "
-                     "checks_policy) or "
-                     "report.json (eval_policy, evaluator benchmark) of a known experiment")
+                     "checks_policy) or report.json (eval_policy, evaluator benchmark, "
+                     "eval_ifeval) of a known experiment")
 
 
 def render(run_dir: str, out_stem: str) -> tuple[str, str]:
@@ -110,6 +114,11 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
 
         r = _read(os.path.join(run_dir, "report.json"))
         text, command = policy_eval.results_markdown(r), r["command"]
+    elif kind == "ifeval":
+        from drubric_jax.evaluation import ifeval
+
+        r = _read(os.path.join(run_dir, "report.json"))
+        text, command = ifeval.results_markdown(r), r.get("command", "")
     else:
         r = _read(os.path.join(run_dir, "report.json"))
         text = results.results_markdown({run_dir: r})

@@ -178,3 +178,40 @@ def test_a_killed_generation_resumes_where_its_file_ends(rows, tmp_path):
     assert ifeval.resume_responses(str(path), rows[:5], stub)[0] == responses
     assert ifeval.resume_responses(str(tmp_path / "new.jsonl"), rows[:3], stub) == (
         ["answer 0", "answer 1", "answer 2"], 1)
+
+
+def test_paired_difference_by_hand():
+    """Two models on the same 3 prompts (judged as `ifeval.judge` writes them: (check,
+    scored, strict, loose, reason)); the third prompt has no scored instruction and leaves
+    the prompt-level denominator. Before: prompt strict 0 of 2, instruction strict 1 of 3;
+    after: 2 of 2 and 3 of 3. The CI is the percentile interval of each replicate's
+    difference of ratios (the same prompt resamples for both)."""
+    from drubric_jax.evaluation.intervals import ratio
+    from helpers import assert_percentile_ci
+
+    c = "punctuation:no_comma"
+    skip = (c, False, False, False, "not scorable here")
+    before = [[(c, True, True, True, ""), (c, True, False, True, "")],
+              [(c, True, False, False, "")], [skip]]
+    after = [[(c, True, True, True, ""), (c, True, True, True, "")],
+             [(c, True, True, True, "")], [skip]]
+    p = ifeval.paired(before, after, 400, 0)
+    assert p["n_prompts"] == 3
+    assert (p["prompt_strict"]["before"], p["prompt_strict"]["after"]) == (0.0, 1.0)
+    assert p["instruction_strict"]["before"] == pytest.approx(1 / 3)
+    assert p["instruction_strict"]["difference"] == pytest.approx(2 / 3)
+    assert p["instruction_loose"]["difference"] == pytest.approx(1 / 3)
+    # The CI, on prompts that all have a scored instruction (a resample of the third alone
+    # has no denominator: its replicate is dropped, which the exact reference cannot say).
+    one = [(c, True, False, False, "")], [(c, True, True, True, "")]
+    q = ifeval.paired(before[:2] + [one[0]], after[:2] + [one[1]], 400, 0)
+    num_b, num_a, den = np.array([1.0, 0, 0]), np.array([2.0, 1, 1]), np.array([2.0, 1, 1])
+    assert_percentile_ci(q["instruction_strict"]["ci95"],
+                         lambda w: ratio(w @ num_a, w @ den) - ratio(w @ num_b, w @ den),
+                         3, 400)
+    with pytest.raises(ValueError, match="same prompts"):
+        ifeval.paired(before, after[:2])
+    with pytest.raises(ValueError, match="different instructions"):
+        ifeval.paired(before, [after[0], after[1], [(c, True, True, True, "")]])
+    text = ifeval.format_paired(p, "p0.jsonl", "p1")
+    assert "instruction_strict    0.333     1.000     +0.667" in text

@@ -114,10 +114,7 @@ def report(judged, n_boot: int = intervals.N_BOOTSTRAP, seed: int = 0) -> dict:
     """
     u = len(judged)
     w = intervals.resample_weights(u, n_boot, seed)  # raises ValueError when u == 0
-    n_ok = {m: np.array([sum(bool(v[i]) for v in p if v[1]) for p in judged], np.float64)
-            for m, i in (("strict", 2), ("loose", 3))}
-    n_sc = np.array([sum(v[1] for v in p) for p in judged], np.float64)
-    has = (n_sc > 0).astype(np.float64)
+    n_sc, n_ok, has = _counts(judged)
     metrics = {}
     for m in ("strict", "loose"):
         metrics[f"prompt_{m}"] = _stat(has * (n_ok[m] == n_sc), has, w)
@@ -142,6 +139,61 @@ def report(judged, n_boot: int = intervals.N_BOOTSTRAP, seed: int = 0) -> dict:
                        "prompts_without_scorable": int(u - has.sum())},
         "metrics": metrics, "per_type": per_type, "bootstrap": {"n_boot": n_boot, "seed": seed},
     }
+
+
+def _counts(judged) -> tuple:
+    """Per prompt: scored instructions n_sc, followed ones {strict, loose}, has (n_sc > 0),
+    float64[U] each (the units of `report`)."""
+    n_ok = {m: np.array([sum(bool(v[i]) for v in p if v[1]) for p in judged], np.float64)
+            for m, i in (("strict", 2), ("loose", 3))}
+    n_sc = np.array([sum(v[1] for v in p) for p in judged], np.float64)
+    return n_sc, n_ok, (n_sc > 0).astype(np.float64)
+
+
+def paired(judged_before, judged_after, n_boot: int = intervals.N_BOOTSTRAP,
+           seed: int = 0) -> dict:
+    """The four accuracies of two models' answers to the same prompts (`judge` outputs, same
+    rows in the same order) and after - before, with a paired percentile-bootstrap 95% CI
+    (the same prompt resamples for both: each replicate's difference of the two ratios).
+
+    Returns:
+        {"n_prompts", metric: {"before", "after", "difference", "ci95"}} for `METRICS`.
+
+    Raises:
+        ValueError: different prompt counts, or different scored instructions per prompt
+            (the two were judged on different rows).
+    """
+    if len(judged_before) != len(judged_after):
+        raise ValueError(f"paired IFEval needs the same prompts: {len(judged_before)} vs "
+                         f"{len(judged_after)}")
+    (sc_b, ok_b, has), (sc_a, ok_a, _) = _counts(judged_before), _counts(judged_after)
+    if not np.array_equal(sc_b, sc_a):
+        raise ValueError("paired IFEval: the two runs scored different instructions per prompt")
+    w = intervals.resample_weights(len(judged_before), n_boot, seed)
+    out = {"n_prompts": len(judged_before)}
+    for m in ("strict", "loose"):
+        for level, num_b, num_a, den in (
+                ("prompt", has * (ok_b[m] == sc_b), has * (ok_a[m] == sc_a), has),
+                ("instruction", ok_b[m], ok_a[m], sc_b)):
+            before = float(intervals.ratio(num_b.sum(), den.sum()))
+            after = float(intervals.ratio(num_a.sum(), den.sum()))
+            reps = intervals.ratio(w @ num_a, w @ den) - intervals.ratio(w @ num_b, w @ den)
+            out[f"{level}_{m}"] = {"before": before, "after": after,
+                                   "difference": after - before,
+                                   "ci95": intervals.percentile_interval(reps)}
+    return out
+
+
+def format_paired(p: dict, before: str, after: str) -> str:
+    """The paired comparison as text lines (after - before, 95% CI)."""
+    lines = [f"paired over {p['n_prompts']} prompts: {after} - {before}",
+             f"{'metric':<22}{'before':<10}{'after':<10}after - before [95% CI]"]
+    for m in METRICS:
+        x = p[m]
+        lo, hi = x["ci95"]
+        lines.append(f"{m:<22}{x['before']:<10.3f}{x['after']:<10.3f}"
+                     f"{x['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    return "\n".join(lines)
 
 
 def format_table(rep: dict) -> str:
@@ -218,3 +270,36 @@ def resume_responses(path: str, rows, generate) -> tuple:
 
     new, cut = generate(prompts[len(done):], append) if len(done) < len(rows) else ([], 0)
     return done + list(new), (None if done else cut)
+
+
+def results_markdown(rep: dict) -> str:
+    """A report.json of `experiments.eval_ifeval` as the markdown of `results/`: the four
+    accuracies with CIs and, with a baseline, the paired differences."""
+    def cell(x):
+        return f"{x['value']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]"
+
+    s, m, ns = rep.get("setup", {}), rep["metrics"], rep["not_scored"]
+    lines = ["# IFEval (Zhou et al. 2023)", "", f"- command: `{rep.get('command', '')}`",
+             f"- model: `{s.get('model') or s.get('responses')}`, {s.get('decoding', 'greedy')}"
+             f" decoding, at most {s.get('max_new_tokens')} new tokens "
+             f"({s.get('truncated_responses')} answers cut there), "
+             f"{s.get('seconds_generate')} s of generation",
+             f"- {rep['n_prompts']} prompts, {rep['n_instructions']} instructions; not scored: "
+             f"{ns['count']} ({ns['by_check']}), left out of every denominator", "",
+             "| level | strict [95% CI] | loose [95% CI] |", "|---|---|---|"]
+    for level in ("prompt", "instruction"):
+        lines.append(f"| {level} | {cell(m[level + '_strict'])} | "
+                     f"{cell(m[level + '_loose'])} |")
+    p = rep.get("paired")
+    if p:
+        lines += ["", f"## Paired against `{p.get('baseline')}` (the same prompts; the CI "
+                  "resamples prompts for both)", "",
+                  "| metric | baseline | this model | difference [95% CI] | 0 inside the CI |",
+                  "|---|---|---|---|---|"]
+        for k in METRICS:
+            x = p[k]
+            lo, hi = x["ci95"]
+            lines.append(f"| {k} | {x['before']:.3f} | {x['after']:.3f} | "
+                         f"{x['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+                         f"{'yes' if lo <= 0 <= hi else 'no'} |")
+    return "\n".join(lines + [""])
