@@ -27,6 +27,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/checks_policy
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the runs.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
+_SUMMARIZE_ONLY = flags.DEFINE_bool(
+    "summarize_only", False, "Train and evaluate nothing: summarize the (arm, seed) runs "
+    "already evaluated in the workdir (an arm over the seeds it has).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -74,7 +77,8 @@ def main(argv):
     os.makedirs(workdir, exist_ok=True)
     arms = [a.strip() for a in e.arms.split(",") if a.strip()]
     seeds = [int(s) for s in str(e.seeds).split(",") if s.strip()]
-    cfgs = {arm: arm_config(c, arm) for arm in arms}  # every arm checked before any compute
+    # Every arm checked before any compute (a summary needs no trained generator).
+    cfgs = {arm: arm_config(c, arm) for arm in arms if not _SUMMARIZE_ONLY.value}
     heldout_path = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
     items = prompts_from_jsonl(heldout_path)
     if e.heldout_rows:
@@ -93,7 +97,7 @@ def main(argv):
         run_logging.add_wall_time(workdir, stage, time.perf_counter() - t0)
 
     evaluate(c.model.policy, os.path.join(workdir, cp.P0_FILE), "heldout P_0")
-    for s in seeds:
+    for s in ([] if _SUMMARIZE_ONLY.value else seeds):
         for arm in arms:
             cfg = cfgs[arm].copy_and_resolve_references()
             cfg.seed = s

@@ -170,6 +170,15 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
     trained = json.loads((work / "seed0" / "rubric_trained" / "config.json").read_text())
     assert trained["model"]["generator"] == str(gen)
     assert "rubric_trained - gold" in s["versus"] and "Shown:" in out
+    # --summarize_only trains nothing: seed 1 has no run, each arm keeps the seed it has.
+    run_module(*base, "--config.experiment.arms=gold,rubric_g0", "--config.experiment.seeds=0,1",
+               "--summarize_only", timeout=300)
+    assert not (work / "seed1").exists()
+    part = json.loads((work / "summary.json").read_text())
+    assert part["seeds"] == [0, 1] and list(part["arms"]["gold"]["seeds"]) == ["0"]
+    assert part["arms"]["gold"]["seeds"]["0"] == s["arms"]["gold"]["seeds"]["0"]
+    run_module(*base, "--config.experiment.arms=gold,rubric_g0,rubric_trained",
+               f"--config.experiment.trained_generator={gen}", "--summarize_only", timeout=300)
     res = tmp_path / "results"
     run_module("experiments.report", str(work), f"--out={res}", timeout=120)
     md = (res / "checks_policy-cp.md").read_text()

@@ -155,8 +155,12 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
         "versus": {"A - B": {s: paired difference of the two arms' held-out scores}},
         "window"}. Train first / last: the mean of the first / last `window` steps.
 
+    An arm is summarized over the seeds whose run has been evaluated (its heldout.json);
+    a pair of arms is compared on the seeds both have.
+
     Raises:
-        FileNotFoundError: a missing p0_heldout.json or an arm's heldout.json (names it).
+        FileNotFoundError: a missing p0_heldout.json, or an arm with no evaluated seed
+            (names the files looked for).
     """
     p0 = _read(os.path.join(workdir, P0_FILE))
     out = {"p0": {"model": p0["model"], "gold_mean": float(np.nanmean(p0["gold"])),
@@ -168,6 +172,8 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
         per_seed = {}
         for s in seeds:
             d = run_dir(workdir, s, arm)
+            if not os.path.exists(os.path.join(d, HELDOUT_FILE)):
+                continue
             h = _read(os.path.join(d, HELDOUT_FILE))
             if h["ids"] != p0["ids"]:
                 raise ValueError(f"{d}/{HELDOUT_FILE}: held-out prompts differ from "
@@ -181,6 +187,9 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
                 **{f"train_{k}_{end}": float(np.nanmean(curves[k][:w] if end == "first"
                                                         else curves[k][-w:]))
                    for k in ("gold", "proxy") for end in ("first", "last")}}
+        if not per_seed:
+            raise FileNotFoundError(f"arm {arm!r}: no {HELDOUT_FILE} in "
+                                    f"{run_dir(workdir, '<S>', arm)} for seeds {list(seeds)}")
         out["arms"][arm] = {
             "reward": ARMS.get(arm, arm), "seeds": per_seed,
             "across_seeds": seed_spread([v["heldout"]["difference"] for v in per_seed.values()]),
@@ -188,7 +197,8 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
             out["versus"][f"{b} - {a}"] = {str(s): paired_difference(
-                after[(b, s)], after[(a, s)], n_boot, seed) for s in seeds}
+                after[(b, s)], after[(a, s)], n_boot, seed) for s in seeds
+                if (a, s) in after and (b, s) in after}
     return out
 
 

@@ -292,6 +292,11 @@ def results_markdown(rep: dict) -> str:
                      f"{cell(m[level + '_loose'])} |")
     p = rep.get("paired")
     if p:
+        moved = [k for k in METRICS if not p[k]["ci95"][0] <= 0 <= p[k]["ci95"][1]]
+        lines += ["", "Shown: " + (
+            "the model differs from the baseline beyond chance in " + ", ".join(moved)
+            if moved else "no difference from the baseline beyond chance in any of the four "
+            "accuracies (every paired CI holds 0); a small effect is not ruled out") + "."]
         lines += ["", f"## Paired against `{p.get('baseline')}` (the same prompts; the CI "
                   "resamples prompts for both)", "",
                   "| metric | baseline | this model | difference [95% CI] | 0 inside the CI |",
