@@ -18,9 +18,14 @@ def _row_bytes(row) -> bytes:
     """Canonical JSON of one dataclass row (AnchorList, PromptItem): sorted keys, no
     spaces, UTF-8, so equal rows give equal bytes on every machine."""
     fields = dataclasses.asdict(row)
-    if isinstance(row, (PromptItem, AnchorList)) and not fields["meta"]:
-        # A row without meta hashes as before PromptItem and AnchorList carried meta, so
-        # the runs fingerprinted then still resume.
+    if isinstance(row, PromptItem) and not fields["meta"]:
+        # A prompt row without meta hashes as before PromptItem carried meta, so the runs
+        # fingerprinted then still resume.
+        del fields["meta"]
+    if isinstance(row, AnchorList):
+        # An anchor list's meta trains nothing (its true checks only score the generator's
+        # constraint recovery), and anchor rows with meta were hashed without it before
+        # AnchorList carried it: left out, so those runs still resume.
         del fields["meta"]
     return json.dumps(fields, sort_keys=True, ensure_ascii=False,
                       separators=(",", ":")).encode("utf-8")
