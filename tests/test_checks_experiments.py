@@ -183,3 +183,52 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
     run_module("experiments.report", str(work), f"--out={res}", timeout=120)
     md = (res / "checks_policy-cp.md").read_text()
     assert "| rubric_trained | 0 |" in md and (res / "checks_policy-cp.png").stat().st_size
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("smollm2_gguf")
+def test_sensitivity_experiment_end_to_end(tmp_path):
+    """configs/sensitivity.py:tiny on hand-written checks-world rows, two settings (the
+    paper's lambda and K = 8): each is a round of the loop with its override, its trained
+    generator scored on the held-out anchor list (constraint F1 among the values) and its
+    policy's held-out gold paired against P_0 and against lam1 (0 for lam1 itself)."""
+    from configs.sensitivity import SETTINGS
+
+    data = tmp_path / "world"
+    data.mkdir()
+    write_checks_world(str(data))
+    work = tmp_path / "se"
+    out = run_module("experiments.sensitivity",
+                     f"--config=configs/sensitivity.py:tiny,checks_dir={data}",
+                     f"--workdir={work}", "--config.experiment.settings=lam1,k8",
+                     "--config.log.progress=False", timeout=900)
+    assert "# Sensitivity" in out
+    cfg = json.loads((work / "k8" / "config.json").read_text())
+    assert cfg["policy"]["num_responses"] == SETTINGS["k8"]["policy.num_responses"]
+    s = json.loads((work / "summary.json").read_text())
+    assert s["baseline"] == "lam1" and s["generator"]["n_lists"] == 1
+    assert "constraint_f1" in s["generator"]["generators"]["k8"]
+    assert s["gold"]["lam1"]["vs_lam1"]["difference"] == 0.0
+    gen = json.loads((work / "k8" / "heldout_generator.json").read_text())
+    assert len(gen["constraint_f1"]) == 1 and 0 <= gen["constraint_f1"][0] <= 1
+    with pytest.raises(ValueError, match="settings"):
+        from experiments.sensitivity import setting_config
+        from configs import sensitivity
+
+        setting_config(sensitivity.get_config("tiny"), "lam9")
+
+
+def test_sensitivity_config_validates_for_every_setting():
+    from configs import sensitivity
+    from drubric_jax import config_check
+    from experiments.sensitivity import setting_config
+
+    for arg, devices in (("", 1), ("tiny", 1), ("scale=qwen3_8b", 8)):
+        c = sensitivity.get_config(arg)
+        assert c.verifier.kind == "checks" and c.rounds.num_rounds == 1
+        for name in sensitivity.SETTINGS:
+            config_check.validate(setting_config(c, name), device_count=devices,
+                                  process_count=1)
+    c = sensitivity.get_config("")
+    assert (c.rounds.generator_steps + c.rounds.policy_steps) % c.checkpoint.every_steps == 0
+    assert setting_config(c, "lam2").generator.lam == 2.0

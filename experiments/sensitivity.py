@@ -1,0 +1,182 @@
+r"""Sensitivity to lambda (Eq. 24-25) and K in the checks world (issue 32, question 4).
+
+    python -m experiments.sensitivity --config=configs/sensitivity.py --workdir=runs/sensitivity
+
+configs/sensitivity.py says what each setting changes and what is measured. Writes, in the
+workdir: `<setting>/` (the loop run, its `heldout_generator.json`: the trained generator's
+values on the held-out anchor lists, and `heldout.json`: the trained policy's held-out
+answers and gold scores), `p0_heldout.json`, `summary.json`, `results.md`. Running the
+command again resumes: a finished run or evaluation is skipped.
+"""
+import gc
+import json
+import os
+import shlex
+import sys
+import time
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/sensitivity.py[:switches]",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the settings' runs.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (as ablation's)
+GENERATOR_FILE = "heldout_generator.json"
+
+
+def setting_config(c, name: str):
+    """The loop config of one setting (`configs.sensitivity.SETTINGS`).
+
+    Raises:
+        ValueError: an unknown setting.
+    """
+    from configs.sensitivity import SETTINGS
+
+    if name not in SETTINGS:
+        raise ValueError(f"config.experiment.settings: {name!r} is not one of {list(SETTINGS)}")
+    cfg = c.copy_and_resolve_references()
+    for field, value in SETTINGS[name].items():
+        section, key = field.split(".")
+        cfg[section][key] = value
+    return cfg
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)  # a kill leaves no half-written file
+
+
+def score_generator(cfg, run_dir: str, path: str) -> None:
+    """The trained generator of `run_dir` on the held-out anchor lists
+    (`evaluation.ablation.heldout_per_list`, constraint recovery included), to `path`."""
+    import jax
+    import numpy as np
+
+    from drubric_jax.evaluation import ablation
+    from drubric_jax.rounds import hostmem, loop
+
+    e = cfg.experiment
+    run = loop.setup(cfg, run_dir)
+    try:
+        loop.restore(run)
+        key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), EVAL_KEY)
+        out = ablation.heldout_per_list(run.ctx, key, run.data.heldout_anchors, e.eval_lists,
+                                        e.eval_temperature)
+        _write_json(path, {k: (v.tolist() if isinstance(v, np.ndarray) else v)
+                           for k, v in out.items()})
+    finally:
+        loop.close(run)
+        del run
+        gc.collect()
+        hostmem.release_free_memory()
+
+
+def main(argv):
+    del argv
+    from configs.sensitivity import BASELINE
+    from configs.smollm2_cpu import CHECKS_FILES
+    from drubric_jax.data.sources import prompts_from_jsonl
+    from drubric_jax.evaluation import ablation
+    from drubric_jax.evaluation import checks_policy as cp
+    from drubric_jax.rounds import loop, run_logging
+
+    run_logging.quiet_third_party_logs(not _VERBOSE.value)
+    c, workdir = _CONFIG.value, _WORKDIR.value
+    e = c.experiment
+    os.makedirs(workdir, exist_ok=True)
+    names = [s.strip() for s in e.settings.split(",") if s.strip()]
+    cfgs = {n: setting_config(c, n) for n in names}  # every setting checked before compute
+    items = prompts_from_jsonl(os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"]))
+    items = items[:int(e.heldout_rows)] if e.heldout_rows else items
+    budgets = dict(max_prompt_tokens=int(c.policy.max_prompt_tokens),
+                   max_new_tokens=int(c.policy.max_new_tokens), batch=int(e.eval_batch),
+                   dtype=c.model.dtype)
+
+    def timed(stage, path, fn):
+        if os.path.exists(path):
+            return
+        t0 = time.perf_counter()
+        fn()
+        run_logging.add_wall_time(workdir, stage, time.perf_counter() - t0)
+
+    p0 = os.path.join(workdir, cp.P0_FILE)
+    timed("heldout P_0", p0, lambda: _write_json(p0, cp.heldout_gold(c.model.policy, items,
+                                                                      **budgets)))
+    for n in names:
+        d, cfg = os.path.join(workdir, n), cfgs[n]
+        timed(n, os.path.join(d, loop.FINISHED), lambda: loop.run(cfg, d))
+        gen = os.path.join(d, GENERATOR_FILE)
+        timed(f"generator of {n}", gen, lambda: score_generator(cfg, d, gen))
+        pol = os.path.join(d, cp.HELDOUT_FILE)
+        timed(f"policy of {n}", pol, lambda: _write_json(pol, cp.heldout_gold(
+            os.path.join(d, "export", "policy"), items, **budgets)))
+    per = {n: _read_generator(os.path.join(workdir, n, GENERATOR_FILE)) for n in names}
+    base = BASELINE if BASELINE in names else names[0]
+    gen_summary = ablation.summarize(per, base, [], int(e.n_bootstrap), int(c.seed))
+    p0_gold = json.load(open(p0, encoding="utf-8"))["gold"]
+    after = {n: json.load(open(os.path.join(workdir, n, cp.HELDOUT_FILE),
+                               encoding="utf-8"))["gold"] for n in names}
+    gold = {n: {"vs_p0": cp.paired_difference(after[n], p0_gold, int(e.n_bootstrap),
+                                              int(c.seed)),
+                f"vs_{base}": cp.paired_difference(after[n], after[base], int(e.n_bootstrap),
+                                                   int(c.seed))} for n in names}
+    command = shlex.join(["python", "-m", "experiments.sensitivity"] + sys.argv[1:])
+    wall = run_logging.wall_times(workdir)
+    summary = {"command": command, "wall_s": wall, "settings": names, "baseline": base,
+               "generator": gen_summary, "gold": gold, "seed": int(c.seed)}
+    _write_json(os.path.join(workdir, "summary.json"), summary)
+    text = markdown(summary)
+    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text, flush=True)
+
+
+def _read_generator(path: str) -> dict:
+    import numpy as np
+
+    with open(path, encoding="utf-8") as f:
+        rec = json.load(f)
+    return {k: (np.asarray(v, np.float64) if isinstance(v, list) and k != "ids" else v)
+            for k, v in rec.items()}
+
+
+def markdown(summary: dict) -> str:
+    """results.md: per setting, the generator's held-out constraint F1 and Delta_gap, and
+    the policy's held-out gold score against P_0 and against the baseline setting."""
+    from configs.sensitivity import SETTINGS
+
+    g, base = summary["generator"], summary["baseline"]
+
+    def ci(x, key="mean", sign=False):
+        f = "{:+.3f}" if sign else "{:.3f}"
+        lo, hi = x["ci"]
+        return f"{f.format(x[key])} [{f.format(lo)}, {f.format(hi)}]"
+
+    lines = ["# Sensitivity: lambda (Eq. 24-25) and K, checks world", "",
+             f"- command: `{summary['command']}`", f"- seed {summary['seed']}, one run a setting"]
+    lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in summary["wall_s"].items()]
+    lines += ["", "| setting | overrides | constraint F1 [95% CI] | F1 on ids | Delta_gap | "
+              "held-out gold - P_0 | gold - " + base + " |", "|---|---|---|---|---|---|---|"]
+    for n in summary["settings"]:
+        x, gd = g["generators"][n], summary["gold"][n]
+        lines.append(f"| {n} | {SETTINGS[n]} | {ci(x['constraint_f1'])} | "
+                     f"{ci(x['constraint_f1_check_id'])} | {ci(x['delta_gap'])} | "
+                     f"{ci(gd['vs_p0'], 'difference', True)} | "
+                     f"{ci(gd['vs_' + base], 'difference', True)} |")
+    lines += ["", f"Generator columns: {g['n_lists']} held-out anchor lists (the trained "
+              "generator's lists, one sampling key for every setting). Gold columns: the "
+              "trained policy's greedy answers to the held-out prompts, paired bootstrap "
+              "CIs over prompts. One seed each: a difference inside its CI is not shown.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    app.run(main)
