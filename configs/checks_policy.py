@@ -19,6 +19,8 @@ CPU size (the default): SmolLM2-135M, 2 prompts x K = 4 responses of <= 64 token
 `experiment.policy_steps` steps at learning rate 1e-5 (as configs/grpo_learns.py, whose
 docstring says why not the paper's 1e-6), held-out answers greedy at the same budgets.
 """
+import os
+
 from configs.base import experiment_base
 
 
@@ -51,3 +53,27 @@ def get_config(arg: str = ""):
         c.checkpoint.every_steps = 1
         c.generator.max_items, c.generator.max_new_tokens = 3, 128  # as smollm2_cpu's tiny
     return c
+
+
+def arm_config(c, arm: str):
+    """The loop config of one arm (configs/checks_policy.py).
+
+    Raises:
+        ValueError: an unknown arm, or rubric_trained without experiment.trained_generator.
+    """
+    from drubric_jax.checks import GOLD_REWARD
+    from drubric_jax.evaluation.checks_policy import ARMS
+    from drubric_jax.rl import rule_rewards
+
+    if arm not in ARMS:
+        raise ValueError(f"config.experiment.arms: {arm!r} is not one of {sorted(ARMS)}")
+    cfg = c.copy_and_resolve_references()
+    cfg.rounds.policy_steps = int(c.experiment.policy_steps)
+    cfg.policy.reward = GOLD_REWARD if arm == "gold" else rule_rewards.RUBRIC
+    if arm == "rubric_trained":
+        path = c.experiment.trained_generator
+        if not path or not os.path.isdir(path):
+            raise ValueError("config.experiment.trained_generator: the rubric_trained arm needs "
+                             f"a Hugging Face directory of a trained generator, got {path!r}")
+        cfg.model.generator = os.path.abspath(path)
+    return cfg

@@ -61,3 +61,18 @@ def get_config(arg: str = ""):
         c.experiment.n_bootstrap = 200
         c.generator.max_items, c.generator.max_new_tokens = 2, 96
     return c
+
+
+def setting_config(c, name: str):
+    """The loop config of one setting (`configs.sensitivity.SETTINGS`).
+
+    Raises:
+        ValueError: an unknown setting.
+    """
+    if name not in SETTINGS:
+        raise ValueError(f"config.experiment.settings: {name!r} is not one of {list(SETTINGS)}")
+    cfg = c.copy_and_resolve_references()
+    for field, value in SETTINGS[name].items():
+        section, key = field.split(".")
+        cfg[section][key] = value
+    return cfg

@@ -33,30 +33,6 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def arm_config(c, arm: str):
-    """The loop config of one arm (configs/checks_policy.py).
-
-    Raises:
-        ValueError: an unknown arm, or rubric_trained without experiment.trained_generator.
-    """
-    from drubric_jax.checks import GOLD_REWARD
-    from drubric_jax.evaluation.checks_policy import ARMS
-    from drubric_jax.rl import rule_rewards
-
-    if arm not in ARMS:
-        raise ValueError(f"config.experiment.arms: {arm!r} is not one of {sorted(ARMS)}")
-    cfg = c.copy_and_resolve_references()
-    cfg.rounds.policy_steps = int(c.experiment.policy_steps)
-    cfg.policy.reward = GOLD_REWARD if arm == "gold" else rule_rewards.RUBRIC
-    if arm == "rubric_trained":
-        path = c.experiment.trained_generator
-        if not path or not os.path.isdir(path):
-            raise ValueError("config.experiment.trained_generator: the rubric_trained arm needs "
-                             f"a Hugging Face directory of a trained generator, got {path!r}")
-        cfg.model.generator = os.path.abspath(path)
-    return cfg
-
-
 def _write_json(path: str, obj) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -69,6 +45,7 @@ def main(argv):
     from drubric_jax.data.sources import prompts_from_jsonl
     from drubric_jax.evaluation import checks_policy as cp
     from drubric_jax.rounds import loop, run_logging
+    from configs.checks_policy import arm_config
     from configs.smollm2_cpu import CHECKS_FILES
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)

@@ -31,23 +31,6 @@ EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (
 GENERATOR_FILE = "heldout_generator.json"
 
 
-def setting_config(c, name: str):
-    """The loop config of one setting (`configs.sensitivity.SETTINGS`).
-
-    Raises:
-        ValueError: an unknown setting.
-    """
-    from configs.sensitivity import SETTINGS
-
-    if name not in SETTINGS:
-        raise ValueError(f"config.experiment.settings: {name!r} is not one of {list(SETTINGS)}")
-    cfg = c.copy_and_resolve_references()
-    for field, value in SETTINGS[name].items():
-        section, key = field.split(".")
-        cfg[section][key] = value
-    return cfg
-
-
 def _write_json(path: str, obj) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(obj, f)
@@ -81,7 +64,7 @@ def score_generator(cfg, run_dir: str, path: str) -> None:
 
 def main(argv):
     del argv
-    from configs.sensitivity import BASELINE
+    from configs.sensitivity import BASELINE, setting_config
     from configs.smollm2_cpu import CHECKS_FILES
     from drubric_jax.data.sources import prompts_from_jsonl
     from drubric_jax.evaluation import ablation

@@ -121,7 +121,7 @@ def test_verdict_names_each_arm_by_its_cis():
 def test_checks_policy_config_validates_for_every_arm():
     from configs import checks_policy
     from drubric_jax import config_check
-    from experiments.checks_policy import arm_config
+    from configs.checks_policy import arm_config
 
     for arg, devices in (("", 1), ("tiny", 1), ("scale=qwen3_8b", 8)):
         c = checks_policy.get_config(arg)
@@ -212,16 +212,15 @@ def test_sensitivity_experiment_end_to_end(tmp_path):
     gen = json.loads((work / "k8" / "heldout_generator.json").read_text())
     assert len(gen["constraint_f1"]) == 1 and 0 <= gen["constraint_f1"][0] <= 1
     with pytest.raises(ValueError, match="settings"):
-        from experiments.sensitivity import setting_config
         from configs import sensitivity
 
-        setting_config(sensitivity.get_config("tiny"), "lam9")
+        sensitivity.setting_config(sensitivity.get_config("tiny"), "lam9")
 
 
 def test_sensitivity_config_validates_for_every_setting():
     from configs import sensitivity
     from drubric_jax import config_check
-    from experiments.sensitivity import setting_config
+    from configs.sensitivity import setting_config
 
     for arg, devices in (("", 1), ("tiny", 1), ("scale=qwen3_8b", 8)):
         c = sensitivity.get_config(arg)
