@@ -55,6 +55,21 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
     return c, opts, scale
 
 
+def checks_experiment_base(arg: str, config_name: str):
+    """`experiment_base` of an experiment that runs in the checks world only (METHOD 13):
+    `world=checks` is added to the switches when absent.
+
+    Raises:
+        ValueError: another world asked for (names `config_name`), or as `experiment_base`.
+    """
+    if "world=" not in (arg or ""):
+        arg = ",".join(filter(None, [arg, "world=checks"]))
+    c, opts, scale = experiment_base(arg, "demo")
+    if opts.get("world") != "checks":
+        raise ValueError(f"{config_name} runs in the checks world only (world=checks)")
+    return c, opts, scale
+
+
 def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     """GRPO optimiser and loss settings for one trainable role (METHOD section 4).
 

@@ -21,14 +21,11 @@ docstring says why not the paper's 1e-6), held-out answers greedy at the same bu
 """
 import os
 
-from configs.base import experiment_base
+from configs.base import checks_experiment_base
 
 
 def get_config(arg: str = ""):
-    arg = ",".join(filter(None, [arg, "world=checks"])) if "world=" not in (arg or "") else arg
-    c, opts, scale = experiment_base(arg, "demo")
-    if opts.get("world") != "checks":
-        raise ValueError("configs/checks_policy.py runs in the checks world only (world=checks)")
+    c, opts, scale = checks_experiment_base(arg, "configs/checks_policy.py")
     c.experiment = dict(
         arms="gold,rubric_g0",  # comma-separated, run in this order, each in DIR/seed<S>/<arm>
         seeds="0,1,2",          # config.seed of each repeat (data order, sampling, init)

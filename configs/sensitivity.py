@@ -20,7 +20,7 @@ ablation's and grpo_learns'), 16 held-out anchor lists; about 14 min a setting a
 cores (estimated from the step times of the checks-world runs: a generator step ~2.2 min,
 a policy step ~0.5 min), so run one or two settings a command.
 """
-from configs.base import experiment_base
+from configs.base import checks_experiment_base
 
 # setting -> config overrides (dotted field -> value). lam1 is the paper's lambda at K = 4
 # (this scale's K; the paper: 8); k8 is K = 8 at the paper's lambda.
@@ -34,10 +34,7 @@ BASELINE = "lam1"
 
 
 def get_config(arg: str = ""):
-    arg = ",".join(filter(None, [arg, "world=checks"])) if "world=" not in (arg or "") else arg
-    c, opts, scale = experiment_base(arg, "demo")
-    if opts.get("world") != "checks":
-        raise ValueError("configs/sensitivity.py runs in the checks world only (world=checks)")
+    c, opts, scale = checks_experiment_base(arg, "configs/sensitivity.py")
     c.experiment = dict(
         settings="lam0.5,lam1,lam2,k8",  # run in this order, each in DIR/<setting>
         eval_lists=2,           # rubric lists per held-out anchor list (AVG@n)

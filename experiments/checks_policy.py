@@ -42,7 +42,6 @@ def _write_json(path: str, obj) -> None:
 
 def main(argv):
     del argv
-    from drubric_jax.data.sources import prompts_from_jsonl
     from drubric_jax.evaluation import checks_policy as cp
     from drubric_jax.rounds import loop, run_logging
     from configs.checks_policy import arm_config
@@ -57,12 +56,7 @@ def main(argv):
     # Every arm checked before any compute (a summary needs no trained generator).
     cfgs = {arm: arm_config(c, arm) for arm in arms if not _SUMMARIZE_ONLY.value}
     heldout_path = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
-    items = prompts_from_jsonl(heldout_path)
-    if e.heldout_rows:
-        items = items[:int(e.heldout_rows)]
-    budgets = dict(max_prompt_tokens=int(c.policy.max_prompt_tokens),
-                   max_new_tokens=int(c.policy.max_new_tokens), batch=int(e.eval_batch),
-                   dtype=c.model.dtype)
+    items, budgets = cp.heldout_setup(c, heldout_path, e.heldout_rows, e.eval_batch)
 
     def evaluate(model: str, path: str, stage: str):
         if os.path.exists(path):

@@ -66,7 +66,6 @@ def main(argv):
     del argv
     from configs.sensitivity import BASELINE, setting_config
     from configs.smollm2_cpu import CHECKS_FILES
-    from drubric_jax.data.sources import prompts_from_jsonl
     from drubric_jax.evaluation import ablation
     from drubric_jax.evaluation import checks_policy as cp
     from drubric_jax.rounds import loop, run_logging
@@ -77,11 +76,9 @@ def main(argv):
     os.makedirs(workdir, exist_ok=True)
     names = [s.strip() for s in e.settings.split(",") if s.strip()]
     cfgs = {n: setting_config(c, n) for n in names}  # every setting checked before compute
-    items = prompts_from_jsonl(os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"]))
-    items = items[:int(e.heldout_rows)] if e.heldout_rows else items
-    budgets = dict(max_prompt_tokens=int(c.policy.max_prompt_tokens),
-                   max_new_tokens=int(c.policy.max_new_tokens), batch=int(e.eval_batch),
-                   dtype=c.model.dtype)
+    items, budgets = cp.heldout_setup(
+        c, os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"]), e.heldout_rows,
+        e.eval_batch)
 
     def timed(stage, path, fn):
         if os.path.exists(path):

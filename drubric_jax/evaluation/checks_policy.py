@@ -75,6 +75,19 @@ def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new
             "max_prompt_tokens": int(max_prompt_tokens)}
 
 
+def heldout_setup(config, path: str, rows: int, batch: int) -> tuple[list, dict]:
+    """The held-out prompts of `path` (the first `rows`; 0 = all) and the `heldout_gold`
+    budgets of a run config: its policy's prompt and answer lengths and dtype, `batch`
+    prompts per sampler call."""
+    from drubric_jax.data.sources import prompts_from_jsonl
+
+    items = prompts_from_jsonl(path)
+    items = items[:int(rows)] if rows else items
+    return items, dict(max_prompt_tokens=int(config.policy.max_prompt_tokens),
+                       max_new_tokens=int(config.policy.max_new_tokens), batch=int(batch),
+                       dtype=config.model.dtype)
+
+
 def gold_of(items: Sequence, answers: Sequence[str]) -> list:
     """g(x, y) (METHOD 13) of each answer against its item's true checks (`meta["checks"]`);
     nan where no check is scorable."""
