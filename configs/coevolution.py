@@ -4,6 +4,10 @@ the current policy matter?
     python -m experiments.coevolution --config=configs/coevolution.py --workdir=runs/coevo
     python -m experiments.coevolution --config=configs/coevolution.py:tiny --workdir=/tmp/co
     python -m experiments.coevolution --config=configs/coevolution.py:scale=qwen3_8b ...
+    python -m experiments.coevolution --config=configs/coevolution.py:world=checks \
+        --config.seed=1 --workdir=runs/coevo_checks_s1     # one seed a command; then
+    python -m experiments.report runs/coevo_checks_s0 runs/coevo_checks_s1 ... --out=results
+        # also writes coevolution-seeds.md, the runs' headline differences and their spread
 
 Stages, each a run of the co-evolution loop (resumable) under the experiment's workdir:
     round0/     round 0 of Algorithm 1: G_0 -> G_1 on P_0's samples, P_0 -> P_1 with G_1
@@ -32,7 +36,8 @@ evaluation prompts, an evaluation of 18.7 min (32.5 min in all, over the 30-minu
 budget); with the 8 prompts set here the evaluation took 12.5 min, 26.3 min in
 all. It can only show large effects.
 `world=checks` (METHOD 13; `checks_dir=DIR`): items are checks judged by their checkers,
-the evaluation prompts are a seeded 16 of the world's held-out prompts, and the win rates
+the evaluation prompts are 16 of the world's held-out prompts drawn with
+`experiment.eval_seed` (the same 16 for every `seed`: seeds are compared on one set), and the win rates
 give way to exact figures: the gold score of each policy's greedy answers (P0, P1, P2,
 ~P2) and, on each arm's samples, the proxy (the Eq. 12 score of the generator it trained
 against) minus the samples' gold. 2 generator and 6 policy steps a round.
@@ -52,6 +57,7 @@ def get_config(arg: str = ""):
         eval_file=os.path.normpath(os.path.join(repo, "..", "shared", "data", "alpaca_eval",
                                                 "eval.jsonl")),
         eval_prompts=16,        # a seeded subset of the remaining rows
+        eval_seed=0,            # the checks world's subset: one set for every run seed
         num_lists=1,            # G rubric lists per prompt in the R_disc evaluation
         list_temperature=1.0,   # their sampling temperature
         answer_tokens=128,      # answer budget of the win-rate evaluation, tokens

@@ -63,8 +63,9 @@ def checks_world(c) -> bool:
 def eval_rows(c) -> list:
     """The evaluation prompts: a seeded subset of eval_file's rows after the first
     data.max_prompt_rows (the policy's training pool when it is the same file); in the
-    checks world a seeded subset of the held-out prompts (`PromptItem`s with their true
-    checks), which no step trains on."""
+    checks world a subset of the held-out prompts drawn with `experiment.eval_seed`
+    (`PromptItem`s with their true checks), which no step trains on: the same prompts for
+    every run seed, so that seeds are compared on one set."""
     import numpy as np
 
     from drubric_jax.evaluation import policy_eval
@@ -80,7 +81,8 @@ def eval_rows(c) -> list:
                              f"{e.eval_prompts} prompts with meta.checks; has {len(items)}"
                              + (f", {len(bad)} without checks (first {bad[0]!r})" if bad
                                 else ""))
-        keep = np.random.default_rng(c.seed).choice(len(items), e.eval_prompts, replace=False)
+        keep = np.random.default_rng(e.eval_seed).choice(len(items), e.eval_prompts,
+                                                         replace=False)
         return [items[i] for i in sorted(keep.tolist())]
     if not e.eval_file:
         raise ValueError("config.experiment.eval_file: give a JSONL of prompts with "
@@ -246,7 +248,7 @@ def main(argv):
     summary = co.summarize(workdir, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
     note = co.eval_note(e.eval_file, 0 if checks_world(c) else c.data.max_prompt_rows,
-                        c.seed, len(summary["ids"]))
+                        e.eval_seed if checks_world(c) else c.seed, len(summary["ids"]))
     with open(summary_path, "w") as f:
         json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
                    "n_bootstrap": int(e.n_bootstrap), "eval_note": note, **summary}, f,

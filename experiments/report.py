@@ -14,13 +14,17 @@ files in it (nothing is copied from a previous results/):
                   (`evaluation.coevolution.summarize`, plot `coevolution.plot`)
     checks_policy summary.json with "arms_run": the held-out gold scores and training
                   curves of every arm and seed (`evaluation.checks_policy.summarize`)
+    sensitivity   summary.json with "settings": each setting's held-out generator values
+                  and policy gold scores (`evaluation.sensitivity.summarize`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
     ifeval        report.json of experiments.eval_ifeval ("metrics" and "not_scored"; with
                   its paired comparison to a baseline when it has one)
     evaluator     report.json with "macro" (the evaluator benchmark,
                   `evaluation.results.results_markdown`)
 Writes `<out>/<kind>-<run dir name>.md` (+ `.png` where the kind has a plot) and
-`<out>/README.md`, an index naming each file's run directory and command.
+`<out>/README.md`, an index naming each file's run directory and command. Given two or more
+coevolution run directories (seeds), also `<out>/coevolution-seeds.md`: their headline
+differences side by side and their spread (`evaluation.coevolution.across_seeds`).
 """
 import json
 import os
@@ -38,8 +42,8 @@ def _read(path: str):
 
 
 def kind_of(run_dir: str) -> str:
-    """"grpo_learns" | "ablation" | "coevolution" | "checks_policy" | "eval_policy" |
-    "evaluator" | "ifeval".
+    """"grpo_learns" | "ablation" | "coevolution" | "checks_policy" | "sensitivity" |
+    "eval_policy" | "evaluator" | "ifeval".
 
     Raises:
         ValueError: the directory holds none of them (names what was looked for).
@@ -54,6 +58,8 @@ def kind_of(run_dir: str) -> str:
         return "coevolution"
     if "arms_run" in summary:
         return "checks_policy"
+    if "settings" in summary:
+        return "sensitivity"
     if "winrate" in report or "humaneval" in report:
         return "eval_policy"
     if "macro" in report:
@@ -61,7 +67,7 @@ def kind_of(run_dir: str) -> str:
     if "metrics" in report and "not_scored" in report:
         return "ifeval"
     raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution, "
-                     "checks_policy) or report.json (eval_policy, evaluator benchmark, "
+                     "checks_policy, sensitivity) or report.json (eval_policy, evaluator benchmark, "
                      "eval_ifeval) of a known experiment")
 
 
@@ -109,6 +115,15 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         text = cp.markdown(fresh, s["command"], s.get("wall_s", {}), s["setup"])
         cp.plot(fresh, out_stem + ".png")
         command = s["command"]
+    elif kind == "sensitivity":
+        from drubric_jax.evaluation import sensitivity
+
+        s = _read(os.path.join(run_dir, "summary.json"))
+        fresh = sensitivity.summarize(run_dir, s["settings"], s["baseline"],
+                                      s.get("n_bootstrap", 1000), s["seed"])
+        text = sensitivity.markdown(fresh, s["command"], s.get("wall_s", {}),
+                                    s.get("overrides", {}), s["seed"])
+        command = s["command"]
     elif kind == "eval_policy":
         from drubric_jax.evaluation import policy_eval
 
@@ -139,6 +154,7 @@ def main(argv):
              + " ".join(runs) + f" --out={out}`; each file is recomputed from its run "
              "directory.", "", "| file | experiment | run directory | command |",
              "|---|---|---|---|"]
+    coevolution = []
     for run_dir in runs:
         name = os.path.basename(os.path.normpath(run_dir))
         kind = kind_of(run_dir)
@@ -147,6 +163,22 @@ def main(argv):
         index.append(f"| [{os.path.basename(stem)}.md]({os.path.basename(stem)}.md) | {kind} "
                      f"| `{run_dir}` | `{command}` |")
         print(f"wrote {stem}.md ({kind})")
+        if kind == "coevolution":
+            coevolution.append(run_dir)
+    if len(coevolution) > 1:
+        from drubric_jax.evaluation import coevolution as co
+
+        summaries = {}
+        for run_dir in coevolution:
+            s = _read(os.path.join(run_dir, "summary.json"))
+            summaries[os.path.basename(os.path.normpath(run_dir))] = {
+                **co.summarize(run_dir, s["n_bootstrap"], s["seed"]), "seed": s["seed"]}
+        path = os.path.join(out, "coevolution-seeds.md")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(co.across_seeds(summaries))
+        index.append(f"| [coevolution-seeds.md](coevolution-seeds.md) | coevolution across "
+                     f"runs | {', '.join(f'`{r}`' for r in coevolution)} | (the runs' commands) |")
+        print(f"wrote {path} (coevolution across {len(coevolution)} runs)")
     with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(index) + "\n")
 

@@ -28,7 +28,6 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO 
 flags.mark_flags_as_required(["config", "workdir"])
 
 EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (as ablation's)
-GENERATOR_FILE = "heldout_generator.json"
 
 
 def _write_json(path: str, obj) -> None:
@@ -64,10 +63,10 @@ def score_generator(cfg, run_dir: str, path: str) -> None:
 
 def main(argv):
     del argv
-    from configs.sensitivity import BASELINE, setting_config
+    from configs.sensitivity import BASELINE, SETTINGS, setting_config
     from configs.smollm2_cpu import CHECKS_FILES
-    from drubric_jax.evaluation import ablation
     from drubric_jax.evaluation import checks_policy as cp
+    from drubric_jax.evaluation import sensitivity
     from drubric_jax.rounds import loop, run_logging
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)
@@ -93,69 +92,23 @@ def main(argv):
     for n in names:
         d, cfg = os.path.join(workdir, n), cfgs[n]
         timed(n, os.path.join(d, loop.FINISHED), lambda: loop.run(cfg, d))
-        gen = os.path.join(d, GENERATOR_FILE)
+        gen = os.path.join(d, sensitivity.GENERATOR_FILE)
         timed(f"generator of {n}", gen, lambda: score_generator(cfg, d, gen))
         pol = os.path.join(d, cp.HELDOUT_FILE)
         timed(f"policy of {n}", pol, lambda: _write_json(pol, cp.heldout_gold(
             os.path.join(d, "export", "policy"), items, **budgets)))
-    per = {n: _read_generator(os.path.join(workdir, n, GENERATOR_FILE)) for n in names}
     base = BASELINE if BASELINE in names else names[0]
-    gen_summary = ablation.summarize(per, base, [], int(e.n_bootstrap), int(c.seed))
-    p0_gold = json.load(open(p0, encoding="utf-8"))["gold"]
-    after = {n: json.load(open(os.path.join(workdir, n, cp.HELDOUT_FILE),
-                               encoding="utf-8"))["gold"] for n in names}
-    gold = {n: {"vs_p0": cp.paired_difference(after[n], p0_gold, int(e.n_bootstrap),
-                                              int(c.seed)),
-                f"vs_{base}": cp.paired_difference(after[n], after[base], int(e.n_bootstrap),
-                                                   int(c.seed))} for n in names}
+    summary = sensitivity.summarize(workdir, names, base, int(e.n_bootstrap), int(c.seed))
     command = shlex.join(["python", "-m", "experiments.sensitivity"] + sys.argv[1:])
-    wall = run_logging.wall_times(workdir)
-    summary = {"command": command, "wall_s": wall, "settings": names, "baseline": base,
-               "generator": gen_summary, "gold": gold, "seed": int(c.seed)}
+    summary.update(command=command, wall_s=run_logging.wall_times(workdir), seed=int(c.seed),
+                   n_bootstrap=int(e.n_bootstrap),
+                   overrides={n: SETTINGS[n] for n in names})
     _write_json(os.path.join(workdir, "summary.json"), summary)
-    text = markdown(summary)
+    text = sensitivity.markdown(summary, command, summary["wall_s"], summary["overrides"],
+                                summary["seed"])
     with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text, flush=True)
-
-
-def _read_generator(path: str) -> dict:
-    import numpy as np
-
-    with open(path, encoding="utf-8") as f:
-        rec = json.load(f)
-    return {k: (np.asarray(v, np.float64) if isinstance(v, list) and k != "ids" else v)
-            for k, v in rec.items()}
-
-
-def markdown(summary: dict) -> str:
-    """results.md: per setting, the generator's held-out constraint F1 and Delta_gap, and
-    the policy's held-out gold score against P_0 and against the baseline setting."""
-    from configs.sensitivity import SETTINGS
-
-    g, base = summary["generator"], summary["baseline"]
-
-    def ci(x, key="mean", sign=False):
-        f = "{:+.3f}" if sign else "{:.3f}"
-        lo, hi = x["ci"]
-        return f"{f.format(x[key])} [{f.format(lo)}, {f.format(hi)}]"
-
-    lines = ["# Sensitivity: lambda (Eq. 24-25) and K, checks world", "",
-             f"- command: `{summary['command']}`", f"- seed {summary['seed']}, one run a setting"]
-    lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in summary["wall_s"].items()]
-    lines += ["", "| setting | overrides | constraint F1 [95% CI] | F1 on ids | Delta_gap | "
-              "held-out gold - P_0 | gold - " + base + " |", "|---|---|---|---|---|---|---|"]
-    for n in summary["settings"]:
-        x, gd = g["generators"][n], summary["gold"][n]
-        lines.append(f"| {n} | {SETTINGS[n]} | {ci(x['constraint_f1'])} | "
-                     f"{ci(x['constraint_f1_check_id'])} | {ci(x['delta_gap'])} | "
-                     f"{ci(gd['vs_p0'], 'difference', True)} | "
-                     f"{ci(gd['vs_' + base], 'difference', True)} |")
-    lines += ["", f"Generator columns: {g['n_lists']} held-out anchor lists (the trained "
-              "generator's lists, one sampling key for every setting). Gold columns: the "
-              "trained policy's greedy answers to the held-out prompts, paired bootstrap "
-              "CIs over prompts. One seed each: a difference inside its CI is not shown.", ""]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

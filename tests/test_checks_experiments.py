@@ -231,3 +231,94 @@ def test_sensitivity_config_validates_for_every_setting():
     c = sensitivity.get_config("")
     assert (c.rounds.generator_steps + c.rounds.policy_steps) % c.checkpoint.every_steps == 0
     assert setting_config(c, "lam2").generator.lam == 2.0
+
+
+def _generator_values(rng, ids, f1_scale):
+    u = len(ids)
+    return {"delta_gap": rng.uniform(-0.1, 0.3, u).tolist(),
+            "r_anchor": rng.uniform(-1, 1, u).tolist(),
+            "pairs": [6.0] * u, "correct": rng.integers(0, 7, u).astype(float).tolist(),
+            "ties": rng.integers(0, 3, u).astype(float).tolist(), "valid": [2.0] * u,
+            "constraint_f1": (f1_scale * rng.uniform(0, 1, u)).tolist(),
+            "constraint_f1_check_id": (f1_scale * rng.uniform(0, 1, u)).tolist(),
+            "ids": ids, "num_lists": 2}
+
+
+def test_sensitivity_summary_verdict_and_report_from_files(tmp_path):
+    """`evaluation.sensitivity.summarize` recomputes every figure from a workdir's files (the
+    gold differences equal paired_difference on the same vectors; lam1 against itself is
+    0), the verdict names the setting whose constraint F1 CI is above 0 and the settings
+    whose gold CIs exclude 0, and experiments.report renders the same workdir as a `sensitivity`
+    table."""
+    from drubric_jax.evaluation import sensitivity
+
+    rng = np.random.default_rng(0)
+    ids, u = [f"a{i}" for i in range(8)], 16
+    p0 = rng.uniform(0, 1, u)
+    # lam1: every prompt up 0.2 (a CI of one point, above 0); k8: up and down 0.1 in turn
+    # (mean 0; every resample's mean lies in [-0.1, 0.1], below lam1's).
+    gold = {"lam1": p0 + 0.2, "k8": p0 + np.tile([0.1, -0.1], u // 2)}
+    for n, scale in (("lam1", 0.0), ("k8", 1.0)):
+        (tmp_path / n).mkdir()
+        (tmp_path / n / sensitivity.GENERATOR_FILE).write_text(
+            json.dumps(_generator_values(rng, ids, scale)))
+        (tmp_path / n / cp.HELDOUT_FILE).write_text(json.dumps({"gold": gold[n].tolist()}))
+    (tmp_path / cp.P0_FILE).write_text(json.dumps({"gold": p0.tolist()}))
+    s = sensitivity.summarize(str(tmp_path), ["lam1", "k8"], "lam1", 200, 0)
+    want = cp.paired_difference(gold["k8"], p0, 200, 0)
+    assert s["gold"]["k8"]["vs_p0"] == want
+    assert s["gold"]["lam1"]["vs_lam1"]["difference"] == 0.0
+    assert s["generator"]["generators"]["lam1"]["constraint_f1"]["mean"] == 0.0
+    v = sensitivity.verdict(s)
+    assert "held-out constraint F1 above 0 for k8" in v
+    assert "moved beyond chance from P_0 for lam1, and differed from lam1 for k8" in v
+    md = sensitivity.markdown(s, "cmd", {"lam1": 600.0}, {"k8": {"policy.num_responses": 8}},
+                              0)
+    assert md.count("| k8 |") == 2 and "| k8 - lam1 |" in md and v in md
+    with pytest.raises(ValueError, match="baseline"):
+        sensitivity.summarize(str(tmp_path), ["k8"], "lam1", 10, 0)
+    with pytest.raises(FileNotFoundError, match="lam2"):
+        sensitivity.summarize(str(tmp_path), ["lam1", "lam2"], "lam1", 10, 0)
+
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {**s, "command": "cmd", "wall_s": {"lam1": 600.0}, "seed": 0, "n_bootstrap": 200,
+         "overrides": {"k8": {"policy.num_responses": 8}}}))
+    out = tmp_path / "results"
+    run_module("experiments.report", str(tmp_path), f"--out={out}", timeout=120)
+    assert (out / f"sensitivity-{tmp_path.name}.md").read_text() == md
+
+
+def test_coevolution_verdict_reads_the_headline_differences():
+    from drubric_jax.evaluation import coevolution as co
+
+    s = {"gold": {"differences": {"P2 - ~P2": {"diff": 0.05, "ci": [-0.01, 0.1],
+                                              "zero_inside_ci": True}}},
+         "gap": {"differences": {"G1 | ~P2 - G2 | P2": {"diff": 0.2, "ci": [0.1, 0.3],
+                                                       "zero_inside_ci": False}}}}
+    v = co.verdict(s)
+    assert "the co-evolved policy's gold score minus the stale arm's is +0.05 [-0.01, +0.1], " \
+           "not shown" in v
+    assert "(exploitation) is +0.2 [+0.1, +0.3], shown above 0" in v
+    assert co.verdict({}).startswith("Shown: nothing")
+
+
+def test_coevolution_across_seeds_table_and_spread():
+    """Per-run headline differences with their CIs, then the spread of the point values
+    (mean, sd with ddof 1, range) and the count of CIs on each side of 0."""
+    from drubric_jax.evaluation import coevolution as co
+
+    def run(diff, ci, seed):
+        return {"gold": {"differences": {"P2 - ~P2": {"diff": diff, "ci": ci,
+                                                     "zero_inside_ci": ci[0] <= 0 <= ci[1]}}},
+                "ids": ["h1", "h2"], "seed": seed}
+
+    text = co.across_seeds({"s0": run(0.1, [0.05, 0.2], 0), "s1": run(-0.02, [-0.1, 0.05], 1),
+                            "s2": run(0.04, [-0.01, 0.1], 2)})
+    assert "evaluation prompts the same in every run" in text
+    assert "| s1 | 1 | -0.0200 [-0.1000, +0.0500] |" in text
+    sd = float(np.std([0.1, -0.02, 0.04], ddof=1))
+    assert (f"Across 3 runs: mean +0.0400, sd {sd:.4f}, range [-0.0200, +0.1000]; CI above 0 "
+            "in 1, below 0 in 0, holding 0 in 2.") in text
+    assert "exploitation" not in text  # only the headlines the runs have
+    with pytest.raises(ValueError, match="two or more"):
+        co.across_seeds({"s0": run(0.1, [0.0, 0.2], 0)})

@@ -135,3 +135,14 @@ def test_coevolution_in_the_checks_world_scores_gold_and_the_proxy_gap(tmp_path,
     assert set(s["gold"]["differences"]) == {"P2 - ~P2", "P2 - P1", "P1 - P0", "~P2 - P0"}
     text = (work / "results.md").read_text()
     assert "Gold score (METHOD 13)" in text and "1 rows of world/heldout.jsonl" in text
+    assert text.startswith("# Co-evolved vs stale evaluator (Figure 2)\n\nShown")
+    # Two runs (here the same run twice) also give the across-seeds table.
+    import shutil
+
+    shutil.copytree(work, tmp_path / "co_again")
+    report = tmp_path / "report"
+    run_module("experiments.report", str(work), str(tmp_path / "co_again"), f"--out={report}",
+               timeout=300)
+    seeds = (report / "coevolution-seeds.md").read_text()
+    assert "2 runs; evaluation prompts the same in every run." in seeds
+    assert "| co_again |" in seeds and "coevolution-seeds.md" in (report / "README.md").read_text()

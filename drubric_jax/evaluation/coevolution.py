@@ -123,8 +123,8 @@ def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
     def cell(name):  # keys are "G1 | P1" (generator | policy samples): no "|" in a table
         return name.replace(" | ", " on ")
 
-    lines = ["# Co-evolved vs stale evaluator (Figure 2)", "", f"- command: `{command}`",
-             f"- evaluation prompts: {eval_note}"]
+    lines = ["# Co-evolved vs stale evaluator (Figure 2)", "", verdict(summary), "",
+             f"- command: `{command}`", f"- evaluation prompts: {eval_note}"]
     lines += [f"- wall time of `{k}`: {v / 60:.1f} min" for k, v in wall_s.items()]
     for title, key, what in (
             ("R_disc (Eq. 13) of each generator on each policy's samples", "r_disc",
@@ -152,6 +152,73 @@ def markdown(summary: dict, command: str, wall_s: dict, eval_note: str) -> str:
     lines += ["", "CIs: percentile bootstrap over evaluation prompts; differences are "
               "paired (same prompts, same samples or answers where the policy is the "
               "same, same rubric-sampling key).", ""]
+    return "\n".join(lines)
+
+
+# The headline differences of the experiment, in the verdict's words.
+_HEADLINES = {
+    ("gold", "P2 - ~P2"): "the co-evolved policy's gold score minus the stale arm's",
+    ("gap", "G1 | ~P2 - G2 | P2"): "the stale generator's proxy-minus-gold gap minus the "
+                                   "co-evolved one's (exploitation)",
+    ("win_rate", "P2 - ~P2"): "the co-evolved policy's win rate minus the stale arm's",
+    ("r_disc", "G2 | P2 - G1 | P2"): "R_disc of the adapted generator minus the stale one's "
+                                      "on P2's samples",
+}
+
+
+def verdict(summary: dict) -> str:
+    """One sentence: each headline paired difference (`_HEADLINES`, those the summary has)
+    with its CI, and whether the CI excludes 0 (shown) or holds it (not shown)."""
+    parts = []
+    for (block, key), words in _HEADLINES.items():
+        d = (summary.get(block) or {}).get("differences", {}).get(key)
+        if d is None or not np.isfinite(d["diff"]):
+            continue
+        lo, hi = d["ci"]
+        state = ("not shown: the CI holds 0" if d["zero_inside_ci"] else
+                 "shown above 0" if lo > 0 else "shown below 0")
+        parts.append(f"{words} is {d['diff']:+.3g} [{lo:+.3g}, {hi:+.3g}], {state}")
+    if not parts:
+        return "Shown: nothing (no headline difference was evaluated)."
+    return "Shown (one seed; CIs over evaluation prompts): " + "; ".join(parts) + "."
+
+
+def across_seeds(summaries: dict) -> str:
+    """Markdown: the headline differences (`_HEADLINES`) of several runs of the experiment,
+    one row per run (its own CI over prompts), then across runs the mean, the standard
+    deviation (ddof 1) and the range of the point differences, and how many runs' CIs
+    exclude 0 on each side.
+
+    Args:
+        summaries: {run name: `summarize` output plus its "seed"}, two or more runs.
+
+    Raises:
+        ValueError: fewer than two runs.
+    """
+    from drubric_jax.evaluation.checks_policy import seed_spread
+
+    if len(summaries) < 2:
+        raise ValueError(f"across_seeds needs two or more runs; got {list(summaries)}")
+    same = len({tuple(s.get("ids", [])) for s in summaries.values()}) == 1
+    lines = ["# Co-evolved vs stale evaluator across seeds (Figure 2)", "",
+             f"{len(summaries)} runs; evaluation prompts "
+             + ("the same in every run." if same else "differ between runs (seeded by "
+                                                        "the run's seed)."), ""]
+    for (block, key), words in _HEADLINES.items():
+        rows = {n: s[block]["differences"][key] for n, s in summaries.items()
+                if key in (s.get(block) or {}).get("differences", {})}
+        if not rows:
+            continue
+        lines += [f"## {block}: {key.replace(' | ', ' on ')}", "", f"{words}.", "",
+                  "| run | seed | diff [95% CI] |", "|---|---|---|"]
+        lines += [f"| {n} | {summaries[n].get('seed', '')} | {d['diff']:+.4f} "
+                  f"[{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}] |" for n, d in rows.items()]
+        sp = seed_spread([d["diff"] for d in rows.values()])
+        above = sum(d["ci"][0] > 0 for d in rows.values())
+        below = sum(d["ci"][1] < 0 for d in rows.values())
+        lines += ["", f"Across {sp['seeds']} runs: mean {sp['mean']:+.4f}, sd {sp['sd']:.4f}, "
+                  f"range [{sp['min']:+.4f}, {sp['max']:+.4f}]; CI above 0 in {above}, "
+                  f"below 0 in {below}, holding 0 in {len(rows) - above - below}.", ""]
     return "\n".join(lines)
 
 
