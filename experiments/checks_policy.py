@@ -81,7 +81,10 @@ def main(argv):
             evaluate(os.path.join(d, "export", "policy"), os.path.join(d, cp.HELDOUT_FILE),
                      f"heldout seed{s}/{arm}")
     command = shlex.join(["python", "-m", "experiments.checks_policy"] + sys.argv[1:])
-    setup = (f"{len(items)} held-out prompts ({heldout_path}); {e.policy_steps} policy steps "
+    # The file by its last two path parts (e.g. checks_world/heldout.jsonl): the header
+    # reads the same on any machine.
+    heldout_name = "/".join(os.path.normpath(heldout_path).split(os.sep)[-2:])
+    setup = (f"{len(items)} held-out prompts ({heldout_name}); {e.policy_steps} policy steps "
              f"of {c.policy.prompts_per_step} prompts x K = {c.policy.num_responses} "
              f"responses of <= {c.policy.max_new_tokens} tokens, learning rate "
              f"{c.policy.train.learning_rate}; policy {c.model.policy}; trained generator "

@@ -116,6 +116,9 @@ def test_verdict_names_each_arm_by_its_cis():
     assert "`gold` raised the held-out gold score above P_0 in all 2 seeds" in v
     assert "`rubric_g0` moved it by no more than chance in any of 2 seeds" in v
     assert "`rubric_trained` raised it in 1, lowered it in 1" in v
+    one = cp.verdict({"arms": {"gold": arm([[-0.1, 0.2]]), "rubric_g0": arm([[0.1, 0.2]])}})
+    assert "`gold` moved it by no more than chance in its 1 seed (its CI holds 0)" in one
+    assert "`rubric_g0` raised the held-out gold score above P_0 in its 1 seed" in one
 
 
 def test_checks_policy_config_validates_for_every_arm():

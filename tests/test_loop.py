@@ -184,7 +184,7 @@ def test_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     workdir = str(tmp_path)
     loop.run(one_round_config(), workdir)
     # A run's last line says where its outputs are (after the progress bars).
-    assert f"{workdir}: finished 1 rounds" in capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"{workdir}: finished 1 round (" in capsys.readouterr().out.strip().splitlines()[-1]
     files = {}
     for root, _, names in os.walk(workdir):
         for n in names:

@@ -64,7 +64,7 @@ def test_two_processes_equal_one_process_and_resume_after_a_process_dies(tmp_pat
     # Process 0 failed by itself (not the driver's exit code 17 of the process that died),
     # and neither finished the run nor printed the line a finished run ends with.
     assert rc0 not in (0, 17), "process 0 went on without its peer:\n" + text0[-3000:]
-    assert "finished 1 rounds" not in text0, text0[-3000:]
+    assert "finished 1 round" not in text0, text0[-3000:]
     assert not os.path.exists(two / "finished.json")
 
     for rc, text in _launch(two, 2):  # the same command again: resumes from step 1

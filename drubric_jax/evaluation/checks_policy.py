@@ -274,12 +274,14 @@ def verdict(summary: dict) -> str:
         above = sum(v["heldout"]["ci"][0] > 0 for v in seeds)
         below = sum(v["heldout"]["ci"][1] < 0 for v in seeds)
         n = len(a["seeds"])
+        every, cis = (f"in all {n} seeds", "every CI") if n > 1 else ("in its 1 seed", "its CI")
         if above == n:
-            s = f"raised the held-out gold score above P_0 in all {n} seeds (CI above 0)"
+            s = f"raised the held-out gold score above P_0 {every} (CI above 0)"
         elif below == n:
-            s = f"lowered it below P_0 in all {n} seeds (CI below 0)"
+            s = f"lowered it below P_0 {every} (CI below 0)"
         elif above == 0 and below == 0:
-            s = f"moved it by no more than chance in any of {n} seeds (every CI holds 0)"
+            s = (f"moved it by no more than chance in any of {n} seeds ({cis} holds 0)"
+                 if n > 1 else f"moved it by no more than chance {every} ({cis} holds 0)")
         else:
             s = (f"raised it in {above}, lowered it in {below} and left it within chance in "
                  f"{n - above - below} of {n} seeds")

@@ -343,7 +343,7 @@ def finish(run: Run) -> None:
         "rounds": rounds, "global_step": run.loop.global_step,
         "data_sha256": run.data.fingerprint["sha256"]})
     if is_primary():  # the last line of a run, after its progress bars
-        print(f"{run.workdir}: finished {rounds} rounds "
+        print(f"{run.workdir}: finished {rounds} round{'' if rounds == 1 else 's'} "
               f"({run.loop.global_step} optimizer steps); metrics.jsonl, curves.png, "
               f"memory.json{', export/' if run.config.export else ''} are there.", flush=True)
 
