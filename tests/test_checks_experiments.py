@@ -299,9 +299,9 @@ def test_coevolution_verdict_reads_the_headline_differences():
          "gap": {"differences": {"G1 | ~P2 - G2 | P2": {"diff": 0.2, "ci": [0.1, 0.3],
                                                        "zero_inside_ci": False}}}}
     v = co.verdict(s)
-    assert "the co-evolved policy's gold score minus the stale arm's is +0.05 [-0.01, +0.1], " \
-           "not shown" in v
-    assert "(exploitation) is +0.2 [+0.1, +0.3], shown above 0" in v
+    assert "the co-evolved policy's gold score minus the stale arm's is +0.050 [-0.010, " \
+           "+0.100], not shown" in v
+    assert "(exploitation) is +0.200 [+0.100, +0.300], shown above 0" in v
     assert co.verdict({}).startswith("Shown: nothing")
 
 

@@ -177,7 +177,7 @@ def verdict(summary: dict) -> str:
         lo, hi = d["ci"]
         state = ("not shown: the CI holds 0" if d["zero_inside_ci"] else
                  "shown above 0" if lo > 0 else "shown below 0")
-        parts.append(f"{words} is {d['diff']:+.3g} [{lo:+.3g}, {hi:+.3g}], {state}")
+        parts.append(f"{words} is {d['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}], {state}")
     if not parts:
         return "Shown: nothing (no headline difference was evaluated)."
     return "Shown (one seed; CIs over evaluation prompts): " + "; ".join(parts) + "."
