@@ -16,9 +16,11 @@ and pairwise accuracy; and the trained policy answers the held-out prompts greed
 (gold score, paired against P_0 and against the paper's setting `lam1`).
 Switches after ':': scale=smollm2_cpu (default) | qwen3_8b, tiny, checks_dir=DIR.
 CPU size: 3 generator steps and 10 policy steps a setting at learning rate 1e-5 (as the
-ablation's and grpo_learns'), 16 held-out anchor lists; about 14 min a setting alone on 2
-cores (estimated from the step times of the checks-world runs: a generator step ~2.2 min,
-a policy step ~0.5 min), so run one or two settings a command.
+ablation's and grpo_learns'), 16 held-out anchor lists. Measured on 2026-12-05 on 2 cores
+shared with two other jobs: lam1 41 min (training 31, generator scoring 9, policy 1),
+lam0.5 34 min; alone an estimated ~15-20 (a generator step ~2.2 min, a policy step ~0.5
+min at K = 4). A process that ran two settings held 11.6 GB: run one setting a command,
+then all of them in one command to write the table (finished parts are skipped).
 """
 from configs.base import checks_experiment_base
 

@@ -2,7 +2,7 @@
 the gold score g(x, y), the fraction of the prompt's true checks met (strict; IFEval's
 instruction-level accuracy for one prompt, Zhou et al. 2023, arXiv:2311.07911).
 
-    python -m experiments.make_checks_anchors --prompts=/work/checks_world/train.jsonl \\
+    python -m experiments.make_checks_anchors --prompts=../checks_world/train.jsonl \\
         --out=../checks_world/anchors.jsonl --k=4 --temperature=0.7 \\
         --max_new_tokens=256 --limit=64
 

@@ -1,7 +1,7 @@
 """Training prompts of the checks world (METHOD 13): base prompts with 1-3 checkable
 constraints appended in the checkers' own words, the true checks in each row's meta.
 
-    python -m experiments.make_checks_data --out=/work/checks_world --seed=0 \\
+    python -m experiments.make_checks_data --out=../checks_world --seed=0 \\
         --train=256 --heldout=64
 
 Writes OUT/train.jsonl and OUT/heldout.jsonl (shared data schema, prompt-only rows) and
