@@ -303,9 +303,10 @@ def plot(summary: dict, out_png: str) -> None:
     plt.close(fig)
 
 
-def load_heldout(workdir: str, names) -> dict:
-    """{name: `heldout_per_list`-style values} read from `<workdir>/<name>/heldout.json`
-    (written by experiments/ablation.py), arrays as float64.
+def load_heldout(workdir: str, names, filename: str = "heldout.json") -> dict:
+    """{name: `heldout_per_list`-style values} read from `<workdir>/<name>/<filename>`
+    (written by experiments/ablation.py; experiments/sensitivity.py names its file
+    `heldout_generator.json`), arrays as float64.
 
     Raises:
         FileNotFoundError: a generator was not scored (names the file).
@@ -315,7 +316,7 @@ def load_heldout(workdir: str, names) -> dict:
 
     out = {}
     for name in names:
-        path = os.path.join(workdir, name, "heldout.json")
+        path = os.path.join(workdir, name, filename)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: generator {name!r} has not been scored")
         with open(path) as f:

@@ -26,15 +26,6 @@ import numpy as np
 GENERATOR_FILE = "heldout_generator.json"  # in each setting's run directory
 
 
-def read_generator(path: str) -> dict:
-    """A `heldout_generator.json` back as `heldout_per_list`'s dict (lists -> float64 arrays,
-    "ids" kept as a list)."""
-    with open(path, encoding="utf-8") as f:
-        rec = json.load(f)
-    return {k: (np.asarray(v, np.float64) if isinstance(v, list) and k != "ids" else v)
-            for k, v in rec.items()}
-
-
 def summarize(workdir: str, settings: Sequence[str], baseline: str, n_boot: int,
               seed: int) -> dict:
     """Recomputes every statistic of the sensitivity experiment from its files.
@@ -67,8 +58,7 @@ def summarize(workdir: str, settings: Sequence[str], baseline: str, n_boot: int,
                                     f"{workdir} again; it resumes)")
         return path
 
-    per = {n: read_generator(need(os.path.join(workdir, n, GENERATOR_FILE)))
-           for n in settings}
+    per = ablation.load_heldout(workdir, settings, GENERATOR_FILE)
     generator = ablation.summarize(per, baseline, [], n_boot, seed)
 
     def gold(path):
