@@ -1,7 +1,8 @@
 """The Hugging Face export written leaf by leaf (`models.export`): on the 8 fake devices of
 tests/conftest.py, with params sharded over a (data, fsdp, tensor) mesh, the file is the
 one `safetensors.numpy.save_file` writes from the whole host tree (what the exporter wrote
-before it streamed, byte for byte), and the host holds at most one fetched leaf at a time.
+before it streamed, byte for byte), and the host holds at most one fetched piece (a
+top-level leaf or one layer of a stacked leaf) at a time.
 """
 import json
 import os
@@ -66,18 +67,20 @@ def test_streamed_export_is_byte_identical_to_save_file(name, mixed, tmp_path):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
-def test_export_holds_one_fetched_leaf_at_a_time(tmp_path, monkeypatch):
-    """Every fetch is of one leaf (an array, never a tree), and the bytes of fetched leaves
-    alive at once (tracked by a weak reference on each returned array, which a view such as
-    a layer slice or a transpose keeps alive) never exceed the largest leaf."""
+def test_export_holds_one_fetched_piece_at_a_time(tmp_path, monkeypatch):
+    """Every fetch is of one array (never a tree): a top-level leaf, or one layer of a
+    stacked [L, ...] leaf; the bytes of fetched pieces alive at once (tracked by a weak
+    reference on each returned array, which a view such as a transpose keeps alive) never
+    exceed the largest piece, so a stacked leaf is never on the host whole."""
     cfg = PRESETS["tiny_qwen3"]
     params = _sharded(cfg, mixed=False)
-    leaves = jax.tree.leaves(params)
+    top = [params[k] for k in params if k != "layers"]
+    stacked = jax.tree.leaves(params["layers"])
     live, peak, calls = [0], [0], []
     fetch = parallel.fetch_on_first
 
     def counting(x):
-        assert isinstance(x, jax.Array), type(x)  # one leaf per call
+        assert isinstance(x, jax.Array), type(x)  # one array per call
         out = fetch(x)
         calls.append(out.nbytes)
         live[0] += out.nbytes
@@ -87,10 +90,29 @@ def test_export_holds_one_fetched_leaf_at_a_time(tmp_path, monkeypatch):
 
     monkeypatch.setattr(parallel, "fetch_on_first", counting)
     models.export_hf_dir(params, cfg, str(tmp_path))
-    assert len(calls) == len(leaves)  # each leaf fetched once
-    assert sum(calls) == sum(x.nbytes for x in leaves)
-    assert peak[0] == max(x.nbytes for x in leaves), (peak[0], sorted(calls))
+    # Each top leaf whole, each stacked leaf as L layer pieces: never a stacked leaf whole.
+    pieces = [x.nbytes for x in top] + [x.nbytes // cfg.num_layers for x in stacked
+                                        for _ in range(cfg.num_layers)]
+    assert sorted(calls) == sorted(pieces)
+    assert sum(calls) == sum(x.nbytes for x in jax.tree.leaves(params))  # every byte once
+    assert peak[0] == max(pieces), (peak[0], sorted(calls))
     assert live[0] == 0
+
+
+def test_layer_slice_is_cut_on_the_devices():
+    """`export.layer_slice` of a stacked leaf sharded over (fsdp, tensor) on 8 devices: the
+    compiled slice has no collective, the slice keeps the leaf's spec minus the layer axis,
+    and its value is the host slice."""
+    params = _sharded(PRESETS["tiny_qwen3"], mixed=True)
+    w = params["layers"]["w_up"]
+    piece = export.layer_slice(w, 1)
+    assert piece.sharding.spec == jax.sharding.PartitionSpec(*tuple(w.sharding.spec)[1:])
+    np.testing.assert_array_equal(np.asarray(piece, np.float32),
+                                  np.asarray(jax.device_get(w)[1], np.float32))
+    hlo = export._slice_program(piece.sharding).lower(w, np.int32(1)).compile().as_text()
+    for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+        assert op not in hlo, op
+    np.testing.assert_array_equal(export.layer_slice(np.arange(6).reshape(3, 2), 2), [4, 5])
 
 
 def test_safetensors_layout_refuses_what_it_cannot_match():

@@ -12,6 +12,7 @@ import tempfile
 import jax
 import numpy as np
 from etils import epath
+from jax.sharding import NamedSharding, PartitionSpec
 
 from drubric_jax import parallel
 from drubric_jax.models import registry
@@ -84,6 +85,39 @@ def _tensor_specs(params: dict, cfg: ModelConfig, fam) -> dict:
     return specs
 
 
+def layer_slice(stacked, i: int):
+    """Layer i of a stacked [L, ...] leaf, [...], cut where the leaf lives.
+
+    A jax.Array is sliced by one jitted program per leaf shape (the index is traced, not a
+    constant, so L layers share one compile); a NamedSharding keeps its spec minus the layer
+    axis, so when the layer axis is unsharded (every family's `PARAM_SPECS`) each device
+    slices its own block and nothing is communicated. Under several processes every process
+    must call it at the same point (a multi-process program). Other values (numpy) are
+    indexed on the host.
+    """
+    if not isinstance(stacked, jax.Array):
+        return stacked[i]
+    sharding = stacked.sharding
+    out = None
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (stacked.ndim - len(sharding.spec))
+        out = NamedSharding(sharding.mesh, PartitionSpec(*spec[1:]))
+    return _slice_program(out)(stacked, np.int32(i))
+
+
+_SLICE_PROGRAMS: dict = {}
+
+
+def _slice_program(out_sharding):
+    """The jitted `x[i]` with this output sharding (None: whatever propagation gives),
+    one per sharding so its compiles are cached across calls."""
+    if out_sharding not in _SLICE_PROGRAMS:
+        _SLICE_PROGRAMS[out_sharding] = jax.jit(
+            lambda x, i: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False),
+            out_shardings=out_sharding)
+    return _SLICE_PROGRAMS[out_sharding]
+
+
 def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None,
                   bos_id: int = 1, eos_id: int = 2) -> None:
     """Writes params as a Hugging Face directory: config.json, model.safetensors and,
@@ -91,11 +125,15 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
 
     Weights keep their dtype; `load_hf_dir(export_hf_dir(p))` reproduces p exactly, and the
     file is the one `safetensors.numpy.save_file` writes (byte for byte). Host memory holds
-    one leaf at a time: the file's header is written first from the leaves' shapes
-    (`safetensors_layout`), then each leaf is fetched (`parallel.fetch_on_first`) and its
-    bytes (each layer's slice of a stacked [L, ...] leaf) written at their offsets before
-    the next leaf is fetched. Under several processes every process must call it (each
-    leaf is gathered in turn, a collective); only process 0 keeps the leaf and writes.
+    one piece at a time: the file's header is written first from the leaves' shapes
+    (`safetensors_layout`), then each piece is fetched (`parallel.fetch_on_first`) and its
+    bytes written at their offset before the next piece is fetched. A piece is a top-level
+    leaf (embed, lm_head, the final norm) or ONE layer's slice of a stacked [L, ...] leaf,
+    cut on the devices (`layer_slice`, no communication) before it is gathered: at
+    Qwen3-8B the host holds at most lm_head (1.2 GB in bfloat16), not a whole stacked w_up
+    (3.6 GB). Under several processes every process must call it (each piece is gathered in
+    turn, a collective, and lands on every process: JAX has no gather onto one); only
+    process 0 keeps the piece and writes.
     `directory` is a local path or a URL (gs://bucket/run/export/policy): a URL's files are
     written to a local temporary directory first (the tokenizer writes local files) and
     then copied there with `etils.epath`.
@@ -118,12 +156,14 @@ def export_hf_dir(params: dict, cfg: ModelConfig, directory: str, tokenizer=None
                 yield fam.TOP_WEIGHT_NAMES[key][0], (w.T if key in fam.TRANSPOSED else w)
             del w
         for key in fam.layer_keys(cfg):
-            stacked = parallel.fetch_on_first(params["layers"][key])
-            if writer:  # Hugging Face names one tensor per layer: the [L, ...] leaf is split
-                for i in range(cfg.num_layers):
+            # Hugging Face names one tensor per layer: the [L, ...] leaf is fetched a layer
+            # at a time, so no process holds the whole stacked leaf.
+            for i in range(cfg.num_layers):
+                w = parallel.fetch_on_first(layer_slice(params["layers"][key], i))
+                if writer:
                     name = f"model.layers.{i}.{fam.LAYER_WEIGHT_NAMES[key][0]}"
-                    yield name, (stacked[i].T if key in fam.TRANSPOSED else stacked[i])
-            del stacked  # before the next leaf is fetched
+                    yield name, (w.T if key in fam.TRANSPOSED else w)
+                del w  # before the next layer is fetched
 
     def write(local: str) -> None:
         os.makedirs(local, exist_ok=True)
