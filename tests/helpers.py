@@ -135,9 +135,9 @@ class StubVerifier:
 # ----------------------------------------------------------------------------- processes
 
 
-def run_module(*args, timeout: float) -> str:
-    """`python -m *args` from the repository root, as a user starts an entry point, on one
-    CPU device (the suite's 8 fake devices replaced by 1); returns its stdout.
+def run_module(*args, timeout: float, devices: int = 1) -> str:
+    """`python -m *args` from the repository root, as a user starts an entry point, on
+    `devices` fake CPU devices (default 1: the suite's 8 replaced by 1); returns its stdout.
 
     Raises:
         AssertionError: a non-zero exit (with the end of its stderr).
@@ -145,7 +145,8 @@ def run_module(*args, timeout: float) -> str:
     """
     from conftest import xla_flags_with_device_count
 
-    env = dict(os.environ, XLA_FLAGS=xla_flags_with_device_count(os.environ["XLA_FLAGS"], 1))
+    env = dict(os.environ,
+               XLA_FLAGS=xla_flags_with_device_count(os.environ["XLA_FLAGS"], devices))
     proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -36,6 +36,26 @@ def test_run_one_round(config, tmp_path, smollm2_gguf):
         assert all(math.isfinite(r[k]) for k in ("loss", "kl", "grad_norm")), r
 
 
+@pytest.mark.slow
+def test_paper_config_runs_a_round_on_a_1x4x2_mesh(tmp_path):
+    """configs/qwen3_8b.py at its tiny size (`local`: the Qwen3 family, a mixture-of-experts
+    verifier) on 8 fake devices with the 8 x H100 mesh its comment offers, (data, fsdp,
+    tensor) = (1, 4, 2), end to end as a user starts it: one generator and one policy
+    step with finite numbers, the run finished, and the mesh recorded in config.json."""
+    run_module("experiments.run", "--config=configs/qwen3_8b.py:local", f"--workdir={tmp_path}",
+               *ONE_ROUND, "--config.mesh.data=1", "--config.mesh.fsdp=4",
+               "--config.mesh.tensor=2", timeout=900, devices=8)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert {k: config["mesh"][k] for k in ("data", "fsdp", "tensor")} == {
+        "data": 1, "fsdp": 4, "tensor": 2}
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        train = [r for r in map(json.loads, f) if r["kind"] == "train"]
+    assert sorted((r["phase"], r["step"]) for r in train) == [("generator", 1), ("policy", 1)]
+    for r in train:
+        assert all(math.isfinite(r[k]) for k in ("loss", "kl", "grad_norm")), r
+    assert (tmp_path / "finished.json").exists()
+
+
 @pytest.mark.parametrize("module,arg", [(smollm2_cpu, "tiny"), (qwen3_8b, "")])
 def test_sweep_print_one_command_per_entry(module, arg, tmp_path):
     config = f"configs/{module.__name__.split('.')[-1]}.py:{arg}"

@@ -249,9 +249,11 @@ def test_resume_with_other_data_is_refused_unless_allowed(tmp_path, write_jsonl)
 
 
 @pytest.mark.slow
-def test_one_round_on_a_2x2x2_mesh_equals_one_device(tmp_path):
-    """The same tiny round on one device and on a (data, fsdp, tensor) = (2, 2, 2) mesh of
-    the 8 fake CPU devices: the same samples, rewards and losses (float32 sums in another
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 4, 2)], ids=["2x2x2", "1x4x2"])
+def test_one_round_on_a_mesh_equals_one_device(tmp_path, mesh_shape):
+    """The same tiny round on one device and on a (data, fsdp, tensor) mesh of the 8 fake
+    CPU devices, (2, 2, 2) or (1, 4, 2) (the 8 x H100 layout of configs/qwen3_8b.py's
+    comment: rows over 4, each weight split over fsdp 4 and tensor 2): the same samples, rewards and losses (float32 sums in another
     order: 1e-4 relative), and trained params within what AdamW makes of that noise (each
     step moves an entry by at most lr). The verifier is `helpers.StubVerifier`
     (hard verdicts from a hash of the texts), so groups are far from flat: with near-flat
@@ -260,7 +262,7 @@ def test_one_round_on_a_2x2x2_mesh_equals_one_device(tmp_path):
     import dataclasses
 
     runs = {}
-    for name, (n, shape) in {"one": (1, (1, 1, 1)), "mesh": (8, (2, 2, 2))}.items():
+    for name, (n, shape) in {"one": (1, (1, 1, 1)), "mesh": (8, mesh_shape)}.items():
         c = one_round_config()
         c.verifier.verdict = "hard"
         c.policy.prompts_per_step, c.generator.num_lists = 2, 4  # 4 rows: data x fsdp
