@@ -160,8 +160,10 @@ def main(argv):
         kind = kind_of(run_dir)
         stem = os.path.join(out, f"{kind}-{name}")
         kind, command = render(run_dir, stem)
+        # Runs from before commands were recorded (an early IFEval report) say so.
+        shown = f"`{command}`" if command else "(not recorded)"
         index.append(f"| [{os.path.basename(stem)}.md]({os.path.basename(stem)}.md) | {kind} "
-                     f"| `{run_dir}` | `{command}` |")
+                     f"| `{run_dir}` | {shown} |")
         print(f"wrote {stem}.md ({kind})")
         if kind == "coevolution":
             coevolution.append(run_dir)

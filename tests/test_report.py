@@ -36,12 +36,24 @@ def _eval_policy_dir(d):
                       "isolation": "netns"}}))
 
 
+def _ifeval_dir_without_command(d):
+    """An eval_ifeval report.json written before reports kept their command."""
+    cell = {"value": 0.5, "ci95": [0.25, 0.75]}
+    d.mkdir()
+    (d / "report.json").write_text(json.dumps({
+        "n_prompts": 2, "n_instructions": 3, "not_scored": {"count": 0, "by_check": {}},
+        "metrics": {f"{level}_{mode}": cell for level in ("prompt", "instruction")
+                    for mode in ("strict", "loose")},
+        "setup": {"model": "m", "max_new_tokens": 8}}))
+
+
 def test_report_renders_several_kinds_in_one_command(tmp_path):
     _coevolution_dir(tmp_path / "coevo")
     _eval_policy_dir(tmp_path / "evalp")
     out = tmp_path / "results"
+    _ifeval_dir_without_command(tmp_path / "ife")
     run_module("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
-               f"--out={out}", timeout=120)
+               str(tmp_path / "ife"), f"--out={out}", timeout=120)
     coevo = (out / "coevolution-coevo.md").read_text()
     assert "| G2 on P2 - G1 on P2 |" in coevo and "| P2 - ~P2 |" in coevo
     assert (out / "coevolution-coevo.png").stat().st_size > 0
@@ -49,3 +61,7 @@ def test_report_renders_several_kinds_in_one_command(tmp_path):
     assert "| all | 3 |" in evalp and "HumanEval pass@1: 0.500" in evalp
     index = (out / "README.md").read_text()
     assert "coevolution-coevo.md" in index and "eval_policy-evalp.md" in index
+    # A run without a recorded command says so, in the index and in its file.
+    assert f"| `{tmp_path / 'ife'}` | (not recorded) |" in index
+    assert "- command: (not recorded)" in (out / "ifeval-ife.md").read_text()
+    assert "``" not in index

@@ -279,7 +279,8 @@ def results_markdown(rep: dict) -> str:
         return f"{x['value']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]"
 
     s, m, ns = rep.get("setup", {}), rep["metrics"], rep["not_scored"]
-    lines = ["# IFEval (Zhou et al. 2023)", "", f"- command: `{rep.get('command', '')}`",
+    command = f"`{rep['command']}`" if rep.get("command") else "(not recorded)"
+    lines = ["# IFEval (Zhou et al. 2023)", "", f"- command: {command}",
              f"- model: `{s.get('model') or s.get('responses')}`, {s.get('decoding', 'greedy')}"
              f" decoding, at most {s.get('max_new_tokens')} new tokens "
              f"({s.get('truncated_responses')} answers cut there), "
