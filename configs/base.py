@@ -146,6 +146,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
     c.policy.heldout_temperature = 0.0  # generator decoding of the held-out evaluation lists
     c.policy.rollout_micro_batch = 0  # responses per sampler call (bounds the KV cache); 0 = all
+    # Decode segments of the KV cache (`sampling.cache_schedule`): the cache grows by chunks
+    # so a step reads only the slots of its segment; 0 = auto (4 when max_new_tokens >= 4096
+    # and >= half the prompt bucket, on CPU and GPU), 1 = one cache of P + N slots.
+    c.policy.cache_segments = 0
     # The policy's reward: "rubric" (DynamicRubric, Eq. 12) or a rule for plain GRPO,
     # "word_limit" | "exact_match" (drubric_jax/rl/rule_rewards.py); N of word_limit, words.
     c.policy.reward = "rubric"
@@ -165,6 +169,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.input_budget = 896     # generator prompt budget, tokens (paper: 24K)
     c.generator.temperature = 1.0      # sampling temperature of rubric lists
     c.generator.rollout_micro_batch = 0  # rubric lists per sampler call; 0 = all
+    c.generator.cache_segments = 0     # as policy.cache_segments
     c.generator.train = trainer_config(5e-6)
 
     c.verifier = ml_collections.ConfigDict()

@@ -91,16 +91,18 @@ def get_config(arg: str = ""):
         # offload.
         c.policy.train.micro_batch_size = 2
         c.generator.train.micro_batch_size = 1
-        # And per sampler call (the KV cache): 4 responses, 2 rubric lists.
-        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 4, 2
+        # And per sampler call (the KV cache): 8 responses (4 before the policy's decode
+        # ran in cache segments, `sampling.cache_schedule`), 2 rubric lists.
+        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 8, 2
         c.memory.offload_idle_optimizer = False
     else:
         # The planner's picks for full fine-tuning on 8 x 80 GB GPUs (mesh 1 x 8 x 1): per
-        # sampler call 16 responses and 8 rubric lists (2 and 1 a device: each device decodes
-        # its rows on a whole bfloat16 rollout copy, 16.4 GB), 16 policy rows per gradient
-        # pass. With --config.mesh.fsdp=4 --config.mesh.tensor=2 the copy is split in two
-        # and the planner picks 32 and 16 per call (4 and 8 per update).
-        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 16, 8
+        # sampler call 32 responses and 8 rubric lists (4 and 1 a device: each device decodes
+        # its rows on a whole bfloat16 rollout copy, 16.4 GB; the policy's cache grows in
+        # segments, `sampling.cache_schedule`), 16 policy rows per gradient pass. With
+        # --config.mesh.fsdp=4 --config.mesh.tensor=2 the copy is split in two and the
+        # planner picks 64 and 16 per call (4 and 8 per update).
+        c.policy.rollout_micro_batch, c.generator.rollout_micro_batch = 32, 8
         c.policy.train.micro_batch_size = 16
     if opts.get("local"):
         c.model.policy = c.model.generator = "tiny_qwen3"

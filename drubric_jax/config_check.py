@@ -110,6 +110,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     for node, field in ((p, "policy"), (g, "generator")):
         need(node.rollout_micro_batch >= 0, f"{field}.rollout_micro_batch",
              "must be >= 0 (0 = every row in one sampler call)")
+        need(node.cache_segments >= 0, f"{field}.cache_segments",
+             "must be >= 0 (0 = auto, 1 = one cache of P + N slots)")
     check_trainer(p.train, "config.policy.train", rows=p.prompts_per_step * p.num_responses)
     need(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
     need(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")

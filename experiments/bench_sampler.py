@@ -32,6 +32,10 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
 _IMPL = flags.DEFINE_enum("impl", "jax", ["jax", "transformers", "all"], "what to measure")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "P, prompt tokens (a bucket size)")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "N, new tokens per row")
+_CACHE_SEGMENTS = flags.DEFINE_integer(
+    "cache_segments", 0, "decode segments of the KV cache, as `generate(cache_segments=)`: 0 = "
+    "auto (1 at the default lengths), 1 = one cache of P + N slots, m = m growing segments "
+    "(`sampling.cache_schedule`)")
 _REPS = flags.DEFINE_integer("reps", 2, "warm repetitions per shape (median reported)")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "size of the peak-FLOP/s matmul")
 _PEER_JSON = flags.DEFINE_string("peer_json", None, "JSON lines of a peer to compare with")
@@ -45,8 +49,11 @@ _CACHE_DIR = flags.DEFINE_string(
     "of the same shapes loads them, and its compile_s is what a resumed run pays")
 
 
-def jax_timer(cfg, params, batch: int, prompt_len: int, new_tokens: int, seed: int):
-    """Compiles `sampling.prefill` and `sampling.decode_loop` for one shape ahead of time.
+def jax_timer(cfg, params, batch: int, prompt_len: int, new_tokens: int, seed: int,
+              cache_segments: int = 0):
+    """Compiles `sampling.prefill` and `sampling.decode_loop` (or `sampling.decode_segments`
+    when `cache_segments` gives several, `sampling.cache_schedule`) for one shape ahead of
+    time.
 
     Returns:
         (compile_s, once, profile): `once()` runs one prefill and one
@@ -73,14 +80,25 @@ def jax_timer(cfg, params, batch: int, prompt_len: int, new_tokens: int, seed: i
         return jax.block_until_ready((tokens, jnp.ones((batch, prompt_len), bool)))
 
     key = jax.random.PRNGKey(0)
+    slots = sampling.cache_schedule(prompt_len, new_tokens, cache_segments)
     t0 = time.perf_counter()
-    prefill = sampling.prefill.lower(params, cfg, *prompts(), key, new_tokens).compile()
-    state = jax.eval_shape(lambda *a: sampling.prefill(params, cfg, *a, key, new_tokens),
-                           *prompts())
+    prefill = sampling.prefill.lower(params, cfg, *prompts(), key, new_tokens,
+                                     num_slots=slots[0]).compile()
+    state = jax.eval_shape(lambda *a: sampling.prefill(params, cfg, *a, key, new_tokens,
+                                                       num_slots=slots[0]), *prompts())
     # As `generate`: the loop runs on `sampling.decode_params` (on CPU a per-layer copy of
     # the weights, made once per call by a program of its own: compiled here).
     layers = sampling.decode_params(params, cfg)
-    decode = sampling.decode_loop.lower(layers, cfg, state, method, never, 0).compile()
+    if len(slots) == 1:
+        decode = sampling.decode_loop.lower(layers, cfg, state, method, never, 0).compile()
+    else:
+        segments = sampling.decode_segments.lower(layers, cfg, state.replace(cache=None),
+                                                  state.cache, method, never, 0,
+                                                  slots).compile()
+
+        def decode(layers, state, never):
+            return segments(layers, state.replace(cache=None), state.cache, never)
+        decode.as_text = segments.as_text  # for `profile`
     compile_s = time.perf_counter() - t0
     del layers  # each timed call makes its own copy, as `generate` does
 
@@ -229,7 +247,8 @@ def main(argv):
     for b in batches:
         timers = {}
         if run_ours:
-            compile_s, timers["jax"], profile = jax_timer(cfg, params, b, p, n, _SEED.value)
+            compile_s, timers["jax"], profile = jax_timer(cfg, params, b, p, n, _SEED.value,
+                                                          _CACHE_SEGMENTS.value)
         if model is not None:
             timers["transformers"], script = transformers_timer(model, cfg.vocab_size, b, p, n,
                                                                 _SEED.value)
@@ -242,8 +261,13 @@ def main(argv):
             if _PROFILE.value:
                 row.update(profile())
             ours[b] = row
-            step_bytes = bench.decode_bytes_per_step(cfg, params, b, p + n)
-            emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n, **row,
+            # The cache slots a step reads, on average over the segments (P + N: one).
+            from drubric_jax import sampling
+            read_slots = sampling.mean_slots_read(
+                sampling.cache_schedule(p, n, _CACHE_SEGMENTS.value), p, n)
+            step_bytes = bench.decode_bytes_per_step(cfg, params, b, round(read_slots))
+            emit(impl="jax", dtype=_DTYPE.value, batch=b, prompt_len=p, new_tokens=n,
+                 cache_segments=_CACHE_SEGMENTS.value, mean_slots_read=read_slots, **row,
                  prefill_mfu=round(2 * n_params * row["prefill_tok_s"] / (f32_peak * 1e9), 3),
                  prefill_mfu_blocks=round(2 * (n_params - cfg.vocab_size * cfg.dim)
                                           * row["prefill_tok_s"] / (f32_peak * 1e9), 3),

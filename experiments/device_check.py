@@ -7,7 +7,7 @@ process per phase, against the HBM roofline, the dense bfloat16 peak and the mem
     python -m experiments.device_check --phases=decode,train --out=dc.json   # some phases
     python -m experiments.device_check --tiny --out=tiny.json         # CPU, tiny shapes
 
-The default (`--quick`) runs five phases, in this order whatever the order of
+The default (`--quick`) runs six phases, in this order whatever the order of
 `--phases`, sized to take under 6 minutes on one H200 with the compiles: `--budget_s`
 (345) guards the total, a phase gets at most its cap (`CAPS_S`, `--phase_cap_s`) and what
 is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 weights
@@ -16,6 +16,10 @@ is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 
                   (temperature 1) on Qwen3-8B for N = 64 steps from a cache of P = 1024
                   filled slots, at B = 1, 64 and 256 (the cache is made as a prefill
                   leaves it, without running one)
+    decode_segments  the cache in 4 segments (`sampling.decode_segments`) against one
+                  cache of P + N slots (`decode_loop`): B = 64, N = 2048 steps from
+                  P = 1024 filled slots, each step's bytes counted at the slots of its
+                  segment, averaged (`sampling.mean_slots_read`)
     prefill       `sampling.prefill` of one 8192- and one 24576-token prompt (Qwen3-8B,
                   cache P + 8192 slots)
     train         one GRPO step of a LoRA trainee (configs/qwen3_8b.py:lora, rank 64, the
@@ -47,8 +51,9 @@ writes the same as JSON (`--out`). Per row:
                and train: tokens processed / s
     util       decode: fraction of the HBM roofline, i.e. (bytes a step must read / the
                vendor bandwidth) / step time, the bytes being every weight but the
-               embedding (B looked-up rows) plus k and v of the attended slots averaged
-               over the steps (the JSON has `util_vs_copy` against the copy probe too);
+               embedding (B looked-up rows) plus k and v of the slots a step reads (all
+               P + N; with segments, those of its segment averaged over the steps) (the
+               JSON has `util_vs_copy` against the copy probe too);
                prefill, verifier, train: MFU, model FLOPs / s / the vendor dense bfloat16
                peak (`drubric_jax.memory.costs.TARGETS`); "-" on an unknown device
                (CPU)
@@ -56,7 +61,8 @@ writes the same as JSON (`--out`). Per row:
                (monotone within a phase); "-" where the backend has none (CPU)
     plan GB    the planner's peak for that step (`planner_terms`): the base weights plus
                the step's terms (decode, constrained: the sampler's decode terms for a
-               1-token prompt into the same slots; prefill, verifier: the prefill terms;
+               1-token prompt into the same slots; decode_segments: the decode terms of
+               that schedule; prefill, verifier: the prefill terms;
                train: base + adapters + AdamW moments + `train_terms`)
 FLOPs: a forward pass = 2 x matmul weights per token x tokens (the four attention matrices
 and the SwiGLU of every layer, or the router and the k routed experts) + 2 x LoRA adapter
@@ -103,7 +109,8 @@ _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Most seconds a phase may take (quick; tiny: TINY_CAP_S each), and the least left to start one.
-CAPS_S = {"decode": 150, "prefill": 100, "train": 150, "constrained": 100, "moe_verifier": 90}
+CAPS_S = {"decode": 150, "decode_segments": 120, "prefill": 100, "train": 150,
+          "constrained": 100, "moe_verifier": 90}
 TINY_CAP_S, MIN_START_S = 300, 30
 
 

@@ -32,6 +32,8 @@ class Shapes:
     decode_batches: tuple     # rows of each decode row
     decode_context: int       # P: cache slots already filled when decoding starts
     decode_steps: int         # N: decode steps timed
+    segments_batch: int       # rows of the cache-segments rows (`decode_segments` phase)
+    segments_steps: int       # their N (after decode_context filled slots)
     prefill_lengths: tuple    # prompt lengths, batch 1
     prefill_new: int          # N of the prefill's cache (S = P + N)
     constrained_batch: int
@@ -43,10 +45,10 @@ class Shapes:
     copy_bytes: int           # array of the bandwidth probe
 
 
-QUICK = Shapes("qwen3_8b", "qwen3_30b_a3b", 4, (1, 64, 256), 1024, 64, (8192, 24576), 8192,
-               64, 64, (1024, 4096), 4096, 4096, 64, 2 ** 30)
-TINY = Shapes("tiny_qwen3", "tiny_qwen3_moe", 2, (1, 4, 8), 32, 8, (64, 192), 16, 4, 12,
-              (64, 256), 32, 32, 4, 2 ** 22)
+QUICK = Shapes("qwen3_8b", "qwen3_30b_a3b", 4, (1, 64, 256), 1024, 64, 64, 2048,
+               (8192, 24576), 8192, 64, 64, (1024, 4096), 4096, 4096, 64, 2 ** 30)
+TINY = Shapes("tiny_qwen3", "tiny_qwen3_moe", 2, (1, 4, 8), 32, 8, 4, 64, (64, 192), 16, 4,
+              12, (64, 256), 32, 32, 4, 2 ** 22)
 
 
 def status_of(e: BaseException) -> tuple[str, str]:
@@ -208,17 +210,19 @@ def force_decode_form(form: str | None) -> None:
     registry.per_layer_decode = models.per_layer_decode = lambda: form == "per_layer"
 
 
-def decode_state(cfg, rows: int, filled: int, new: int, done: bool = False):
+def decode_state(cfg, rows: int, filled: int, new: int, done: bool = False,
+                 slots: int | None = None):
     """A `sampling.SamplerState` as a prefill of `filled` tokens leaves it, made without
     one: the first `filled` cache slots valid (zeros: values do not change a step's work),
     N = `new` steps to go, zero logits; `done`: every row already stopped (a decode loop
-    on it ends at once: its compilation alone)."""
+    on it ends at once: its compilation alone); `slots`: the cache's S (default
+    filled + new; the first segment's for `sampling.decode_segments`)."""
     import jax
     import jax.numpy as jnp
 
     from drubric_jax import models, sampling
 
-    slots = filled + new
+    slots = filled + new if slots is None else slots
     cache = models.init_cache(cfg, rows, slots).replace(
         valid=jnp.broadcast_to(jnp.arange(slots) < filled, (rows, slots)),
         index=jnp.asarray(filled, jnp.int32), empty=False)

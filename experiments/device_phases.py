@@ -63,7 +63,9 @@ def decode(ctx: Context) -> None:
         steps = int(out.step)
         del out
         per = t / steps
-        kv = kv_bytes(cfg, b, p + (steps + 1) / 2)  # slots attended, averaged over the steps
+        # The attention reads all P + N slots every step (the unwritten ones masked); until
+        # 2026-12-05 this counted p + (steps + 1) / 2, which at N = 64 was 3% fewer slots.
+        kv = kv_bytes(cfg, b, p + n)
         need = weight_bytes(cfg) + kv
         row = {"compile_s": c, "steady_s": t, "steps": steps, "ms_per_step": per * 1e3,
                "tokens_per_s": b / per, "gb_per_step": need / 1e9, "util_kind": "HBM",
@@ -78,6 +80,54 @@ def decode(ctx: Context) -> None:
 
     for b in s.decode_batches:
         ctx.row(f"decode B={b} (P={p}, N={n})", lambda b=b: one(b))
+
+
+def decode_segments(ctx: Context) -> None:
+    """The KV cache in segments against one cache: `sampling.decode_segments` with the
+    schedule of 4 segments and `sampling.decode_loop` over all P + N slots, each from
+    `decode_context` filled slots for `segments_steps` steps at `segments_batch` rows
+    (Temperature 1, no stop id ever sampled)."""
+    import jax.numpy as jnp
+
+    from drubric_jax import sampling
+    from drubric_jax.memory.inference_terms import sampling_terms
+
+    s, cfg = ctx.shapes, ctx.model(ctx.shapes.dense)
+    params = ctx.init_params(cfg)
+    loop_params = sampling.decode_params(params, cfg)
+    b, p, n, stop = s.segments_batch, s.decode_context, s.segments_steps, jnp.asarray([-1],
+                                                                                  jnp.int32)
+    method = sampling.Temperature(1.0)
+
+    def one(segments):
+        slots = sampling.cache_schedule(p, n, segments)
+
+        def run(st):
+            if len(slots) == 1:
+                return sampling.decode_loop(loop_params, cfg, st, method, stop, 0)
+            return sampling.decode_segments(loop_params, cfg, st.replace(cache=None), st.cache,
+                                            method, stop, 0, slots)
+
+        c, t, out = first_and_steady(
+            lambda: (decode_state(cfg, b, p, n, slots=slots[0]),), run,
+            warm_args=lambda: (decode_state(cfg, b, p, n, done=True, slots=slots[0]),))
+        steps = int(out.step)
+        del out
+        per = t / steps
+        read = sampling.mean_slots_read(slots, p, n)  # slots a step reads, on average
+        need = weight_bytes(cfg) + kv_bytes(cfg, b, read)
+        row = {"compile_s": c, "steady_s": t, "steps": steps, "ms_per_step": per * 1e3,
+               "tokens_per_s": b / per, "gb_per_step": need / 1e9, "util_kind": "HBM",
+               "util": need / (ctx.peak_tbps * 1e12) / per if ctx.peak_tbps else None,
+               "note": f"cache slots {slots}; reads >= {need / 1e9:.2f} GB/step on average "
+                       f"({read:.0f} slots)"}
+        return with_plan(row, planned_gb(cfg, lambda rm: sampling_terms(
+            rm, "policy", ctx.mesh, b, p, n, "auto", BLOCK, False, segments=segments,
+            decode_only=True)))
+
+    for m in (1, 4):
+        ctx.row(f"decode B={b} (P={p}, N={n}), {m} cache segment{'s' if m > 1 else ''}",
+                lambda m=m: one(m))
 
 
 def prefill(ctx: Context) -> None:
@@ -307,5 +357,5 @@ def train(ctx: Context) -> None:
     ctx.row(f"GRPO LoRA step 1 x {t_len} (P={p}, N={n})", one)
 
 
-PHASES = {"decode": decode, "prefill": prefill, "train": train, "constrained": constrained,
-          "moe_verifier": moe_verifier}
+PHASES = {"decode": decode, "decode_segments": decode_segments, "prefill": prefill,
+          "train": train, "constrained": constrained, "moe_verifier": moe_verifier}

@@ -25,7 +25,10 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=4, help="fake CPU devices per process")
     ap.add_argument("--die_after_step", type=int, default=0)
     ap.add_argument("--die_process", type=int, default=1)
-    ap.add_argument("--heartbeat_timeout_s", type=int, default=10)
+    # Long enough that a live peer busy compiling on a loaded 2-core machine is not taken
+    # for dead (10 s failed once under the full suite), short enough that a dead one is
+    # found well within the test's 400 s per launch.
+    ap.add_argument("--heartbeat_timeout_s", type=int, default=30)
     args = ap.parse_args()
     # Before JAX starts: this process's fake devices.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

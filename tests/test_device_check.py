@@ -18,7 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One process per phase on CPU, with no fake devices.
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
 # moe_verifier: two lengths under each of the two expert dispatches.
-ROWS = {"decode": 4, "prefill": 2, "train": 2, "constrained": 1, "moe_verifier": 4}
+# decode_segments: one cache and 4 segments.
+ROWS = {"decode": 4, "decode_segments": 2, "prefill": 2, "train": 2, "constrained": 1,
+        "moe_verifier": 4}
 TIMED = ("compile_s", "steady_s", "ms_per_step", "tokens_per_s")
 
 
@@ -61,7 +63,12 @@ def test_tiny_check_runs_every_phase_ok_with_positive_finite_figures(tmp_path):
     assert 0 < constrained["host_ms_per_step"] < constrained["ms_per_step"]
     assert constrained["grammar_errors"] == 0
     # The table: one line per phase, one per row.
-    assert "5 of 5 phases ok" in proc.stdout
+    segments = result["phases"]["decode_segments"]["rows"]
+    assert [r["name"].split(", ")[-1] for r in segments] == ["1 cache segment",
+                                                            "4 cache segments"]
+    assert segments[1]["gb_per_step"] < segments[0]["gb_per_step"]  # fewer slots read
+    assert segments[1]["planned_gb"] < segments[0]["planned_gb"]
+    assert f"{len(PHASES)} of {len(PHASES)} phases ok" in proc.stdout
     for name in PHASES:
         assert f"\n{name} [ok, " in proc.stdout
 
@@ -72,7 +79,7 @@ def test_a_check_out_of_budget_skips_every_phase(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     phases = json.loads(out.read_text())["phases"]
     assert [p["status"] for p in phases.values()] == ["skipped: budget"] * len(PHASES)
-    assert "0 of 5 phases ok" in proc.stdout
+    assert f"0 of {len(PHASES)} phases ok" in proc.stdout
 
 
 def test_a_phase_past_its_timeout_is_killed_and_reported():

@@ -8,6 +8,7 @@ F = 128, tied embeddings, float32.
 import pytest
 
 from configs import qwen3_8b, smollm2_cpu
+from drubric_jax import sampling
 from drubric_jax.memory import planner
 from drubric_jax.memory.inference_terms import kv_cache_bytes
 from drubric_jax.models.config import TINY
@@ -211,9 +212,22 @@ def test_time_estimate_of_a_step_by_hand():
     p = c.policy
     rows = p.prompts_per_step * p.num_responses
     decode = times["policy step", "policy sampling: decode"]
+    # One cache segment at these lengths: every step reads the P + N slots.
+    assert sampling.cache_schedule(p.max_prompt_tokens, p.max_new_tokens, 0) == (
+        p.max_prompt_tokens + p.max_new_tokens,)
     step_bytes = costs.weight_bytes(cfg) + costs.kv_bytes(cfg, 1, p.max_prompt_tokens
-                                                          + p.max_new_tokens / 2)
+                                                          + p.max_new_tokens)
     assert decode.roofline_s == pytest.approx(rows * p.max_new_tokens * step_bytes / 1e12)
+    # With 4 segments a step reads P + N (1/2 + 1/8 + 1/32 + 1/64) slots on average.
+    c.policy.cache_segments = 4
+    seg = next(t for t in timing.estimate(c, models_, target, 1)
+               if t.phase == "policy step" and t.name.startswith("policy sampling: decode"))
+    slots = sampling.mean_slots_read(sampling.cache_schedule(
+        p.max_prompt_tokens, p.max_new_tokens, 4), p.max_prompt_tokens, p.max_new_tokens)
+    assert slots < p.max_prompt_tokens + p.max_new_tokens
+    step_bytes = costs.weight_bytes(cfg) + costs.kv_bytes(cfg, 1, slots)
+    assert seg.roofline_s == pytest.approx(rows * p.max_new_tokens * step_bytes / 1e12)
+    c.policy.cache_segments = 0
     prefill = times["policy step", "policy sampling: prefill"]
     t = p.max_prompt_tokens
     assert prefill.roofline_s == pytest.approx(

@@ -630,3 +630,114 @@ def test_per_row_draws_do_not_depend_on_the_calls_layout(tiny_model, shape):
     sub = sampling.generate(params, cfg, [prompts[4], prompts[1]], row_ids=[14, 11], **kw)
     np.testing.assert_array_equal(sub.tokens, whole.tokens[[4, 1]])
     assert (whole.tokens[0] != whole.tokens[5]).any()  # same prompt, other id
+
+
+# --------------------------------------------------------------------------- cache segments
+
+
+def test_cache_schedule_doubles_each_segment():
+    """Segment j of m ends after ceil(N / 2^(m-1-j)) new tokens (multiples of 128 when the
+    first segment has 128); "auto" (0) splits in 4 only for long generations (N >= 4096
+    and N >= P / 2) on per-layer caches; equal ends merge."""
+    assert sampling.cache_schedule(1024, 8192, 0) == (2048, 3072, 5120, 9216)
+    # A step reads P + N (1/8 * 1/8 + 1/4 * 1/8 + 1/2 * 1/4 + 1/2) slots on average.
+    assert sampling.mean_slots_read((2048, 3072, 5120, 9216), 1024, 8192) == 1024 + 0.671875 * 8192
+    assert sampling.cache_schedule(1024, 8192, 1) == (9216,)
+    assert sampling.mean_slots_read((9216,), 1024, 8192) == 9216
+    assert sampling.cache_schedule(1024, 8192, 0, per_layer=False) == (9216,)  # TPU: stacked
+    assert sampling.cache_schedule(8192, 8192, 0) == (9216, 10240, 12288, 16384)
+    assert sampling.cache_schedule(24576, 8192, 0) == (32768,)    # N < P / 2
+    assert sampling.cache_schedule(128, 2048, 0) == (2176,)       # N < 4096
+    assert sampling.cache_schedule(16, 300, 3) == (91, 166, 316)  # no alignment: 75 < 128
+    assert sampling.cache_schedule(16, 2, 4) == (17, 18)          # ends 1, 1, 1, 2 merged
+    with pytest.raises(ValueError, match="cache_segments"):
+        sampling.cache_schedule(16, 8, -1)
+
+
+def test_add_chunk_keeps_the_slots_and_appends_empty_ones(tiny_model):
+    """Per-layer caches get a chunk per layer (the written slots are the same arrays);
+    stacked ones are padded; either way the old slots read back and the new ones are
+    empty and invalid."""
+    cfg, params = tiny_model
+    cache = models.init_cache(cfg, 2, 5)
+    k = jax.random.normal(jax.random.PRNGKey(0), cache.k.shape).astype(cache.k.dtype)
+    cache = cache.replace(k=k, v=2 * k, valid=jnp.ones((2, 5), bool).at[0, 0].set(False),
+                          index=jnp.int32(5), empty=False)
+    layers = models.unstack_cache(cache)
+    chunked = models.add_chunk(models.add_chunk(layers, 8), 11)
+    assert [c.shape[2] for c in chunked.k[0]] == [5, 3, 3]
+    assert chunked.k[0][0] is layers.k[0]  # not copied
+    for form in (models.add_chunk(cache, 11), chunked):
+        grown = models.stack_cache(form)
+        assert grown.num_slots == form.num_slots == 11
+        assert int(grown.index) == 5 and not grown.empty
+        np.testing.assert_array_equal(grown.k[..., :5, :], k)
+        np.testing.assert_array_equal(grown.v[..., :5, :], 2 * k)
+        assert not np.asarray(grown.k[..., 5:, :]).any()
+        np.testing.assert_array_equal(grown.valid[:, :5], cache.valid)
+        assert not np.asarray(grown.valid[:, 5:]).any()
+    with pytest.raises(ValueError, match="shrink"):
+        models.add_chunk(cache, 4)
+    with pytest.raises(ValueError, match="num_slots"):
+        sampling.prefill(params, cfg, jnp.zeros((1, 4), jnp.int32),
+                         jnp.ones((1, 4), bool), jax.random.PRNGKey(0), 3, num_slots=4)
+
+
+@pytest.mark.parametrize("method", [sampling.Greedy(), sampling.Temperature(1.0)],
+                         ids=["greedy", "T1"])
+def test_cache_segments_give_the_one_segment_tokens(tiny_model, method):
+    """`decode_segments` (3 and 7 growing caches) samples the tokens of one cache of P + N
+    slots, rows that stop early included. Log-probs: the segments read the same keys over
+    fewer masked slots (exact zeros in the softmax), so only the summation order differs:
+    the tolerance of two evaluations of the same logits (tolerances.logprob_atol)."""
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(3), [5, 11, 3, 16], cfg.vocab_size)
+    kw = dict(key=jax.random.PRNGKey(1), max_new_tokens=40, method=method)
+    free = sampling.generate(params, cfg, prompts, cache_segments=1, stop_ids=[-7], **kw)
+    # Stop ids that rows 0 and 1 sample on their way (at steps 9 and 25 or earlier).
+    kw["stop_ids"] = [int(free.tokens[0, 9]), int(free.tokens[1, 25])]
+    one = sampling.generate(params, cfg, prompts, cache_segments=1, **kw)
+    assert one.lengths[0] <= 10 and one.lengths[1] <= 26  # rows that stop early
+    for m in (3, 7):
+        assert len(sampling.cache_schedule(16, 40, m)) == m
+        seg = sampling.generate(params, cfg, prompts, cache_segments=m, **kw)
+        np.testing.assert_array_equal(seg.tokens, one.tokens)
+        np.testing.assert_array_equal(seg.mask, one.mask)
+        np.testing.assert_allclose(seg.logprobs, one.logprobs, rtol=0,
+                                   atol=logprob_atol(one.logprobs, cfg.vocab_size))
+
+
+class _EvenStepConstraint(_FakeConstraint):
+    """Allows at even steps only the lower half of the vocabulary (a constraint that bites),
+    everything at odd steps."""
+
+    def reset(self, batch):
+        self.batch, self.step = batch, 0
+
+    def fill(self, bitmask, rows):
+        a = np.ones((self.batch, self.vocab), bool)
+        if self.step % 2 == 0:
+            a[:, self.vocab // 2:] = False
+        bitmask[rows] = pack_bitmask(a)[rows]
+
+    def advance(self, tokens, live):
+        self.step += 1
+
+
+def test_cache_segments_in_constrained_decoding(tiny_model):
+    """The host loop grows the cache between steps (`constrained.decode(cache_slots=)`): the
+    tokens of one cache, under a constraint that changes what is allowed every step."""
+    cfg, params = tiny_model
+    prompts = _prompts(np.random.default_rng(4), [6, 2, 9], cfg.vocab_size)
+    kw = dict(key=jax.random.PRNGKey(2), max_new_tokens=24, method=sampling.Temperature(1.0),
+              stop_ids=[-7], pad_id=0)
+    one = sampling.generate(params, cfg, prompts, constraint=_EvenStepConstraint(cfg.vocab_size),
+                            cache_segments=1, **kw)
+    assert (one.tokens[:, ::2] < cfg.vocab_size // 2).all()  # the constraint held
+    free = sampling.generate(params, cfg, prompts, cache_segments=1, **kw)
+    assert (free.tokens != one.tokens).any()  # and bit
+    seg = sampling.generate(params, cfg, prompts, constraint=_EvenStepConstraint(cfg.vocab_size),
+                            cache_segments=3, **kw)
+    np.testing.assert_array_equal(seg.tokens, one.tokens)
+    np.testing.assert_allclose(seg.logprobs, one.logprobs, rtol=0,
+                               atol=logprob_atol(one.logprobs, cfg.vocab_size))

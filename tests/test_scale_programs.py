@@ -327,3 +327,133 @@ def test_moe_verifier_planner_matches_compiled_programs(tmp_path):
         for s in steps:
             assert 0.75 <= s.transient / s.compiled <= 1.25, (prefix, s.name, s.transient,
                                                               s.compiled)
+
+
+def _while_cache_slots(hlo_text: str, rows: int, heads: int, head_dim: int,
+                       layers: int) -> list:
+    """Per compiled while loop that carries per-layer cache arrays or chunks [rows, heads,
+    S_c, head_dim] (per device): the slots of one layer's keys (sum of S_c over the k and
+    v arrays of its L layers, / 2L)."""
+    out = []
+    for line in hlo_text.splitlines():
+        if " while(" not in line:
+            continue
+        result = line.split("=", 1)[1].split(" while(")[0]
+        slots = [int(d.split(",")[2]) for d in re.findall(r"\b(?:bf16|f32)\[([\d,]*)\]", result)
+                 if re.fullmatch(rf"{rows},{heads},\d+,{head_dim}", d)]
+        if slots:
+            out.append(sum(slots) // (2 * layers))
+    return out
+
+
+@pytest.mark.slow
+def test_decode_segments_read_their_slots():
+    """The sampler's decode at P = 1,024 and N = 8,192 (2-layer Qwen3-8B, 64 rows, 8
+    devices at fsdp 4 x tensor 2, the rollout copy's layout, per-layer caches as on CPU
+    and GPU), as `generate` runs it ("auto": 4 segments, `sampling.cache_schedule`); in
+    float32, because XLA on CPU computes bfloat16 products in float32 and keeps float32
+    copies of the loop-invariant chunks (GPUs read them as they are):
+    - each segment's loop carries the cache chunks written so far (a device's [16, 4, S_c,
+      128]: 2,048 slots per layer, then 3,072, 5,120, 9,216), so its steps read those,
+      not 9,216;
+    - one decode step at 2,048 slots reads fewer bytes than at 9,216, by at least the k
+      and v it leaves unread (XLA's cost analysis of `forward_token`);
+    - the call's peak (the prefill's state, then the loop) is below that of one cache of
+      P + N slots, by at least the slots it saves: S_0 + P + N against 2 (P + N) (the
+      stacked and the per-layer copy);
+    - no cache or weight is all-gathered (none above 2 MB, as the one-segment loop)."""
+    from drubric_jax import parallel, sampling
+    from drubric_jax.memory import compiled as mc
+
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, dtype="float32", param_dtype="float32")
+    mesh = parallel.make_mesh(1, 4, 2)
+    rows, p, n = 64, 1024, 8192
+    slots = sampling.cache_schedule(p, n, 0)
+    assert slots == (2048, 3072, 5120, 9216)
+    params, _ = mc.rollout_copy(mc.param_structs(cfg, mesh), cfg, mesh)
+    tokens, mask = mc._row_structs(mesh, rows, ((p,), jnp.int32), ((p,), bool))
+    key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+    stop = jax.ShapeDtypeStruct((1,), jnp.int32)
+    layers = mc.analyse(sampling.layer_copy.lower(params["layers"], cfg)).outputs
+    loop_params = {**params, "layers": layers}
+    method = sampling.Temperature(1.0)
+
+    def peak(first_slots, lower):
+        pre = mc.analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, n, mesh=mesh,
+                                                num_slots=first_slots))
+        compiled = lower(pre.outputs).compile()
+        m = compiled.memory_analysis()
+        return (pre.output + m.temp_size_in_bytes + m.output_size_in_bytes
+                - m.alias_size_in_bytes), compiled.as_text()
+
+    one, one_text = peak(p + n, lambda st: sampling.decode_loop.lower(
+        loop_params, cfg, st, method, stop, 0))
+    seg, seg_text = peak(slots[0], lambda st: sampling.decode_segments.lower(
+        loop_params, cfg, st.replace(cache=None), st.cache, method, stop, 0, slots))
+    per_device = (rows // 4, cfg.num_kv_heads // 2, cfg.head_dim, cfg.num_layers)
+    assert _while_cache_slots(one_text, *per_device) == [p + n]
+    assert _while_cache_slots(seg_text, *per_device) == list(slots)
+    slot_bytes = 2 * cfg.num_layers * (rows // 4) * (cfg.num_kv_heads // 2) * cfg.head_dim * 4
+    # The 7,168 slots not held twice (0.94 GB); the programs' other buffers may differ by
+    # up to two [rows, V] float32 logits buffers (9.7 MB each). Measured: 0.921 GB less.
+    logits = (rows // 4) * cfg.vocab_size * 4
+    assert one - seg >= (p + n - slots[0]) * slot_bytes - 2 * logits, (seg / 1e9, one / 1e9)
+    assert max(all_gather_bytes(seg_text), default=0) < 2e6
+    assert max(all_gather_bytes(one_text), default=0) < 2e6
+
+    # One step's bytes (one device, all 64 rows) at the first and the last segment's cache.
+    dense = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         jax.eval_shape(lambda: models.decode_params(
+                             models.init_params(cfg, jax.random.PRNGKey(0)), cfg)))
+
+    def step_bytes(num_slots):
+        state = jax.eval_shape(lambda: sampling.prefill(
+            jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), params), cfg,
+            jnp.zeros((rows, p), jnp.int32), jnp.ones((rows, p), bool),
+            jax.random.PRNGKey(0), n, num_slots=num_slots))
+        state = state.replace(cache=jax.eval_shape(models.unstack_cache, state.cache))
+        tok = jax.ShapeDtypeStruct((rows,), jnp.int32)
+        emitted = jax.ShapeDtypeStruct((rows,), bool)
+        cost = jax.jit(sampling.forward_token, static_argnames="cfg").lower(
+            dense, cfg, state, tok, emitted).compile().cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["bytes accessed"]
+
+    unread = 2 * cfg.num_layers * rows * cfg.num_kv_heads * (p + n - slots[0]) * cfg.head_dim * 4
+    assert step_bytes(p + n) - step_bytes(slots[0]) >= unread
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["policy", "generator"])
+def test_planner_matches_compiled_segmented_sampling(tmp_path, role):
+    """With generations long enough for cache segments (P = 512, N = 4,096: 4 segments,
+    `sampling.cache_schedule`), the planner's sampler terms stay within 25% of XLA's memory
+    analysis of the real programs (2-layer Qwen3-8B, float32, 8 devices at fsdp 8, 16 rows):
+    the policy's `decode_segments` call, and the generator's constrained host loop that
+    grows the cache between steps (`memory.compiled.sampling_peaks`)."""
+    import json
+
+    from configs import qwen3_8b
+    from drubric_jax import parallel, sampling
+    from drubric_jax.memory import compiled
+    from drubric_jax.memory.inference_terms import sampling_terms
+    from drubric_jax.memory.planner import DEFAULT_BLOCK
+    from drubric_jax.memory.terms import RoleModels, total_bytes
+    from drubric_jax.models.export import hf_config_dict
+
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(cfg, 1, 2)))
+    c = qwen3_8b.get_config("")
+    c.model.policy = c.model.generator = c.model.verifier = str(tmp_path)
+    c.model.dtype = "float32"
+    models_ = RoleModels.from_config(c)
+    mesh = parallel.make_mesh(1, 8, 1, jax.devices()[:8])
+    rows, prompt, new = 16, 512, 4096
+    assert len(sampling.cache_schedule(prompt, new, 0)) == 4
+    constrained = role == "generator"
+    planned = total_bytes(sampling_terms(models_, role, mesh, rows, prompt, new, "auto",
+                                         DEFAULT_BLOCK, constrained, "cpu"))
+    base = models_.base[models_.sources[role]]
+    measured = max(compiled.sampling_peaks(
+        base, compiled.sampler_params(models_.trainee[role], base, mesh), rows, prompt, new,
+        constrained, mesh))
+    assert 0.75 <= planned / measured <= 1.25, (planned / 1e9, measured / 1e9)

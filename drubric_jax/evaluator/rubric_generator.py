@@ -81,6 +81,7 @@ class RubricGenerator:
         mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
         rows_per_call: rubric lists sampled per sampler call (0 = all B x G at once; the
             rollout micro-batch of `sampling.generate_chunked`).
+        cache_segments: the sampler's KV-cache segments (`sampling.generate`; 0 = auto).
         fmt: the lists' `rubric_formats.RubricFormat`: free text, or checks (METHOD 13).
 
     Raises:
@@ -90,12 +91,14 @@ class RubricGenerator:
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512,
                  input_budget: int = 2048, min_bucket: int = MIN_PROMPT_BUCKET, mesh=None,
-                 rows_per_call: int = 0, per_row_keys: bool = False, fmt=LLM_FORMAT):
+                 rows_per_call: int = 0, per_row_keys: bool = False, fmt=LLM_FORMAT,
+                 cache_segments: int = 0):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
         self.rows_per_call = int(rows_per_call)
+        self.cache_segments = int(cache_segments)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
@@ -248,6 +251,7 @@ class RubricGenerator:
             max_new_tokens=self.max_new_tokens, method=method, stop_ids=self.stop_ids,
             constraint=self.constraint, min_bucket=self.min_bucket, allow_invalid=True,
             mesh=self.mesh, after_call=lambda: done.append(self.constraint.finished()),
+            cache_segments=self.cache_segments,
             row_ids=(list(range(first * g, (first + b) * g)) if self.per_row_keys else None))
         # One finished() array per sampler call, in row order.
         grammar_done = np.concatenate(done)

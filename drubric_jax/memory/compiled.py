@@ -140,19 +140,24 @@ def _row_structs(mesh, rows: int, *shapes_dtypes):
 
 
 def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
-                   constrained: bool, mesh) -> tuple:
+                   constrained: bool, mesh, segments: int = 0) -> tuple:
     """Bytes per device beyond `params` at each peak of `sampling.generate(..., mesh=mesh)` on
     R = `rows` prompts (padded to the row shards, as `generate` does) of bucket
     P = `prompt`, N = `new`, on the rollout copy of `params` (`models.rollout`): (the
-    prefill, the decode loop) or, `constrained`, (the prefill, the cache unstacking, one
-    constrained step) beside the per-layer weights; each with the copy held."""
+    prefill, the decode loop or its segments) or, `constrained`, (the prefill, the cache
+    unstacking, one constrained step on the last segment's chunks) beside the per-layer
+    weights; each with the copy held. `segments`: the cache segments, as `generate` takes
+    them (`sampling.cache_schedule`; 0 = auto)."""
     rows = parallel.row_shards(mesh) * -(-rows // parallel.row_shards(mesh))
     params, copy = rollout_copy(params, cfg, mesh)
     held = 0 if copy is None else copy.output
     tokens, mask = _row_structs(mesh, rows, ((prompt,), jnp.int32), ((prompt,), bool))
     # A key struct: nothing is drawn.
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-    pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new, mesh=mesh))
+    # The cache's segments as `generate` picks them (0: "auto" on this backend).
+    slots = sampling.cache_schedule(prompt, new, segments, models.per_layer_decode())
+    pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new, mesh=mesh,
+                                         num_slots=slots[0]))
     state = pre.outputs  # with the sharding the compiler picked for the cache
     stop = jax.ShapeDtypeStruct((1,), jnp.int32)
     method = sampling.Temperature(1.0)
@@ -160,19 +165,52 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
     loop_params = {**params, "layers": layers.outputs}
     if not constrained:
-        dec = analyse(sampling.decode_loop.lower(loop_params, cfg, state, method, stop, 0))
+        if len(slots) == 1:
+            dec = analyse(sampling.decode_loop.lower(loop_params, cfg, state, method, stop, 0))
+        else:
+            dec = analyse(sampling.decode_segments.lower(
+                loop_params, cfg, state.replace(cache=None), state.cache, method, stop, 0,
+                slots))
         # The decode loop's peak comes on top of the state the prefill returned.
         return held + pre.extra, held + layers.output + pre.output + dec.extra
     unstack = analyse(constrained_lib._decode_cache.lower(state.cache))
+    # The host loop holds the state without its cache, plus the cache of the moment.
+    base = held + layers.output + pre.output - device_bytes(state.cache)
+    peaks = [held + pre.extra, base + device_bytes(state.cache) + unstack.extra]
+    cache = unstack.outputs
+    for s in slots[1:]:  # a chunk per segment (`models.add_chunk`, outside a program)
+        cache = _with_chunk(cache, s)
     words, = _row_structs(mesh, rows, ((constrained_lib.bitmask_words(cfg.vocab_size),),
                                        jnp.int32))
     force, = _row_structs(mesh, rows, ((), bool))
-    state = state.replace(cache=unstack.outputs)
+    state = state.replace(cache=cache)
     sample = analyse(constrained_lib._sample.lower(state, words, force, method, stop, 0))
     new_state, tok, emitted, _ = sample.outputs  # and the all-rows-done flag
     step = analyse(constrained_lib._forward.lower(loop_params, cfg, new_state, tok, emitted))
-    return (held + pre.extra, held + layers.output + pre.output + unstack.extra,
-            held + layers.output + pre.output + max(sample.extra, step.extra))
+    return (*peaks, base + device_bytes(cache) + max(sample.extra, step.extra))
+
+
+def _with_chunk(cache, num_slots: int):
+    """Structs of `models.add_chunk(cache, num_slots)` on per-layer cache structs: the new
+    chunk laid out as the first."""
+    extra = num_slots - cache.num_slots
+
+    def add(x):
+        chunks = x if isinstance(x, tuple) else (x,)
+        f = chunks[0]
+        return (*chunks, jax.ShapeDtypeStruct((*f.shape[:2], extra, f.shape[-1]), f.dtype,
+                                              sharding=f.sharding))
+
+    valid = jax.ShapeDtypeStruct((cache.valid.shape[0], num_slots), bool,
+                                 sharding=cache.valid.sharding)
+    return cache.replace(k=tuple(add(x) for x in cache.k), v=tuple(add(x) for x in cache.v),
+                         valid=valid)
+
+
+def device_bytes(tree) -> int:
+    """Bytes per device of a tree of sharded structs (one shard of each leaf)."""
+    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree))
 
 
 def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix: int,
@@ -238,10 +276,11 @@ def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
             role = "policy" if step.name == "policy sampling" else "generator"
             prompt, new = ((w.policy_prompt, w.policy_new) if role == "policy"
                            else (w.rubric_prompt, w.rubric_new))
+            segments = w.policy_segments if role == "policy" else w.rubric_segments
             return (step.name, rows), lambda n: sampling_peaks(
                 base(role, n), sampler_params(depth(models_.trainee[role], n), base(role, n),
                                               mesh), rows, prompt, new, role == "generator",
-                mesh)
+                mesh, segments)
         if step.name == "verification":
             return (step.name,), lambda n: verification_peaks(
                 base("verifier", n), param_structs(base("verifier", n), mesh),

@@ -31,6 +31,7 @@ from drubric_jax.memory.terms import (FORWARD_ATTENTION, FORWARD_WIDTHS, PREFILL
                                        total_bytes, weights_in_use, widths_bytes)
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.models.rollout import target_dtype
+from drubric_jax.sampling.buckets import cache_schedule
 
 
 def row_shards(mesh) -> int:
@@ -118,7 +119,8 @@ def logits_term(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
 
 def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int, new: int,
                    attention: str, block: int, constrained: bool,
-                   backend: Optional[str] = None) -> list:
+                   backend: Optional[str] = None, segments: int = 0,
+                   decode_only: bool = False) -> list:
     """Transient terms per device at the peak of `sampling.generate` on the rollout copy of
     `role`, R = `rows` prompts per call (split over data x fsdp), bucket P = `prompt`,
     N = `new`: the rollout copy, then the larger of the prefill and the decode loop.
@@ -127,14 +129,26 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
         backend: the platform planned for ("cpu", "gpu", "tpu"; None: this one): CPU and
             GPU decode on per-layer copies of the weights and the cache
             (`models.per_layer_decode`), counted here; TPU does not. `constrained` decoding
-            makes the same copies, so it is counted alike.
+            makes the same copies, so it is counted alike. When `generate` splits the
+            decode into cache segments (`sampling.cache_schedule`, "auto"), the prefill's
+            cache has S_0 slots and the decode ends with chunks of P + N slots.
+        segments: `config.<role>.cache_segments` (0 = auto).
+        decode_only: the decode loop's terms only, not the larger of it and the prefill
+            (the device check times a decode from a state made without a prefill).
     """
-    del constrained  # the constrained loop holds the same arrays (its mask words are small)
     cfg = models_.base[models_.sources[role]]
-    local, tensor, slots = rows_per_device(rows, mesh), mesh.shape["tensor"], prompt + new
+    local, tensor = rows_per_device(rows, mesh), mesh.shape["tensor"]
+    per_layer = models.per_layer_decode(backend)
+    # The cache's segments as `sampling.generate` picks them (0: "auto").
+    schedule = cache_schedule(prompt, new, segments, per_layer)
     field = f"rows per sampler call (rollout micro-batch); config.{role}.max_new_tokens"
-    cache = Term(f"KV cache ({local} of {rows} rows x {slots} slots)",
-                 kv_cache_bytes(cfg, rows, slots, mesh), field)
+
+    def cache_term(name, slots):
+        return Term(f"{name} ({local} of {rows} rows x {slots} slots)",
+                    kv_cache_bytes(cfg, rows, slots, mesh), field)
+
+    # The prefill's cache: S_0 slots (all P + N with one segment).
+    cache = cache_term("KV cache", schedule[0])
     copy, layers = rollout_copy_bytes(models_.sampling_shapes(role), cfg, mesh)
     weights = ([Term("rollout copy of the weights (decode layout, compute dtype)", copy,
                      "mesh.tensor (splits the copy)")] if copy else [])
@@ -144,13 +158,24 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
     prefill = [cache, *forward_terms(cfg, local, prompt, prompt, attention, block,
                                      f"rows per sampler call (rollout micro-batch); {budget}",
                                      PREFILL_ATTENTION, tensor)]
-    decode = [cache, logits_term(cfg, local, SAMPLING_LOGITS, field)]
-    if models.per_layer_decode(backend):
-        decode += [dataclasses.replace(cache, name="per-layer copy of the KV cache (decode "
-                                       "loop; CPU and GPU)"),
-                   Term("per-layer copy of the block weights (sampling.decode_params; CPU "
-                        "and GPU)", layers, "mesh.tensor")]
-    return weights + max(prefill, decode, key=total_bytes)
+    decode = [logits_term(cfg, local, SAMPLING_LOGITS, field)]
+    if len(schedule) == 1:
+        decode.append(cache)
+        if per_layer:
+            decode.append(dataclasses.replace(cache, name="per-layer copy of the KV cache "
+                                              "(decode loop; CPU and GPU)"))
+    else:
+        # `sampling.decode_segments`: per-layer chunks, P + N slots at the end; the
+        # unconstrained loop also keeps the prefill's cache (its argument), which the
+        # constrained host loop drops after unstacking it.
+        if not constrained:
+            decode.append(cache)
+        decode.append(cache_term(f"per-layer KV cache chunks ({len(schedule)} segments)",
+                                 schedule[-1]))
+    if per_layer:
+        decode.append(Term("per-layer copy of the block weights (sampling.decode_params; "
+                           "CPU and GPU)", layers, "mesh.tensor"))
+    return weights + (decode if decode_only else max(prefill, decode, key=total_bytes))
 
 
 def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,

@@ -53,6 +53,8 @@ class Workload:
     verifier_suffix: int  # suffix bucket
     verifier_rows: int    # prefixes per verifier pass
     verifier_items: int   # items per suffix pass
+    policy_segments: int = 0  # config.policy.cache_segments (0 = auto)
+    rubric_segments: int = 0  # config.generator.cache_segments
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "Workload":
@@ -71,7 +73,8 @@ class Workload:
                    bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
                    g.anchors_per_step * g.num_lists, p.prompts_per_step,
                    bucket_length(g.input_budget, gen_bucket), g.max_new_tokens,
-                   prefix, suffix, rows, items)
+                   prefix, suffix, rows, items, p.get("cache_segments", 0),
+                   g.get("cache_segments", 0))
 
 
 def _divisors(n: int) -> list:
@@ -258,13 +261,15 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         steps.append(_choose(phase, "policy sampling", w.policy_rows, _divisors(w.policy_rows),
                              lambda r: sampling_terms(models_, "policy", mesh, r,
                                                       w.policy_prompt, w.policy_new,
-                                                      attention, block, False, backend),
+                                                      attention, block, False, backend,
+                                                      w.policy_segments),
                              budget, per_call(w.policy_rows,
                                               config.policy.rollout_micro_batch)))
         steps.append(_choose(phase, "rubric sampling", rubric_rows, _divisors(rubric_rows),
                              lambda r: sampling_terms(models_, "generator", mesh, r,
                                                       w.rubric_prompt, w.rubric_new,
-                                                      attention, block, True, backend),
+                                                      attention, block, True, backend,
+                                                      w.rubric_segments),
                              budget, per_call(rubric_rows,
                                               config.generator.rollout_micro_batch)))
         # No micro-batch to choose here: the Verifier's default chunking (`Workload`).

@@ -1,8 +1,8 @@
 """Time of a round's device work from FLOPs and bytes against a target's peaks.
 
 Each step of Algorithm 1 is counted from the config (`memory.costs`): the sampler's prefill
-(FLOPs) and decode (per step, the larger of the bytes it reads, weights + KV cache, over
-the HBM bandwidth and its FLOPs over the peak), the verifier's prefix and suffix passes
+(FLOPs) and decode (per step, the larger of the bytes it reads, weights + the KV cache of
+its segment, over the HBM bandwidth and its FLOPs over the peak), the verifier's prefix and suffix passes
 (FLOPs) and the GRPO update (FLOPs). `roofline_s` is the time at the target's vendor peaks,
 a lower bound; `expected_s` divides it by the efficiency measured on one H200
 (`MEASURED_EFFICIENCY`, results/device_check_h200_2026-12-04), carried to other targets as
@@ -24,6 +24,7 @@ import ml_collections
 
 from drubric_jax.memory.costs import (Target, causal_pairs, forward_flops, kv_bytes,
                                       weight_bytes)
+from drubric_jax.sampling.buckets import cache_schedule, mean_slots_read
 
 # Fractions of the vendor peaks reached on one H200 (jax 0.11.2, 2026-12-04, the device
 # check at this code: results/device_check_h200_2026-12-04/final_quick.log): decode
@@ -54,8 +55,14 @@ class PhaseTime:
         return self.roofline_s / MEASURED_EFFICIENCY[self.kind]
 
 
-def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, target):
-    """Prefill and decode of `rows` rows (prompt bucket P, N new) in calls of `per_call`."""
+def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, target,
+              segments=0):
+    """Prefill and decode of `rows` rows (prompt bucket P, N new) in calls of `per_call`.
+
+    A decode step reads the slots of its cache segment (`sampling.cache_schedule` as
+    `generate` picks it: "auto", per-layer caches on GPU, stacked on TPU), on average
+    `sampling.mean_slots_read` of them: P + N with one segment, P + 0.67 N with four.
+    """
     per_call = rows if per_call <= 0 else min(per_call, rows)
     calls = math.ceil(rows / per_call)
     ways = max(devices // tensor, 1)                      # data x fsdp: rows split this way
@@ -63,9 +70,11 @@ def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, ta
     out = [PhaseTime(phase, f"{name}: prefill", "prefill", pre, 0.0,
                      pre / (devices * target.tflops * 1e12))]
     # Every call reads the weights once a step on each device (split over tensor only) and
-    # its rows' cache, prompt and half the new tokens on average.
-    step_bytes = (weight_bytes(cfg) + kv_bytes(cfg, per_call / ways, prompt + new / 2)) / tensor
-    step_flops = forward_flops(cfg, per_call / ways, per_call / ways * (prompt + new / 2),
+    # its rows' cache up to the end of the step's segment.
+    per_layer = not target.name.startswith("TPU")  # `models.per_layer_decode`
+    slots = mean_slots_read(cache_schedule(prompt, new, segments, per_layer), prompt, new)
+    step_bytes = (weight_bytes(cfg) + kv_bytes(cfg, per_call / ways, slots)) / tensor
+    step_flops = forward_flops(cfg, per_call / ways, per_call / ways * slots,
                                per_call / ways) / tensor
     step_s = max(step_bytes / (target.tbps * 1e12), step_flops / (target.tflops * 1e12))
     out.append(PhaseTime(phase, f"{name}: decode ({calls} calls x {new} steps)", "decode",
@@ -118,9 +127,11 @@ def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices
             ("policy step", p.prompts_per_step, p.prompts_per_step, p.prompts_per_step * k)):
         rows = prompts * k
         out += _sampling(phase, "policy sampling", pol, rows, p.max_prompt_tokens,
-                         p.max_new_tokens, p.rollout_micro_batch, devices, tensor, target)
+                         p.max_new_tokens, p.rollout_micro_batch, devices, tensor, target,
+                         p.get("cache_segments", 0))
         out += _sampling(phase, "rubric sampling", gen, gen_lists, g.input_budget,
-                         g.max_new_tokens, g.rollout_micro_batch, devices, tensor, target)
+                         g.max_new_tokens, g.rollout_micro_batch, devices, tensor, target,
+                         g.get("cache_segments", 0))
         # Items per prefix: every list of the prefix's prompt (G in the generator step).
         per_prefix = items * (lists if phase == "generator step" else 1)
         out.append(_verification(phase, ver, verified, v.max_prefix_tokens,

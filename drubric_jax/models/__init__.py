@@ -5,7 +5,8 @@ Callers use the names exported here: `forward_hidden`, `logits_from_hidden`, `ap
 `ModelConfig.family` (`registry.FAMILIES`); `load_model` loads any supported source.
 """
 
-from drubric_jax.models.cache import KVCache, repeat_rows, stack_cache, unstack_cache
+from drubric_jax.models.cache import (KVCache, add_chunk, repeat_rows, stack_cache,
+                                      unstack_cache)
 from drubric_jax.models.config import ModelConfig, PRESETS, preset
 from drubric_jax.models.registry import (FAMILIES, apply, decode_cache, decode_params, family,
                                          forward_hidden, init_cache, init_params,

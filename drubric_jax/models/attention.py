@@ -64,7 +64,9 @@ def attend(cfg, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
 
     Args:
         cfg: ModelConfig (attention, attention_block_q, attention_block_kv).
-        q: [B, T, H, Dh]; k, v: [B, Hkv, S, Dh] (the KV-cache layout).
+        q: [B, T, H, Dh]; k, v: [B, Hkv, S, Dh] (the KV-cache layout), or with T = 1 and
+            a cache, tuples of chunks [B, Hkv, S_c, Dh] whose slots follow one another
+            (`models.cache.add_chunk`; "materialized" only).
         valid: bool[B, S], False for slots that hold padding or nothing yet.
         start: int32[] cache slot of the first query, or None for a call without a cache
             (S == T, query t at slot t).
@@ -73,11 +75,18 @@ def attend(cfg, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
         [B, T, H * Dh] in v's dtype.
 
     Raises:
-        ValueError: (cudnn) not a 16-bit compute dtype, or not on a GPU backend.
+        ValueError: (cudnn) not a 16-bit compute dtype, or not on a GPU backend; chunked
+            k, v with T > 1, without a cache or beyond AUTO_BLOCKWISE_MIN_SCORES.
     """
-    t, s = q.shape[1], k.shape[2]
+    chunked = isinstance(k, tuple)
+    t, s = q.shape[1], sum(c.shape[2] for c in k) if chunked else k.shape[2]
     impl = choose(cfg.attention, t, s, cached=start is not None, dtype=q.dtype,
                   backend=jax.default_backend(), head_dim=q.shape[-1])
+    if chunked:
+        if t != 1 or start is None or impl != "materialized":
+            raise ValueError(f"chunked keys are read by one-token decode steps on a cache "
+                             f"(materialized attention), got T={t}, S={s}, {impl}")
+        return materialized(q, k, v, valid, start)
     if impl == "cudnn":
         return cudnn(q, k, v, valid)
     start = 0 if start is None else start
@@ -99,21 +108,30 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     the gradient (`stop_gradient`): the result does not depend on it.
     """
     b, t, h, dh = q.shape
-    hkv, s = k.shape[1], k.shape[2]
+    chunks_k = k if isinstance(k, tuple) else (k,)
+    chunks_v = v if isinstance(v, tuple) else (v,)
+    hkv, s = chunks_k[0].shape[1], sum(c.shape[2] for c in chunks_k)
     g = h // hkv
     causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
     vis = (causal[None] & valid[:, None, :])[:, None, None]                     # [B,1,1,T,S]
     if t == 1:
         # One query per row (decode). GQA: the G query heads of a group read one key/value
-        # head (k and v are never repeated).
+        # head (k and v are never repeated). A chunked cache is read chunk by chunk; only
+        # the scores [B, Hkv, G, 1, S] are joined (H / (Hkv Dh) of the cache's bytes).
         q = q.reshape(b, t, hkv, g, dh)
-        scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
-                            preferred_element_type=jnp.float32) * (dh ** -0.5)
+        scores = jnp.concatenate(
+            [jnp.einsum("btkgd,bksd->bkgts", q, kc, preferred_element_type=jnp.float32)
+             for kc in chunks_k], axis=-1) * (dh ** -0.5)
         probs = jax.nn.softmax(jnp.where(vis, scores, _MASK_VALUE), axis=-1)
+        dtype = chunks_v[0].dtype
         # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
-        probs = jnp.where(vis, probs, 0.0).astype(v.dtype)
-        out = _decode_values(probs[:, :, :, 0], v, as_matmul=jax.default_backend() != "cpu")
-        return out[:, None].astype(v.dtype).reshape(b, t, h * dh)
+        probs = jnp.where(vis, probs, 0.0).astype(dtype)[:, :, :, 0]
+        out, first = 0.0, 0
+        for vc in chunks_v:
+            out = out + _decode_values(probs[..., first:first + vc.shape[2]], vc,
+                                       as_matmul=jax.default_backend() != "cpu")
+            first += vc.shape[2]
+        return out[:, None].astype(dtype).reshape(b, t, h * dh)
     # The G query heads of a key/value head as G*T rows of one [G*T, Dh] x [Dh, S] matmul
     # per (row, key head): plain matmuls, where the 5-axis einsums made XLA CPU transpose
     # the scores and the output.

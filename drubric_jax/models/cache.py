@@ -8,6 +8,12 @@ padding never shifts a row.
 Decode loops may use a per-layer form (`unstack_cache`): k and v as tuples of L arrays.
 On CPU, XLA copies each scanned slice of a stacked cache before its matmul on every step;
 separate arrays are copied once per loop. Both forms give the same numbers.
+
+A per-layer cache may also be chunked (`add_chunk`): each layer's k and v a tuple of
+arrays [B, Hkv, S_c, Dh] whose slots follow one another (S = sum of S_c). A decode in
+segments (`sampling.decode_segments`) adds a chunk per segment: the slots already written
+are neither copied nor reallocated, each step writes into the last chunk and attends over
+all of them (`models.attention`), so it reads the slots of the chunks so far, not S.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ class KVCache:
 
     Attributes:
         k: [L, B, Hkv, S, Dh] keys (compute dtype), RoPE already applied; in the per-layer
-            form (`unstack_cache`), a tuple of L arrays [B, Hkv, S, Dh].
+            form (`unstack_cache`), a tuple of L arrays [B, Hkv, S, Dh], or of L tuples of
+            chunks [B, Hkv, S_c, Dh] (`add_chunk`).
         v: values, laid out as k.
         valid: bool[B, S], True where the slot holds a real (non-padding) token.
         index: int32[] next slot to write; the same for every row.
@@ -42,8 +49,13 @@ class KVCache:
 
     @property
     def num_slots(self) -> int:
-        # S is the second-to-last axis in both forms.
-        return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
+        # S is the second-to-last axis in every form (summed over chunks).
+        return layer_slots(self.k[0] if isinstance(self.k, tuple) else self.k)
+
+
+def layer_slots(k) -> int:
+    """S of one layer's keys: an array [..., S, Dh] or a tuple of chunks (their sum)."""
+    return sum(c.shape[-2] for c in k) if isinstance(k, tuple) else k.shape[-2]
 
 
 def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:
@@ -76,8 +88,47 @@ def unstack_cache(cache: KVCache) -> KVCache:
                          v=tuple(cache.v[i] for i in range(n)))
 
 
+def add_chunk(cache: KVCache, num_slots: int) -> KVCache:
+    """The cache with `num_slots` slots per row: the S current slots kept as they are,
+    num_slots - S empty (invalid, zero) slots after them.
+
+    Per-layer form: one more chunk per layer ([B, Hkv, num_slots - S, Dh] zeros); nothing
+    already written is copied, and the cache holds exactly num_slots slots. Stacked form
+    (TPU decode): the arrays are padded, a copy that holds the old and the new arrays for a
+    moment.
+
+    Raises:
+        ValueError: `num_slots` is smaller than the cache's S.
+    """
+    extra = num_slots - cache.num_slots
+    if extra < 0:
+        raise ValueError(f"cannot shrink a KV cache of {cache.num_slots} slots to {num_slots}")
+    if extra == 0:
+        return cache
+
+    def grown(x):
+        if not isinstance(cache.k, tuple):  # stacked [L, B, Hkv, S, Dh]: padded
+            return jnp.pad(x, ((0, 0),) * 3 + ((0, extra), (0, 0)))
+        chunks = x if isinstance(x, tuple) else (x,)
+        first = chunks[0]
+        # Zeros broadcast from a slot of the first chunk, so they take its layout (rows,
+        # heads) from the operand, inside a program or outside one.
+        return (*chunks, jnp.broadcast_to(jnp.zeros_like(first[:, :, :1]),
+                                          (*first.shape[:2], extra, first.shape[-1])))
+
+    k, v = ((tuple(grown(x) for x in c) if isinstance(c, tuple) else grown(c))
+            for c in (cache.k, cache.v))
+    return cache.replace(k=k, v=v, valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
+
+
 def stack_cache(cache: KVCache) -> KVCache:
-    """Inverse of `unstack_cache` (k, v back to [L, B, Hkv, S, Dh]). Idempotent."""
+    """Inverse of `unstack_cache` (k, v back to [L, B, Hkv, S, Dh]; chunks joined).
+    Idempotent."""
     if not isinstance(cache.k, tuple):
         return cache
-    return cache.replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
+
+    def whole(x):  # one layer: an array or its chunks
+        return jnp.concatenate(x, axis=-2) if isinstance(x, tuple) else x
+
+    return cache.replace(k=jnp.stack([whole(x) for x in cache.k]),
+                         v=jnp.stack([whole(x) for x in cache.v]))

@@ -244,6 +244,21 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
     return x, extra
 
 
+def _write(cache_layer, x: jax.Array, start: jax.Array):
+    """One layer's per-layer cache [B, Hkv, S, Dh] with this call's x [B, T, Hkv, Dh] at
+    slots [start, start + T). A chunked layer (`cache.add_chunk`) is written in its last
+    chunk, at start minus the slots before it: the caller (`sampling.decode_segments`)
+    writes only slots that chunk holds."""
+    x = _heads_first(x)
+    if not isinstance(cache_layer, tuple):
+        return jax.lax.dynamic_update_slice(cache_layer, x.astype(cache_layer.dtype),
+                                            (0, 0, start, 0))
+    *before, last = cache_layer
+    offset = sum(c.shape[-2] for c in before)  # static
+    return (*before, jax.lax.dynamic_update_slice(last, x.astype(last.dtype),
+                                                  (0, 0, start - offset, 0)))
+
+
 def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
                    token_mask: Optional[jax.Array] = None,
                    cache: Optional[KVCache] = None, remat: bool = False,
@@ -317,10 +332,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
             # Default arguments bind this layer's arrays now (a closure would read them late).
             def kv_fn(k, v, kc=cache.k[i], vc=cache.v[i]):
-                kc = jax.lax.dynamic_update_slice(kc, _heads_first(k).astype(kc.dtype),
-                                                  (0, 0, start, 0))
-                vc = jax.lax.dynamic_update_slice(vc, _heads_first(v).astype(vc.dtype),
-                                                  (0, 0, start, 0))
+                kc, vc = _write(kc, k, start), _write(vc, v, start)
                 return (*attended(k, v, kc, vc), (kc, vc))
 
             x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)

@@ -87,6 +87,7 @@ class Context:
                                    max_new_tokens=gen_cfg.max_new_tokens,
                                    input_budget=gen_cfg.input_budget, mesh=mesh,
                                    rows_per_call=gen_cfg.rollout_micro_batch,
+                                   cache_segments=gen_cfg.cache_segments,
                                    per_row_keys=config.per_row_keys, fmt=get_format(kind)),
                    verifier, mesh, stop, int(stop[0]), true_checks)
 

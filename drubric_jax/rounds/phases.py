@@ -85,7 +85,7 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
             pol_cfg.rollout_micro_batch, key=key, max_new_tokens=pol_cfg.max_new_tokens,
             method=sampling.method_from_flags(pol_cfg.temperature, top_p=pol_cfg.top_p),
             stop_ids=stop, pad_id=ctx.policy_pad_id, min_bucket=pol_cfg.min_prompt_bucket,
-            mesh=ctx.mesh,
+            mesh=ctx.mesh, cache_segments=pol_cfg.cache_segments,
             # Row b*K + i of the step's batch draws by that id (config.per_row_keys).
             row_ids=(list(range(block.start * k, (block.start + len(ids)) * k))
                      if ctx.config.per_row_keys else None))

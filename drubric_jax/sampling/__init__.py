@@ -7,9 +7,10 @@ names are exported here (`sampling.generate`, `sampling.Greedy()`, ...); modules
 package import each other's modules, never this file.
 """
 from drubric_jax.sampling.buckets import (BUCKET_POW2_UNTIL, BUCKET_STEP, bucket_length,
-                                          left_pad)
+                                          cache_schedule, left_pad, mean_slots_read)
 from drubric_jax.sampling.decode import (SamplerState, decode_loop, decode_params,
-                                         forward_token, layer_copy, prefill, sample_token)
+                                         decode_segments, forward_token, layer_copy, prefill,
+                                         sample_token)
 from drubric_jax.sampling.generate import generate, generate_chunked
 from drubric_jax.sampling.methods import (Greedy, Method, Temperature, TopK, TopP,
                                           method_from_flags, sample_logits,

@@ -83,9 +83,11 @@ _forward = jax.jit(sampler.forward_token, static_argnames="cfg", donate_argnums=
 _decode_cache = jax.jit(models.decode_cache)
 
 
+
 def decode(params, cfg: models.ModelConfig, state: sampler.SamplerState, constraint,
            method: Method, stop_ids: jax.Array, pad_id: int,
-           rows: Optional[jax.parallel.Sharding] = None) -> sampler.SamplerState:
+           rows: Optional[jax.parallel.Sharding] = None,
+           cache_slots: tuple = ()) -> sampler.SamplerState:
     """Decodes under a host-side constraint until every row stopped or N tokens were made.
 
     The constraint (duck-typed; `JsonSchemaConstraint` is the JSON-schema one):
@@ -104,6 +106,10 @@ def decode(params, cfg: models.ModelConfig, state: sampler.SamplerState, constra
             tokens'). Under several processes the constraint holds the rows it puts on
             this process's devices (its prompts) and the masks are assembled from every
             process's rows.
+        cache_slots: the cache's segments, as `sampler.decode_segments`: before the
+            forward that writes slot S_j a chunk of S_{j+1} - S_j slots is added
+            (`models.add_chunk`; nothing is copied); the step programs compile once per
+            segment.
 
     Returns:
         The final SamplerState; its cache is in the decode form (`models.decode_cache`)
@@ -134,11 +140,17 @@ def decode(params, cfg: models.ModelConfig, state: sampler.SamplerState, constra
     layer_params = sampler.decode_params(params, cfg)  # one copy per call, not per step
     # The per-layer form on CPU, as `sampler.decode_loop` uses.
     state = state.replace(cache=_decode_cache(state.cache))
+    # The forward of step t writes slot P + t, with P = the last segment's end minus N.
+    slots = list(cache_slots[1:])
+    first_slot = cache_slots[-1] - n if cache_slots else 0
     constraint.fill(mask, np.ones(b, bool))  # while the device runs the prefill
     for step in range(n):
         state, tok, emitted, all_done = _sample(state, put(mask), put(constraint.finished()),
                                                 method, stop_ids, pad_id)
         if step + 1 < n:  # dispatched before waiting for `tok`: runs while the host fills
+            if slots and first_slot + step >= state.cache.num_slots:
+                # Outside a program: the chunks written so far pass through untouched.
+                state = state.replace(cache=models.add_chunk(state.cache, slots.pop(0)))
             state = _forward(layer_params, cfg, state, tok, emitted)
         tok, emitted = parallel.fetch_process_rows((tok, emitted), rows)
         constraint.advance(tok, emitted)  # the last token too: `finished()` sees it

@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import parallel
+from drubric_jax import models, parallel
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import constrained
-from drubric_jax.sampling.buckets import bucket_length, left_pad
-from drubric_jax.sampling.decode import SamplerState, decode_loop, decode_params, prefill
+from drubric_jax.sampling.buckets import bucket_length, cache_schedule, left_pad
+from drubric_jax.sampling.decode import (SamplerState, decode_loop, decode_params,
+                                         decode_segments, prefill)
 from drubric_jax.sampling.methods import Greedy, Method
 from drubric_jax.types import Rollout
 
@@ -41,7 +42,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
              max_new_tokens: int, method: Method = Greedy(), stop_ids: Sequence[int],
              pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
              allow_invalid: bool = False, mesh=None,
-             row_ids: Optional[Sequence[int]] = None) -> Rollout:
+             row_ids: Optional[Sequence[int]] = None, cache_segments: int = 0) -> Rollout:
     """Samples continuations of token-id prompts.
 
     Args:
@@ -73,6 +74,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             batch. B distinct ids >= 0 (e.g. each row's index in the step's global batch):
             row b's tokens depend only on (key, row_ids[b], its prompt, the params), not
             on the batch around it, the micro-batch or the number of processes.
+        cache_segments: decode segments of the KV cache (`sampling.cache_schedule`): the
+            cache starts small and grows, so a step reads the slots filled so far rounded
+            up to its segment, not all P + N. 0 = auto (up to 4 when N >= P, on CPU and
+            GPU), 1 = one cache of P + N slots. Tokens do not depend on it.
 
     Returns:
         Rollout of the B rows (host numpy; this process's rows), with the left-padded
@@ -80,7 +85,8 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         caller sets it.
 
     Raises:
-        ValueError: empty stop_ids or prompts; row_ids not one id >= 0 per prompt; a row
+        ValueError: empty stop_ids or prompts; row_ids not one id >= 0 per prompt;
+            cache_segments < 0; a row
             had no allowed token (case-09) and allow_invalid is False; under several
             processes, data x fsdp is not a multiple of the process count.
     """
@@ -118,14 +124,21 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     tokens, mask = left_pad(prompts, length, pad)
     # The prompts go to the device here; `_finish` brings the results back.
     ids = None if row_ids is None else put(np.asarray(row_ids, np.int32))
+    slots = cache_schedule(length, max_new_tokens, cache_segments, models.per_layer_decode())
     state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh,
-                    row_ids=ids)
+                    row_ids=ids, num_slots=slots[0])
     stop_arr = jnp.asarray(stop)
     if constraint is None:
-        state = decode_loop(decode_params(params, cfg), cfg, state, method, stop_arr, pad)
+        loop_params = decode_params(params, cfg)
+        if len(slots) == 1:
+            state = decode_loop(loop_params, cfg, state, method, stop_arr, pad)
+        else:
+            state = decode_segments(loop_params, cfg, state.replace(cache=None), state.cache,
+                                    method, stop_arr, pad, slots)
     else:
         state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad,
-                                   None if mesh is None else parallel.batch_sharding(mesh))
+                                   None if mesh is None else parallel.batch_sharding(mesh),
+                                   cache_slots=slots)
     # This process's rows: where its prompts went (the whole batch on one process).
     out = _finish(state, pad, tokens, mask,
                   None if mesh is None else parallel.batch_sharding(mesh))
