@@ -741,3 +741,43 @@ def test_cache_segments_in_constrained_decoding(tiny_model):
     np.testing.assert_array_equal(seg.tokens, one.tokens)
     np.testing.assert_allclose(seg.logprobs, one.logprobs, rtol=0,
                                atol=logprob_atol(one.logprobs, cfg.vocab_size))
+
+
+def test_cache_segments_on_a_mesh_give_the_one_device_tokens(tiny_model):
+    """On a (2, 2, 2) mesh (rows over data x fsdp, KV heads over tensor, the rollout copy)
+    the chunks keep the cache's layout: 3 segments, unconstrained and constrained, give
+    the one-device tokens of one segment, and the decode-form cache that comes back has
+    its chunks laid out as the first (rows and heads split)."""
+    from drubric_jax import parallel
+    from drubric_jax.models.rollout import rollout_copy
+
+    cfg, params = tiny_model
+    mesh = parallel.make_mesh(2, 2, 2)
+    rollout = rollout_copy(jax.device_put(params, models.param_shardings(params, mesh)),
+                           cfg, mesh)
+    prompts = [[5, 9, 12], [40], [7, 7, 7, 7, 7, 8], [100, 200], [3000, 11]]
+    kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=20, method=sampling.Temperature(1.0),
+              stop_ids=[-7], pad_id=0)
+    for constraint in (None, _EvenStepConstraint):
+        make = (lambda: None) if constraint is None else (lambda: constraint(cfg.vocab_size))
+        one = sampling.generate(params, cfg, prompts, cache_segments=1, constraint=make(), **kw)
+        many = sampling.generate(rollout, cfg, prompts, mesh=mesh, cache_segments=3,
+                                 constraint=make(), **kw)
+        np.testing.assert_array_equal(many.tokens, one.tokens)
+        np.testing.assert_allclose(many.logprobs, one.logprobs, rtol=0,
+                                   atol=logprob_atol(one.logprobs, cfg.vocab_size))
+    # The chunks' layout, read off a segmented call's state.
+    tokens, mask = sampling.left_pad(prompts + [prompts[-1]] * 3, 16, 0)
+    rows = parallel.batch_sharding(mesh)
+    slots = sampling.cache_schedule(16, 20, 3)
+    state = sampling.prefill(rollout, cfg, jax.device_put(tokens, rows),
+                             jax.device_put(mask, rows), jax.random.PRNGKey(0), 20,
+                             mesh=mesh, num_slots=slots[0])
+    out = sampling.decode_segments(sampling.decode_params(rollout, cfg), cfg,
+                                   state.replace(cache=None), state.cache,
+                                   sampling.Greedy(), jnp.asarray([-7]), 0, slots)
+    chunks = out.cache.k[0]
+    assert [c.shape[2] for c in chunks] == [slots[0], slots[1] - slots[0], slots[2] - slots[1]]
+    specs = {c.sharding.spec for c in chunks}
+    assert len(specs) == 1 and chunks[0].sharding.shard_shape(chunks[0].shape)[:2] == (
+        2, cfg.num_kv_heads // 2), specs
