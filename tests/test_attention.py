@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from drubric_jax import models
-from drubric_jax.models import attention
+from drubric_jax.models import attention, decode_attention
 from drubric_jax.models import config as cfg_lib
 
 # (B, T, S, H, Hkv, Dh, start, block_q, block_kv): T and S not multiples of the blocks.
@@ -266,8 +266,8 @@ def test_decode_values_as_matmul_equal_the_cpu_reduction(dtype):
     ks = jax.random.split(jax.random.PRNGKey(3), 2)
     probs = jax.nn.softmax(jax.random.normal(ks[0], (b, hkv, g, s)), axis=-1).astype(dtype)
     v = jax.random.normal(ks[1], (b, hkv, s, dh), dtype)
-    mm = attention._decode_values(probs, v, as_matmul=True)
-    red = attention._decode_values(probs, v, as_matmul=False)
+    mm = decode_attention.values(probs, v, as_matmul=True)
+    red = decode_attention.values(probs, v, as_matmul=False)
     assert mm.dtype == red.dtype == jnp.float32 and mm.shape == (b, hkv, g, dh)
     bound = 2 * s * np.finfo(np.float32).eps * jnp.einsum(
         "bkgs,bksd->bkgd", jnp.abs(probs.astype(jnp.float32)), jnp.abs(v.astype(jnp.float32)))

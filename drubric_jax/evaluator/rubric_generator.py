@@ -76,12 +76,11 @@ class RubricGenerator:
         max_items: M, most items per list (JSON schema maxItems; padded width).
         max_item_chars: most characters per criterion (schema maxLength).
         max_new_tokens: N, output budget; a list cut by it is invalid (finish "length").
-        input_budget: most prompt tokens.
-        min_bucket: smallest prompt-length bucket of the sampler.
+        input_budget: most prompt tokens.  min_bucket: the sampler's smallest prompt bucket.
         mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
-        rows_per_call: rubric lists sampled per sampler call (0 = all B x G at once; the
-            rollout micro-batch of `sampling.generate_chunked`).
-        cache_segments: the sampler's KV-cache segments (`sampling.generate`; 0 = auto).
+        rows_per_call: rubric lists per sampler call (0 = all B x G at once; the rollout
+            micro-batch of `sampling.generate_chunked`).  cache_segments: its KV-cache
+            segments (`sampling.generate`; 0 = auto).
         fmt: the lists' `rubric_formats.RubricFormat`: free text, or checks (METHOD 13).
 
     Raises:
@@ -97,13 +96,11 @@ class RubricGenerator:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
-        self.rows_per_call = int(rows_per_call)
-        self.cache_segments = int(cache_segments)
+        self.rows_per_call, self.cache_segments = int(rows_per_call), int(cache_segments)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
-        self.max_new_tokens = int(max_new_tokens)
-        self.input_budget = int(input_budget)
+        self.max_new_tokens, self.input_budget = int(max_new_tokens), int(input_budget)
         self.min_bucket = int(min_bucket)
         self.fmt, self.schema = fmt, fmt.schema(self.max_items, self.max_item_chars)
         # Fixed separators ", " and ": " (no other whitespace): the spacing chat models

@@ -29,6 +29,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from drubric_jax.models import decode_attention
+
 # "auto" goes blockwise above this many scores per (row, head): 2^20 float32 scores are
 # 4 MiB per head, 128 MiB per row of a 32-head layer.
 AUTO_BLOCKWISE_MIN_SCORES = 2 ** 20
@@ -114,24 +116,9 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     g = h // hkv
     causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
     vis = (causal[None] & valid[:, None, :])[:, None, None]                     # [B,1,1,T,S]
-    if t == 1:
-        # One query per row (decode). GQA: the G query heads of a group read one key/value
-        # head (k and v are never repeated). A chunked cache is read chunk by chunk; only
-        # the scores [B, Hkv, G, 1, S] are joined (H / (Hkv Dh) of the cache's bytes).
-        q = q.reshape(b, t, hkv, g, dh)
-        scores = jnp.concatenate(
-            [jnp.einsum("btkgd,bksd->bkgts", q, kc, preferred_element_type=jnp.float32)
-             for kc in chunks_k], axis=-1) * (dh ** -0.5)
-        probs = jax.nn.softmax(jnp.where(vis, scores, _MASK_VALUE), axis=-1)
-        dtype = chunks_v[0].dtype
-        # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
-        probs = jnp.where(vis, probs, 0.0).astype(dtype)[:, :, :, 0]
-        out, first = 0.0, 0
-        for vc in chunks_v:
-            out = out + _decode_values(probs[..., first:first + vc.shape[2]], vc,
-                                       as_matmul=jax.default_backend() != "cpu")
-            first += vc.shape[2]
-        return out[:, None].astype(dtype).reshape(b, t, h * dh)
+    if t == 1:  # one query per row (decode), over the cache's chunks
+        return decode_attention.attend_one(q, chunks_k, chunks_v, vis[:, :, :, 0],
+                                           _MASK_VALUE)
     # The G query heads of a key/value head as G*T rows of one [G*T, Dh] x [Dh, S] matmul
     # per (row, key head): plain matmuls, where the 5-axis einsums made XLA CPU transpose
     # the scores and the output.
@@ -148,22 +135,6 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     # (`where`, not `maximum(total, 1)`: maximum would halve the gradient at total == 1.)
     out = (out / jnp.where(total > 0, total, 1.0)).astype(v.dtype)
     return out.reshape(b, hkv, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
-
-
-def _decode_values(probs: jax.Array, v: jax.Array, as_matmul: bool) -> jax.Array:
-    """float32[B, Hkv, G, Dh] = probs @ v for one query per row: probs [B, Hkv, G, S] in
-    v's dtype, v [B, Hkv, S, Dh] (the cache).
-
-    As a matmul (accelerators): one [G, S] x [S, Dh] product per (row, key head), the
-    cache read once per step in its own dtype. As a multiply-and-reduce over the slots
-    (CPU): there the dot is B * Hkv tiny matmuls with a transposed result, which XLA CPU
-    runs several times slower than one fused loop; on an accelerator that loop would read
-    the cache G times, in float32.
-    """
-    if as_matmul:
-        return jnp.einsum("bkgs,bksd->bkgd", probs, v, preferred_element_type=jnp.float32)
-    return jnp.sum(probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32),
-                   axis=-2)
 
 
 def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=0,
