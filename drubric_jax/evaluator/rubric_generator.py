@@ -88,10 +88,9 @@ class RubricGenerator:
     """
 
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
-                 max_item_chars: int = 200, max_new_tokens: int = 512,
-                 input_budget: int = 2048, min_bucket: int = MIN_PROMPT_BUCKET, mesh=None,
-                 rows_per_call: int = 0, per_row_keys: bool = False, fmt=LLM_FORMAT,
-                 cache_segments: int = 0):
+                 max_item_chars: int = 200, max_new_tokens: int = 512, input_budget: int = 2048,
+                 min_bucket: int = MIN_PROMPT_BUCKET, mesh=None, rows_per_call: int = 0,
+                 per_row_keys: bool = False, fmt=LLM_FORMAT, cache_segments: int = 0):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
@@ -100,8 +99,8 @@ class RubricGenerator:
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
-        self.max_new_tokens, self.input_budget = int(max_new_tokens), int(input_budget)
-        self.min_bucket = int(min_bucket)
+        self.max_new_tokens, self.input_budget, self.min_bucket = (
+            int(max_new_tokens), int(input_budget), int(min_bucket))
         self.fmt, self.schema = fmt, fmt.schema(self.max_items, self.max_item_chars)
         # Fixed separators ", " and ": " (no other whitespace): the spacing chat models
         # write by themselves in one-line JSON, so the constraint does not push the model
