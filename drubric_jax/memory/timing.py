@@ -3,8 +3,7 @@
 Each step of Algorithm 1 is counted from the config (`memory.costs`): the sampler's prefill
 (FLOPs) and decode (per step, the larger of the bytes it reads, weights + the KV cache of
 its segment, over the HBM bandwidth and its FLOPs over the peak), the verifier's prefix and
-suffix passes
-(FLOPs) and the GRPO update (FLOPs). `roofline_s` is the time at the target's vendor peaks,
+suffix passes (FLOPs) and the GRPO update (FLOPs). `roofline_s` is the time at the target's vendor peaks,
 a lower bound; `expected_s` divides it by the efficiency measured on one H200
 (`MEASURED_EFFICIENCY`, results/device_check_h200_2026-12-04), carried to other targets as
 an assumption. Not counted: host work (tokenising, llguidance masks: 8% of a constrained
