@@ -38,7 +38,7 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
     """
     import importlib
 
-    opts = parse_switches(arg, {"scale", "tiny", "world", "checks_dir"})
+    opts = parse_switches(arg, {"scale", "tiny", "world", "checks_dir", "world_version"})
     scale = opts.get("scale", "smollm2_cpu")
     if scale not in EXPERIMENT_SCALES:
         raise ValueError(f"scale={scale!r} not in {EXPERIMENT_SCALES}")
@@ -50,8 +50,9 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
     if opts.get("world", "llm") not in ("llm", "checks"):
         raise ValueError(f"world={opts['world']!r} not in ('llm', 'checks')")
     if opts.get("world") == "checks":
-        from configs.smollm2_cpu import checks_world
-        checks_world(c, opts.get("checks_dir", ""))
+        from configs.smollm2_cpu import DEFAULT_WORLD_VERSION, checks_world
+        checks_world(c, opts.get("checks_dir", ""),
+                     int(opts.get("world_version", DEFAULT_WORLD_VERSION)))
     return c, opts, scale
 
 
@@ -112,6 +113,11 @@ def base_config() -> ml_collections.ConfigDict:
     # by the `world=checks` switch of configs/smollm2_cpu.py when it builds the paths ("" =
     # $DRUBRIC_CHECKS_DIR, else ../checks_world next to the repo); recorded here.
     c.data.checks_dir = ""
+    c.data.checks_world_version = 0  # 1 | 2 in the checks world (configs/smollm2_cpu.py); 0 = none
+    c.data.checks_build = ""         # the commands that write the checks world's files
+    # Refuse a prompt row whose constraints a role's input budget would cut (world v2,
+    # `checks.fit`): the policy's prompt budget, the generator's input with K responses.
+    c.data.refuse_cut_constraints = False
     c.data.anchor_paths = ()        # JSONL anchor lists (ranked), used when name == "custom"
     c.data.prompt_paths = ()        # JSONL prompts for the policy phase, name == "custom"
     c.data.max_anchor_rows = 0      # cap on anchor rows read (0 = all)
@@ -134,6 +140,12 @@ def base_config() -> ml_collections.ConfigDict:
     # Rounds whose generator phase trains: the first `generator_rounds` (-1 = every round).
     # 1 keeps G_1 from round 1 on: the stale-evaluator arm of experiments/coevolution.py.
     c.rounds.generator_rounds = -1
+    # The known-answer curve (checks world, `rounds.gold_curve`): every N policy steps (and
+    # before the first) the policy answers the first `heldout_gold_rows` prompts of
+    # `heldout_gold_path` greedy and once at its temperature; 0 = off, rows 0 = all.
+    c.rounds.heldout_gold_every = 0
+    c.rounds.heldout_gold_rows = 0
+    c.rounds.heldout_gold_path = ""
 
     c.policy = ml_collections.ConfigDict()
     c.policy.prompts_per_step = 2   # prompts x per policy step
@@ -154,6 +166,9 @@ def base_config() -> ml_collections.ConfigDict:
     # "word_limit" | "exact_match" (drubric_jax/rl/rule_rewards.py); N of word_limit, words.
     c.policy.reward = "rubric"
     c.policy.reward_max_words = 32
+    # A policy step whose groups are all flat (every advantage 0, Eq. 21: nothing to learn)
+    # draws fresh prompts, at most this many times; a step still all flat makes no update.
+    c.policy.max_redraws = 2
     c.policy.train = trainer_config(1e-6)
 
     c.generator = ml_collections.ConfigDict()
@@ -170,6 +185,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.temperature = 1.0      # sampling temperature of rubric lists
     c.generator.rollout_micro_batch = 0  # rubric lists per sampler call; 0 = all
     c.generator.cache_segments = 0     # as policy.cache_segments
+    # Checks world (verifier.kind = "checks"): the check ids the generator's prompt lists and
+    # its JSON schema allows (world v2: the calibrated pool's ids); () = every scorable check.
+    c.generator.check_pool = ()
+    # The request is never cut to fit input_budget, only the responses (world v2: the
+    # constraints a request ends with must reach the generator).
+    c.generator.keep_prompt = False
     c.generator.train = trainer_config(5e-6)
 
     c.verifier = ml_collections.ConfigDict()

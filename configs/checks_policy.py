@@ -14,17 +14,31 @@ Arms (`drubric_jax.evaluation.checks_policy.ARMS`), each from P_0 with the same 
                     e.g. the export/generator of a generator-only run on the anchor lists)
 The checks world's files come from `checks_dir` (configs/smollm2_cpu.py `checks_world`);
 held-out prompts are its heldout.jsonl, never trained on.
-Switches after ':': scale=smollm2_cpu (default) | qwen3_8b, tiny, checks_dir=DIR.
-CPU size (the default): SmolLM2-135M, 2 prompts x K = 4 responses of <= 64 tokens a step,
-`experiment.policy_steps` steps at learning rate 1e-5 (as configs/grpo_learns.py, whose
-docstring says why not the paper's 1e-6), held-out answers greedy at the same budgets.
+Switches after ':': scale=smollm2_cpu (default) | qwen3_8b, tiny, checks_dir=DIR,
+world_version=2 (default) | 1.
+World v2 (issue 40; data in ../checks_world_v2): SmolLM2-135M with rank-16 LoRA, beta = 0,
+V2_PROMPTS_PER_STEP prompts x K = 8 responses of <= 64 tokens a step for V2_POLICY_STEPS
+steps; held-out answers greedy and 1 sample per prompt at temperature 1; the held-out gold
+curve on the first 64 held-out prompts every 8 steps (`rounds.gold_curve`).
+World v1 (`world_version=1`, the runs of results/checks_world): 2 prompts x K = 4 a step,
+`experiment.policy_steps` = 20 steps of full fine-tuning at learning rate 1e-5, held-out
+answers greedy.
 """
 import os
 
 from configs.base import checks_experiment_base
 
 
+# World v2's gold-arm schedule (results/checks_world_v2/sweep.md chose it).
+V2_PROMPTS_PER_STEP, V2_POLICY_STEPS = 2, 24
+
+
 def get_config(arg: str = ""):
+    # arm=NAME: the loop config of that arm (`arm_config`), runnable by experiments.run
+    # and experiments.sweep (`get_sweep`); the other switches are experiment_base's.
+    parts = [p for p in (arg or "").split(",") if p]
+    arm = next((p.partition("=")[2] for p in parts if p.startswith("arm=")), "")
+    arg = ",".join(p for p in parts if not p.startswith("arm="))
     c, opts, scale = checks_experiment_base(arg, "configs/checks_policy.py")
     c.experiment = dict(
         arms="gold,rubric_g0",  # comma-separated, run in this order, each in DIR/seed<S>/<arm>
@@ -32,6 +46,7 @@ def get_config(arg: str = ""):
         policy_steps=20,        # policy GRPO steps per run
         trained_generator="",   # model.generator of the rubric_trained arm (an HF directory)
         heldout_rows=0,         # held-out prompts answered (0 = all of heldout.jsonl)
+        eval_samples=0,         # held-out answers per prompt at the temperature (0 = greedy only)
         eval_batch=32,          # held-out prompts per sampler call
         n_bootstrap=1000,       # replicates of every 95% CI (held-out prompts resampled)
         window=5,               # steps averaged at each end of a training curve
@@ -40,16 +55,49 @@ def get_config(arg: str = ""):
     c.rounds.heldout_eval = False
     c.data.heldout_anchor_rows = 0
     c.export = True  # the trained policy is read back from DIR/.../export/policy
-    if scale == "smollm2_cpu":
+    v2 = c.data.checks_world_version == 2
+    if scale == "smollm2_cpu" and not v2:  # world v1: the settings of results/checks_world
         c.policy.train.learning_rate = 1e-5
         c.checkpoint.every_steps = 5
+    if v2:
+        # World v2 (issue 40): no generator trains here, so no anchor list is read; LoRA
+        # trainees, beta = 0 and K = 8 come from configs/smollm2_cpu.py `checks_world`.
+        c.data.anchor_paths = ()
+        c.policy.prompts_per_step = V2_PROMPTS_PER_STEP
+        c.experiment.policy_steps = V2_POLICY_STEPS
+        c.experiment.eval_samples = 1       # held-out answers per prompt at the temperature
+        c.experiment.eval_batch = 64
+        c.checkpoint.every_steps = 10
+        c.checkpoint.max_to_keep = 1
+        # The held-out gold curve: the first 64 held-out prompts every 8 policy steps.
+        c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = 8, 64
+        c.rounds.heldout_gold_path = os.path.join(c.data.checks_dir, "heldout.jsonl")
     if opts.get("tiny"):
         c.experiment.policy_steps, c.experiment.seeds, c.experiment.window = 2, "0", 1
+        c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = (1, 4) if v2 else (0, 0)
+        c.policy.prompts_per_step = 2
         c.experiment.heldout_rows, c.experiment.eval_batch = 4, 4
         c.experiment.n_bootstrap = 200
         c.checkpoint.every_steps = 1
         c.generator.max_items, c.generator.max_new_tokens = 3, 128  # as smollm2_cpu's tiny
-    return c
+    return arm_config(c, arm) if arm else c
+
+
+# The LoRA sweep of world v2's gold arm (results/checks_world_v2/sweep.md): (rank, policy
+# learning rate), each run V2_SWEEP_STEPS policy steps on seed 0.
+V2_SWEEP = ((16, 1e-4), (16, 3e-4), (16, 1e-3), (64, 1e-3))
+V2_SWEEP_STEPS = 10
+
+
+def get_sweep(hyper=None):
+    """The gold arm's LoRA sweep as override dicts, for
+    `python -m experiments.sweep --config=configs/checks_policy.py:arm=gold
+    --workdir=runs/v2_sweep` (each run logs the held-out gold curve)."""
+    del hyper
+    return [{"config.lora.rank": r, "config.policy.train.learning_rate": lr,
+             "config.rounds.policy_steps": V2_SWEEP_STEPS,
+             "config.rounds.heldout_gold_every": V2_SWEEP_STEPS, "config.export": False}
+            for r, lr in V2_SWEEP]
 
 
 def arm_config(c, arm: str):

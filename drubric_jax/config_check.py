@@ -82,7 +82,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
          f"{tuple(c.lora.targets)} must be a non-empty subset of {targets}")
     need(c.data.name in DATA_NAMES, "data.name", f"{c.data.name!r} not in {DATA_NAMES}")
     if c.data.name == "custom":
-        need(len(c.data.anchor_paths) > 0, "data.anchor_paths", "needed when data.name=custom")
+        # Anchor lists feed the generator's phase and the held-out Delta_gap only.
+        need(len(c.data.anchor_paths) > 0 or not uses_anchors(c), "data.anchor_paths",
+             "needed when data.name=custom and the generator trains or "
+             "rounds.heldout_eval is on")
         need(len(c.data.prompt_paths) > 0, "data.prompt_paths", "needed when data.name=custom")
     need(c.data.heldout_anchor_rows >= 0, "data.heldout_anchor_rows", "must be >= 0")
     need(c.data.min_responses >= 2, "data.min_responses", "an anchor list needs >= 2")
@@ -95,7 +98,20 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(isinstance(c.rounds.heldout_eval, bool), "rounds.heldout_eval", "must be True or False")
     need(c.rounds.generator_rounds >= -1, "rounds.generator_rounds",
          "must be -1 (every round) or >= 0")
+    need(c.rounds.get("heldout_gold_every", 0) >= 0, "rounds.heldout_gold_every",
+         "must be >= 0 (0 = no held-out gold curve)")
+    need(c.rounds.get("heldout_gold_rows", 0) >= 0, "rounds.heldout_gold_rows",
+         "must be >= 0 (0 = every row)")
+    need(not c.rounds.get("heldout_gold_every", 0) or bool(c.rounds.heldout_gold_path),
+         "rounds.heldout_gold_path", "needed when rounds.heldout_gold_every > 0")
     p, g = c.policy, c.generator
+    pool = tuple(g.get("check_pool", ()))
+    if pool:
+        from drubric_jax.checks.table import SCORABLE_CHECKS
+        need(c.verifier.get("kind", "llm") == "checks", "generator.check_pool",
+             "applies to verifier.kind='checks' only")
+        need(set(pool) <= set(SCORABLE_CHECKS), "generator.check_pool",
+             f"{sorted(set(pool) - set(SCORABLE_CHECKS))} are not scorable check ids")
     need(p.prompts_per_step >= 1, "policy.prompts_per_step", "must be >= 1")
     need(p.num_responses >= 2, "policy.num_responses", "K must be >= 2 for GRPO groups")
     need(p.max_new_tokens >= 1, "policy.max_new_tokens", "must be >= 1")
@@ -107,6 +123,9 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     rewards = rule_rewards.reward_names()
     need(p.reward in rewards, "policy.reward", f"{p.reward!r} not in {rewards}")
     need(p.reward_max_words >= 1, "policy.reward_max_words", "must be >= 1")
+    need(isinstance(p.max_redraws, int) and not isinstance(p.max_redraws, bool)
+         and p.max_redraws >= 0, "policy.max_redraws",
+         "must be an integer >= 0 (fresh prompt draws of a step whose groups are all flat)")
     for node, field in ((p, "policy"), (g, "generator")):
         need(node.rollout_micro_batch >= 0, f"{field}.rollout_micro_batch",
              "must be >= 0 (0 = every row in one sampler call)")
@@ -182,3 +201,11 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
                          ("generator.anchors_per_step", g.anchors_per_step)):
         need(items % process_count == 0, field, f"{items} must be a multiple of the "
              f"{process_count} processes (each samples its own block of a step's items)")
+
+
+def uses_anchors(c) -> bool:
+    """Whether a run reads anchor lists: its generator trains (generator steps, a variant
+    other than static, generator_rounds != 0) or it evaluates Delta_gap on held-out lists."""
+    trains = (c.rounds.generator_steps > 0 and c.variant != "static"
+              and c.rounds.get("generator_rounds", -1) != 0)
+    return bool(trains or c.rounds.heldout_eval)

@@ -88,7 +88,10 @@ def main(argv):
              f"of {c.policy.prompts_per_step} prompts x K = {c.policy.num_responses} "
              f"responses of <= {c.policy.max_new_tokens} tokens, learning rate "
              f"{c.policy.train.learning_rate}; policy {c.model.policy}; trained generator "
-             f"{e.trained_generator or '-'}; held-out answers greedy")
+             f"{e.trained_generator or '-'}; LoRA rank {c.lora.rank}; beta "
+             f"{c.policy.train.beta}; held-out answers greedy"
+             + (f" and {budgets['samples']} samples per prompt at temperature "
+                f"{budgets['temperature']}" if budgets.get("samples") else ""))
     summary = cp.summarize(workdir, arms, seeds, int(e.n_bootstrap), int(c.seed),
                            int(e.window))
     wall = run_logging.wall_times(workdir)

@@ -20,6 +20,19 @@ gives byte-identical files. A row:
      "meta": {"checks": [{"check": id, "args": {...}}, ...], "base_id", "base_source",
               "base_prompt", "seed"}}
 
+World v2 (`--version=2`, issue 40): constraints come only from the calibrated pool
+(`--pool`, the table `experiments.calibrate_checks` writes; `checks.pool.load_pool`), 1 per
+prompt by default (`--checks=1-3` for 1..3), and a row is kept only if no role would cut a
+constraint from its input (`checks.fit`: the policy's chat prompt within
+--max_prompt_tokens, the generator's input keeps the prompt whole next to --k responses of
+--response_tokens tokens within --generator_budget, its list of checks naming only the
+pool); skipped rows are counted in the manifest. The last --calibration base prompts of
+the shuffled order are the calibration prompts (`calibration_bases`): never train or
+held-out rows.
+
+    python -m experiments.make_checks_data --version=2 --out=../checks_world_v2 \
+        --pool=results/checks_world_v2/calibration.json --train=512 --heldout=256
+
 The checks are IFEval's (Zhou et al. 2023, arXiv:2311.07911) from if-verifiable.
 """
 from __future__ import annotations
@@ -110,6 +123,108 @@ def make_rows(bases, seed: int, n_train: int, n_heldout: int, max_checks: int = 
     return rows
 
 
+# World v2 defaults (issue 40): the policy's prompt and answer budgets and the generator's
+# input that every kept row must fit (configs/smollm2_cpu.py `checks_world(version=2)`).
+V2_MAX_BASE_CHARS = 300
+V2_BUDGETS = {"max_prompt_tokens": 128, "response_tokens": 64, "k": 8, "generator_budget": 1536}
+V2_CALIBRATION = 240  # base prompts kept apart for experiments.calibrate_checks
+
+
+def shuffled(bases, seed: int) -> list:
+    """The base prompts in the seed's order (the order every split is cut from)."""
+    import numpy as np
+
+    return [bases[int(i)] for i in np.random.default_rng(seed).permutation(len(bases))]
+
+
+def calibration_bases(bases, seed: int, n: int) -> list:
+    """The calibration prompts: the last n of the seed's order (train and held-out rows are
+    cut from the front and never reach them; `make_rows_v2` checks)."""
+    return shuffled(bases, seed)[len(bases) - n:] if n else []
+
+
+def parse_checks_range(text: str) -> tuple:
+    """"1" -> (1, 1); "1-3" -> (1, 3).
+
+    Raises:
+        ValueError: not N or N-M with 1 <= N <= M.
+    """
+    lo, _, hi = str(text).partition("-")
+    try:
+        lo, hi = int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"--checks: {text!r} is not N or N-M") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"--checks: need 1 <= N <= M, got {text!r}")
+    return lo, hi
+
+
+def make_rows_v2(bases, seed: int, n_train: int, n_heldout: int, pool, *, checks=(1, 1),
+                 n_calibration: int = V2_CALIBRATION, fits=None, stats=None) -> dict:
+    """World v2's {"train": rows, "heldout": rows}: base prompts in the seed's order, each
+    with constraints from the pool (`world.draw_from_pool`, rng [seed, j] for the j-th base
+    prompt of the order); a row `fits(prompt)` refuses (a constraint would be cut) is
+    skipped and counted in stats["cut"], and the next base prompt is used.
+
+    Args:
+        pool: list of `checks.pool.Variant`.
+        checks: (min, max) constraints per prompt.
+        fits: prompt text -> bool (None: every row fits).
+
+    Raises:
+        ValueError: the usable base prompts (those before the calibration ones) run out.
+    """
+    stats = {} if stats is None else stats
+    import numpy as np
+
+    order = shuffled(bases, seed)
+    usable = len(order) - n_calibration
+    rows, j = {s: [] for s in SPLITS}, 0
+    for split, want in zip(SPLITS, (n_train, n_heldout)):
+        while len(rows[split]) < want:
+            if j >= usable:
+                raise ValueError(
+                    f"{split}: ran out of base prompts after {j} ({n_calibration} kept for "
+                    f"calibration, {stats.get('cut', 0)} cut); lower --train/--heldout or add "
+                    "--sources")
+            base = order[j]
+            true = world.draw_from_pool(base.prompt, np.random.default_rng([seed, j]), pool,
+                                        *checks)
+            j += 1
+            prompt = world.compose_prompt(base.prompt, true)
+            if fits is not None and not fits(prompt):
+                stats["cut"] = stats.get("cut", 0) + 1
+                continue
+            rows[split].append({
+                "id": f"checks_world/{split}/{base.id}", "source": f"checks_world:{split}",
+                "prompt": prompt,
+                "meta": {"checks": true, "base_id": base.id, "base_source": base.source,
+                         "base_prompt": base.prompt, "seed": seed, "world_version": 2}})
+    return rows
+
+
+def v2_fits(pool, budgets: dict, max_items: int = 5):
+    """prompt -> bool: `checks.fit` with SmolLM2's tokenizer, the generator's list of
+    checks naming only the pool's ids and its request never cut (`generator.keep_prompt`:
+    the responses share what the request leaves)."""
+    from drubric_jax.checks import fit
+    from drubric_jax.checks.schema import check_lines
+    from drubric_jax.models.default import default_gguf_path
+    from drubric_jax.text.tokenizer import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(default_gguf_path())
+    ids = tuple(dict.fromkeys(v.check for v in pool))
+    render = fit.generator_render(tok, check_lines(ids), max_items)
+
+    def fits(prompt):
+        if fit.policy_prompt_tokens(tok, prompt) > budgets["max_prompt_tokens"]:
+            return False
+        return fit.generator_keeps_prompt(
+            tok, prompt, k=budgets["k"], response_tokens=budgets["response_tokens"],
+            budget=budgets["generator_budget"], render=render, keep_prompt=True)[0]
+    return fits
+
+
 def write_once(path: str, lines, force: bool) -> None:
     """Writes `lines` (str) to `path`; an existing file is an error unless force.
 
@@ -125,8 +240,12 @@ def write_once(path: str, lines, force: bool) -> None:
 def make(out: str, *, seed: int = 0, n_train: int = 256, n_heldout: int = 64,
          sources=DEFAULT_SOURCES, shared_dir: str = "",
          max_base_chars: int = DEFAULT_MAX_BASE_CHARS, max_checks: int = 3,
-         force: bool = False) -> dict:
+         force: bool = False, version: int = 1, pool: str = "", checks: str = "1",
+         n_calibration: int = V2_CALIBRATION, budgets: dict | None = None) -> dict:
     """Writes OUT/train.jsonl, OUT/heldout.jsonl and OUT/manifest.json; returns the manifest.
+
+    version 1 draws with IFEval's ranges (`make_rows`); version 2 from the calibrated pool
+    at `pool` with `checks` ("1" or "1-3") per prompt (`make_rows_v2`, module docstring).
 
     Raises:
         FileExistsError: an output exists and not force (nothing is written then).
@@ -140,13 +259,29 @@ def make(out: str, *, seed: int = 0, n_train: int = 256, n_heldout: int = 64,
                               "--force to overwrite)")
     stats = {}
     bases = base_prompts(paths, max_base_chars, ifeval_prompts(shared_dir), stats)
-    rows = make_rows(bases, seed, n_train, n_heldout, max_checks)
+    manifest = {"version": version, "seed": seed, "train": n_train, "heldout": n_heldout,
+                "max_base_chars": max_base_chars, "sources": list(sources),
+                "base_prompts": stats}
+    if version == 1:
+        rows = make_rows(bases, seed, n_train, n_heldout, max_checks)
+        manifest["max_checks"] = max_checks
+    elif version == 2:
+        from drubric_jax.checks.pool import load_pool
+
+        variants = load_pool(pool)
+        budgets = dict(V2_BUDGETS, **(budgets or {}))
+        lo, hi = parse_checks_range(checks)
+        rows = make_rows_v2(bases, seed, n_train, n_heldout, variants, checks=(lo, hi),
+                            n_calibration=n_calibration, fits=v2_fits(variants, budgets),
+                            stats=stats)
+        manifest.update(checks=[lo, hi], pool=os.path.abspath(pool),
+                        pool_labels=[v.label for v in variants], budgets=budgets,
+                        calibration=n_calibration)
+    else:
+        raise ValueError(f"--version must be 1 or 2, got {version}")
     os.makedirs(out, exist_ok=True)
     for s, path in zip(SPLITS, outs):
         write_once(path, [data.jsonl_line(r) for r in rows[s]], force)
-    manifest = {"seed": seed, "train": n_train, "heldout": n_heldout, "max_checks": max_checks,
-                "max_base_chars": max_base_chars, "sources": list(sources),
-                "base_prompts": stats}
     write_once(outs[-1], [json.dumps(manifest, indent=1) + "\n"], force)
     return manifest
 
@@ -165,6 +300,12 @@ def define_flags():
                          "longer base prompts are skipped")
     flags.DEFINE_integer("max_checks", 3, "constraints per prompt: 1..this")
     flags.DEFINE_bool("force", False, "overwrite existing files")
+    flags.DEFINE_integer("version", 1, "1: IFEval's ranges; 2: the calibrated pool (--pool)")
+    flags.DEFINE_string("pool", "results/checks_world_v2/calibration.json",
+                        "version 2: the calibration table (experiments.calibrate_checks)")
+    flags.DEFINE_string("checks", "1", "version 2: constraints per prompt, N or N-M")
+    flags.DEFINE_integer("calibration", V2_CALIBRATION,
+                         "version 2: base prompts kept apart for the calibration")
 
 
 def main(argv):
@@ -172,8 +313,12 @@ def main(argv):
     f = flags.FLAGS
     try:
         m = make(f.out, seed=f.seed, n_train=f.train, n_heldout=f.heldout, sources=f.sources,
-                 shared_dir=f.shared_dir, max_base_chars=f.max_base_chars,
-                 max_checks=f.max_checks, force=f.force)
+                 shared_dir=f.shared_dir,
+                 max_checks=f.max_checks, force=f.force, version=f.version, pool=f.pool,
+                 checks=f.checks, n_calibration=f.calibration,
+                 # Version 2's shorter default base prompts, unless the flag is given.
+                 max_base_chars=(V2_MAX_BASE_CHARS if f.version == 2
+                                 and not f["max_base_chars"].present else f.max_base_chars))
     except FileExistsError as e:  # the files are written once: a message, not a traceback
         raise app.UsageError(str(e)) from None
     print(json.dumps(m), flush=True)

@@ -3,6 +3,8 @@
 case-21: 3 uninterrupted Adam steps must equal 2 steps + save/restore + 1 step, and the
 resumed run must draw step 3's key, not replay an earlier one.
 """
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -180,3 +182,85 @@ def test_put_and_fetch_round_trip_on_a_mesh():
     back = parallel.fetch(tree)
     np.testing.assert_array_equal(back["a"], x)
     np.testing.assert_array_equal(back["b"], x[:, 0] > 3)
+
+
+def test_restore_reads_the_trainees_of_an_old_two_role_checkpoint(tmp_path):
+    """A checkpoint written when both roles were saved restores into a run that trains the
+    policy only: `partial=True` reads the policy's leaves and leaves the generator's."""
+    optimizer = train_config.make_optimizer(train_config.TrainConfig())
+    policy = ts.init_train_state({"w": jnp.arange(3, dtype=jnp.float32)}, optimizer)
+    generator = ts.init_train_state({"v": jnp.ones((2, 2), jnp.float32)}, optimizer)
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(4, {"policy": policy, "generator": generator}, {"step": 4})
+        assert set(ckpt.saved_tree(4)) == {"policy", "generator"}
+        target = {"policy": ts.init_train_state({"w": jnp.zeros(3, jnp.float32)}, optimizer)}
+        got, meta = ckpt.restore(4, target, partial=True)
+    assert set(got) == {"policy"} and meta == {"step": 4}
+    close(got["policy"].params["w"], [0.0, 1.0, 2.0], atol=0)
+
+
+@pytest.mark.usefixtures("smollm2_gguf")
+def test_checkpoint_holds_trainees_only(tmp_path):
+    """A rule-reward policy run whose generator never trains (rounds.generator_steps = 0,
+    no held-out evaluation: the gold arm of configs/checks_policy.py) with LoRA trainees:
+    the generator is not loaded, the checkpoints hold the policy only, and of it the
+    adapters and their AdamW moments (no base weight); the run resumes from them and ends
+    with the policy's export only."""
+    import os
+
+    from drubric_jax.models import lora
+    from helpers import tiny_config
+
+    c = tiny_config()
+    c.policy.reward = "word_limit"
+    c.policy.reward_max_words = 1  # the random model's 8-token answers differ in word count
+    c.rounds.generator_steps = 0
+    c.rounds.heldout_eval = False
+    c.lora.rank = 2
+    c.export = True
+    workdir = str(tmp_path / "run")
+    loop.run(c, workdir, stop_after_rounds=1)
+
+    with Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
+        step = ckpt.latest()
+        assert step == 1
+        assert ckpt.read_meta(step)["trainees"] == ["policy"]
+        saved = ckpt.saved_tree(step)
+    assert set(saved) == {"policy"}
+    adapters = {name for t in c.lora.targets for name in lora.names(t)}
+    params = saved["policy"]["params"]
+    assert set(params) == {"layers"} and set(params["layers"]) == adapters
+    # The AdamW moments mirror the adapters; beside them only scalar counters.
+    shapes = {tuple(x.shape) for x in jax.tree.leaves(params)}
+    moments = [x for x in jax.tree.leaves(saved["policy"]["opt_state"]) if len(x.shape)]
+    assert moments and {tuple(x.shape) for x in moments} == shapes
+    assert len(moments) == 2 * len(adapters)  # mu and nu of each adapter leaf
+
+    run = loop.setup(c, workdir)
+    try:
+        roles = run.ctx.roles
+        assert roles.generator is None and run.ctx.generator is None  # never loaded
+        assert [t.role.value for t in roles.trainees()] == ["policy"]
+        assert loop.restore(run) and run.loop.global_step == 1 and run.loop.round == 1
+        restored = jax.device_get(roles.policy.state.params)
+        assert int(roles.policy.state.step) == 1
+        # B starts at 0 (`lora.init_adapters`): a non-zero B is the trained adapter.
+        assert any(np.any(v != 0) for k, v in restored["layers"].items() if k.endswith("_b"))
+    finally:
+        loop.close(run)
+
+    loop.run(c, workdir)  # resumes at round 1 and finishes
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [(r["round"], r["phase"]) for r in train] == [(0, "policy"), (1, "policy")]
+    for r in train:
+        assert r["seconds_checkpoint"] > 0 and r["redraws"] >= 0
+        assert r["update_skipped"] in (0.0, 1.0)
+    assert "seconds_park" in train[0]
+    # This seed's first step redrew once and then trained (so the adapters below moved).
+    assert train[0]["update_skipped"] == 0.0 and train[0]["redraws"] == 1
+    assert os.listdir(os.path.join(workdir, "export")) == ["policy"]
+    with Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
+        assert ckpt.latest() == 2 and set(ckpt.saved_tree(2)) == {"policy"}
+        got, _ = ckpt.restore(1, {"policy": jax.eval_shape(lambda: roles.policy.state)})
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(got["policy"].params), restored)

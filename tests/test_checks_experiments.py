@@ -158,7 +158,19 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
     assert len(p0["gold"]) == 1 and p0["ids"] == ["cw/0"]  # heldout.jsonl: one row
     gold_eval = work / "seed0" / "gold" / cp.HELDOUT_FILE
     stamp = gold_eval.stat().st_mtime_ns
-    gen = work / "seed0" / "gold" / "export" / "generator"
+    # World v2 (the default): greedy and sampled held-out scores, the held-out gold curve
+    # (before each step and after the last), and a checkpoint of the policy alone (the gold
+    # arm loads no generator, so it exports none).
+    h = json.loads(gold_eval.read_text())
+    assert len(h["gold_sampled"]) == 1 and h["samples"] == 2 and h["by_check"]
+    assert not (work / "seed0" / "gold" / "export" / "generator").exists()
+    curve = cp.gold_curve(str(work / "seed0" / "gold" / "metrics.jsonl"))
+    assert curve["steps"] == [0, 1, 2] and curve["rows"] == [1, 1, 1]
+    # An untrained tiny generator (G_0 itself) stands in for a trained one in round 2.
+    from drubric_jax import models
+    gen = tmp_path / "gen"
+    cfg, params, tok = models.load_model("tiny")
+    models.export_hf_dir(params, cfg, str(gen), tok)
     out = run_module(*base, "--config.experiment.arms=gold,rubric_g0,rubric_trained",
                      f"--config.experiment.trained_generator={gen}", timeout=600)
     assert gold_eval.stat().st_mtime_ns == stamp  # finished work is not redone
@@ -173,6 +185,7 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
     trained = json.loads((work / "seed0" / "rubric_trained" / "config.json").read_text())
     assert trained["model"]["generator"] == str(gen)
     assert "rubric_trained - gold" in s["versus"] and "Shown:" in out
+    assert "heldout_sampled" in s["arms"]["gold"]["seeds"]["0"] and "step 2" in out
     # --summarize_only trains nothing: seed 1 has no run, each arm keeps the seed it has.
     run_module(*base, "--config.experiment.arms=gold,rubric_g0", "--config.experiment.seeds=0,1",
                "--summarize_only", timeout=300)

@@ -97,6 +97,7 @@ def test_static_variant_skips_generator_training(tmp_path):
     ("memory.offload_idle_optimizer", True, "config.memory.offload_idle_optimizer"),
     ("policy.reward", "length", "config.policy.reward"),
     ("policy.reward_max_words", 0, "config.policy.reward_max_words"),
+    ("policy.max_redraws", -1, "config.policy.max_redraws"),
 ])
 def test_config_validation_names_the_field(field, value, message):
     c = get_config("")

@@ -103,3 +103,24 @@ def test_fit_prompt_without_history_or_responses(tok):
     assert fit.history == [] and fit.responses == [] and fit.history_cut == []
     with pytest.raises(ValueError, match="template alone"):
         fit_prompt(tok, render, "word " * 200, None, ["a"] * 40, max_tokens=60)
+
+
+@pytest.mark.parametrize("prompt_last", [False, True])
+def test_keep_prompt_never_cuts_the_request(tok, prompt_last):
+    """keep_prompt (the checks world's generator, world v2): a request longer than the
+    water-filling share stays whole; the history and responses share what it leaves, and
+    the whole input still fits."""
+    render = _flat_render(tok)
+    prompt, responses = "question " * 60, ["long answer " * 90, "mid " * 40]
+    cut = fit_prompt(tok, render, prompt, HIST, responses, max_tokens=157,
+                     prompt_last=prompt_last)
+    assert cut.prompt_cut  # without keep_prompt the request is cut like a response
+    fit = fit_prompt(tok, render, prompt, HIST, responses, max_tokens=157,
+                     prompt_last=prompt_last, keep_prompt=True)
+    assert not fit.prompt_cut and fit.prompt == prompt and len(fit.ids) <= 157
+    assert all(fit.response_cut) and fit.history_cut[0]
+    assert fit.responses[0].endswith(TRUNCATION_MARKER)
+    # Nothing left for the other texts once the request is whole: an error, not a cut.
+    with pytest.raises(ValueError, match="never cut"):
+        fit_prompt(tok, render, "question " * 200, HIST, responses, max_tokens=157,
+                   prompt_last=prompt_last, keep_prompt=True)

@@ -367,6 +367,93 @@ def test_zero_advantages_at_the_reference_give_exactly_no_update(setup, micro):
                  jax.device_get(params))
 
 
+def test_zero_advantage_groups_leave_params_unchanged(setup, one_step):
+    """Rows with advantage exactly 0 (flat groups, Eq. 21) do not enter the update (Eq. 23).
+
+    A batch whose groups are all flat makes no update: from a state with non-zero AdamW
+    moments (after one step, where AdamW on zero gradients would still move every param
+    through its momentum and weight decay), params, opt_state and step come back bit for
+    bit. A mixed batch gives the gradient and the update of the same batch with the flat
+    groups removed, for every aggregation (dr_grpo divides by the active rows x T) and
+    with beta > 0 (a flat row's KL term must not pull toward pi_ref either); the tolerance
+    is the float32 summation one of `assert_grads_close` / `assert_adam_first_steps_close`
+    (the two batches sum their rows in another order)."""
+    cfg, params, batch, optimizer, steps, _, ref = setup
+    # Groups of 2 rows; groups 1 and 3 (rows 2, 3, 6, 7) are flat.
+    flat_rows = np.array([0, 0, 1, 1, 0, 0, 1, 1], bool)
+    mixed = batch.replace(advantages=np.where(flat_rows, 0.0, batch.advantages)
+                          .astype(np.float32))
+    keep = np.flatnonzero(~flat_rows)
+    reduced = jax.tree.map(lambda x: np.asarray(x)[keep], batch)
+
+    # All flat, from a state with momentum: nothing changes, not even the step counter.
+    state, _ = one_step
+    before = jax.device_get(state)
+    all_flat = batch.replace(advantages=np.zeros_like(batch.advantages))
+    new_state, metrics = steps[CFG](copy_tree(state), all_flat, ref)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state), before)
+    assert float(metrics["active_rows"]) == 0 and float(metrics["update_skipped"]) == 1
+    assert float(metrics["update_norm"]) == 0 and float(metrics["grad_norm"]) == 0
+
+    # Mixed = reduced: gradients and sums, for every aggregation (whole batch in one
+    # micro-batch, and the mixed batch in 4 micro-batches of 2).
+    for agg in grpo.AGGREGATIONS:
+        c_reduced = dataclasses.replace(CFG, aggregation=agg, micro_batch_size=4)
+        g_reduced, s_reduced = jit_grads(cfg, c_reduced)(params, reduced, ref)
+        for micro in (8, 2):
+            c_mixed = dataclasses.replace(CFG, aggregation=agg, micro_batch_size=micro)
+            g_mixed, s_mixed = jit_grads(cfg, c_mixed)(params, mixed, ref)
+            assert_grads_close(g_reduced, g_mixed)
+            for k in s_reduced:
+                close(s_mixed[k], s_reduced[k], atol=1e-5)
+    assert float(s_reduced["kl"]) > 0  # beta > 0 and pi_ref != pi_theta: the KL term is live
+
+    # Mixed = reduced: the params after one AdamW step from a fresh state.
+    c_reduced = dataclasses.replace(CFG, micro_batch_size=4)
+    g_reduced, _ = jit_grads(cfg, c_reduced)(params, reduced, ref)
+    s_reduced, m_reduced = jit_step(cfg, c_reduced, optimizer)(
+        ts.init_train_state(copy_tree(params), optimizer), reduced, ref)
+    s_mixed, m_mixed = steps[CFG](ts.init_train_state(copy_tree(params), optimizer), mixed, ref)
+    assert_adam_first_steps_close(s_mixed.params, s_reduced.params, g_reduced, CFG,
+                                  m_reduced["grad_norm"])
+    assert int(s_mixed.step) == 1 and float(m_mixed["update_skipped"]) == 0
+    assert float(m_mixed["active_rows"]) == 4
+    close(m_mixed["num_tokens"], m_reduced["num_tokens"], atol=0)
+
+
+def _dot_count(compiled) -> int:
+    """Dot instructions (matrix products) in a compiled program's HLO text."""
+    import re
+
+    return len(re.findall(r"\bdot\(", compiled.as_text()))
+
+
+def test_beta_zero_compiles_no_reference_forward(setup):
+    """beta = 0 drops the KL term of Eq. 23, and with it pi_ref's forward: the compiled
+    step has exactly one forward's dots fewer than with beta > 0.
+
+    One forward of the tiny model (its layers under one `lax.scan`, so the layer body is
+    one program) has 7 projections (q, k, v, o, gate, up, down), 2 attention products
+    (scores, values) and the output head: 10 dots, checked against a compiled forward-only
+    program; the step with beta > 0 has its forward, its backward and one more forward."""
+    cfg, params, batch, _, _, _, ref = setup
+
+    def compiled_step(beta):
+        c = dataclasses.replace(CFG, beta=beta)
+        opt = train_config.make_optimizer(c)
+        state = ts.init_train_state(params, opt)
+        return jit_step(cfg, c, opt).lower(state, batch, ref).compile()
+
+    forward = jax.jit(functools.partial(
+        logprobs.sequence_logprobs, cfg=cfg, temperature=TEMPERATURE, chunk=CFG.logits_chunk,
+        start=batch.prompt_len)).lower(params, tokens=batch.tokens,
+                                       token_mask=batch.token_mask).compile()
+    per_forward = 7 + 2 + 1
+    assert _dot_count(forward) == per_forward
+    with_ref, without_ref = _dot_count(compiled_step(0.01)), _dot_count(compiled_step(0.0))
+    assert with_ref - without_ref == per_forward, (with_ref, without_ref)
+
+
 def test_make_mesh_and_rules():
     mesh = parallel.make_mesh(data=-1, fsdp=2, tensor=2)
     assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}

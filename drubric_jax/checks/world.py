@@ -154,3 +154,43 @@ def rank_by_gold(scores) -> tuple:
     scores = [float(s) for s in scores]
     ranking = sorted(range(len(scores)), key=lambda i: -scores[i])
     return ranking, len(set(scores)) < len(scores)
+
+
+def draw_from_pool(base_prompt: str, rng: np.random.Generator, pool, min_checks: int = 1,
+                   max_checks: int = 1) -> list:
+    """World v2: min_checks..max_checks mutually compatible checks from a calibrated pool of
+    variants (`checks.pool.Variant`, `pool.load_pool`) for one base prompt.
+
+    The count is uniform on min_checks..max_checks; each check is a variant uniform over
+    the pool's variants whose id is not yet used and is compatible with those drawn (its
+    arguments from `Variant.draw`; a draw whose arguments contradict an earlier check is
+    redrawn, at most 20 times, then the variant is skipped). Fewer than the count are
+    returned only when no compatible variant is left.
+
+    Returns:
+        list of {"check": id, "args": {...}} (>= 1 entry).
+
+    Raises:
+        ValueError: 1 <= min_checks <= max_checks does not hold, or an empty pool.
+    """
+    if not 1 <= min_checks <= max_checks or not pool:
+        raise ValueError(f"need 1 <= min_checks <= max_checks and a non-empty pool, got "
+                         f"{min_checks}, {max_checks}, {len(pool)} variants")
+    want = int(rng.integers(min_checks, max_checks + 1))
+    left, chosen = list(pool), []  # chosen: (check, args)
+    while len(chosen) < want:
+        used = {c for c, _ in chosen}
+        open_v = [v for v in left if v.check not in used and all(
+            v.check not in CONFLICTS.get(d, ()) and d not in CONFLICTS.get(v.check, ())
+            for d, _ in chosen)]
+        if not open_v:
+            break
+        v = open_v[int(rng.integers(len(open_v)))]
+        for _ in range(20):
+            args = v.draw(rng, prompt=base_prompt)
+            if all(compatible((v.check, args), c) for c in chosen):
+                chosen.append((v.check, args))
+                break
+        else:
+            left.remove(v)
+    return [{"check": c, "args": a} for c, a in chosen]

@@ -211,9 +211,12 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
     order = shuffled_order(len(anchors), config.seed)
     anchors = [anchors[i] for i in order]
     heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
-    _check_fills_batch(config, "anchors", len(train), anchor_files, "generator.anchors_per_step",
-                       "data.max_anchor_rows", num_hosts,
-                       f" after config.data.heldout_anchor_rows={d.heldout_anchor_rows} held out")
+    from drubric_jax.config_check import uses_anchors
+    if anchor_paths or uses_anchors(config):  # a run that reads no anchor list needs none
+        _check_fills_batch(config, "anchors", len(train), anchor_files,
+                           "generator.anchors_per_step", "data.max_anchor_rows", num_hosts,
+                           f" after config.data.heldout_anchor_rows={d.heldout_anchor_rows} "
+                           "held out")
     prompt_files = _read_prompts(d, prompt_paths)
     prompts = [p for f in prompt_files for p in f.rows]
     _check_fills_batch(config, "prompts", len(prompts), prompt_files, "policy.prompts_per_step",
@@ -271,8 +274,12 @@ def check_data_sources(config) -> dict:
         try:
             records = load_jsonl(path)
         except FileNotFoundError:
+            # The checks world's files are built by commands: name them (a run started
+            # before they exist stops here, before any weights load).
+            build = getattr(config.data, "checks_build", "") if hasattr(config, "data") else ""
+            hint = f"; build the checks world's files first: {build}" if build else ""
             # from None: the message already names the config field and the path.
-            raise FileNotFoundError(f"{field}: no such file {path}") from None
+            raise FileNotFoundError(f"{field}: no such file {path}{hint}") from None
         except ValueError as e:
             raise ValueError(f"{field}: {e}") from None
         if kind == "prompts" and gold_rule:

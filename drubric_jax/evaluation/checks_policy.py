@@ -37,12 +37,15 @@ HELDOUT_FILE = "heldout.json"     # a trained policy's, in its run directory
 
 
 def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new_tokens: int,
-                 batch: int = 32, dtype: str = "float32") -> dict:
-    """Greedy answers of `model` to held-out checks-world prompts and their gold scores.
+                 batch: int = 32, dtype: str = "float32", samples: int = 0,
+                 temperature: float = 1.0, seed: int = 0) -> dict:
+    """Greedy answers of `model` to held-out checks-world prompts and their gold scores, and
+    (samples > 0) `samples` answers per prompt at `temperature`.
 
     Prompts are rendered as in the policy phase (`rounds.phases.policy_prompt_ids`: history
     + request in the chat template, cut to `max_prompt_tokens`); `policy_eval.answers`
-    decodes them, `batch` prompts per sampler call.
+    decodes them, `batch` prompts per sampler call. Sample s of prompt u draws with row id
+    s * U + u under PRNGKey(seed) (`per_row_keys`): the same rows whatever `batch` is.
 
     Args:
         model: a `models.load_model` source (the packaged default, a .gguf, an HF export dir).
@@ -50,7 +53,10 @@ def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new
 
     Returns:
         {"model", "ids" [U], "gold" [U] float (nan: no scorable check), "answers" [U],
-        "truncated" int, "max_new_tokens", "max_prompt_tokens"}.
+        "truncated" int, "max_new_tokens", "max_prompt_tokens"}, and with samples > 0
+        "gold_sampled" [U] (each prompt's mean over its samples), "sampled_gold" [S][U],
+        "sampled_truncated" int, "samples", "temperature"; "by_check" {label: {"greedy",
+        "sampled"}} the pass rate of each check variant (`checks.pool.label_of`).
 
     Raises:
         ValueError: an item without true checks (names its id).
@@ -69,23 +75,63 @@ def heldout_gold(model: str, items: Sequence, *, max_prompt_tokens: int, max_new
         cfg, params, tokenizer, [it.prompt for it in items], key=jax.random.PRNGKey(0),
         max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens, temperature=0.0,
         rows_per_call=batch, histories=[list(it.history) for it in items])
-    return {"model": model, "ids": [it.id for it in items],
-            "gold": gold_of(items, answers), "answers": answers,
-            "truncated": int(np.sum(cut)), "max_new_tokens": int(max_new_tokens),
-            "max_prompt_tokens": int(max_prompt_tokens)}
+    out = {"model": model, "ids": [it.id for it in items],
+           "gold": gold_of(items, answers), "answers": answers,
+           "truncated": int(np.sum(cut)), "max_new_tokens": int(max_new_tokens),
+           "max_prompt_tokens": int(max_prompt_tokens)}
+    if samples:
+        u = len(items)
+        reqs = [it.prompt for it in items] * int(samples)
+        sampled, scut = policy_eval.answers(
+            cfg, params, tokenizer, reqs, key=jax.random.PRNGKey(seed),
+            max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+            temperature=float(temperature), rows_per_call=batch,
+            histories=[list(it.history) for it in items] * int(samples), per_row_keys=True)
+        per = [gold_of(items, sampled[s * u:(s + 1) * u]) for s in range(int(samples))]
+        out.update(gold_sampled=np.nanmean(np.asarray(per, np.float64), axis=0).tolist(),
+                   sampled_gold=per, sampled_answers=sampled,
+                   sampled_truncated=int(np.sum(scut)), samples=int(samples),
+                   temperature=float(temperature))
+    out["by_check"] = pass_rates_by_check(items, answers, out.get("sampled_answers"))
+    return out
+
+
+def pass_rates_by_check(items: Sequence, greedy: Sequence[str], sampled=None) -> dict:
+    """{variant label: {"greedy": pass rate, "sampled": pass rate or nan, "n": checks}}
+    over every true check of the held-out prompts (`checks.pool.label_of` names a check by
+    its world-v2 variant, else its id). `sampled`: S * U answers, sample-major."""
+    from drubric_jax.checks import gold_score
+    from drubric_jax.checks.pool import label_of
+
+    u = len(items)
+    s = len(sampled) // u if sampled else 0
+    acc: dict = {}
+    for i, it in enumerate(items):
+        for t in it.meta["checks"]:
+            a = acc.setdefault(label_of(t["check"], t["args"]), {"g": [], "s": []})
+            a["g"].append(gold_score([t], greedy[i]))
+            a["s"] += [gold_score([t], sampled[j * u + i]) for j in range(s)]
+    nan = float("nan")
+    return {k: {"greedy": float(np.mean(v["g"])), "n": len(v["g"]),
+                "sampled": float(np.mean(v["s"])) if v["s"] else nan}
+            for k, v in sorted(acc.items())}
 
 
 def heldout_setup(config, path: str, rows: int, batch: int) -> tuple[list, dict]:
     """The held-out prompts of `path` (the first `rows`; 0 = all) and the `heldout_gold`
-    budgets of a run config: its policy's prompt and answer lengths and dtype, `batch`
-    prompts per sampler call."""
+    arguments of a run config: its policy's prompt and answer lengths, dtype and
+    temperature, `batch` prompts per sampler call, `experiment.eval_samples` samples per
+    prompt (0: greedy only), the config's seed."""
     from drubric_jax.data.sources import prompts_from_jsonl
 
     items = prompts_from_jsonl(path)
     items = items[:int(rows)] if rows else items
+    e = config.get("experiment", {})
+    # World v2 scores samples at the training temperature too (experiment.eval_samples).
     return items, dict(max_prompt_tokens=int(config.policy.max_prompt_tokens),
                        max_new_tokens=int(config.policy.max_new_tokens), batch=int(batch),
-                       dtype=config.model.dtype)
+                       dtype=config.model.dtype, samples=int(e.get("eval_samples", 0)),
+                       temperature=float(config.policy.temperature), seed=int(config.seed))
 
 
 def gold_of(items: Sequence, answers: Sequence[str]) -> list:
@@ -146,6 +192,20 @@ def training_curves(metrics_path: str, reward_is_gold: bool = False) -> dict:
                                  float("nan"))) for r in rows]}
 
 
+def gold_curve(metrics_path: str) -> dict:
+    """The held-out gold curve of a run (`rounds.gold_curve` rows, kind "heldout_gold"):
+    {"steps" (policy steps done), "greedy", "sampled", "rows"}; empty lists when the run
+    logged none."""
+    from drubric_jax.rounds.run_logging import read_metrics
+
+    rows = sorted((r for r in read_metrics(metrics_path) if r.get("kind") == "heldout_gold"),
+                  key=lambda r: r["global_step"])
+    return {"steps": [int(r["global_step"]) for r in rows],
+            "greedy": [float(r["heldout_gold_greedy"]) for r in rows],
+            "sampled": [float(r["heldout_gold_sampled"]) for r in rows],
+            "rows": [int(r["heldout_gold_rows"]) for r in rows]}
+
+
 def run_dir(workdir: str, seed: int, arm: str) -> str:
     """The loop run of one arm and seed: <workdir>/seed<seed>/<arm>."""
     return os.path.join(workdir, f"seed{seed}", arm)
@@ -178,7 +238,10 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
     p0 = _read(os.path.join(workdir, P0_FILE))
     out = {"p0": {"model": p0["model"], "gold_mean": float(np.nanmean(p0["gold"])),
                   "prompts": len(p0["gold"]),
-                  "truncated": p0.get("truncated")},
+                  "truncated": p0.get("truncated"), "by_check": p0.get("by_check", {}),
+                  **({"gold_sampled_mean": float(np.nanmean(p0["gold_sampled"])),
+                      "samples": p0.get("samples"), "temperature": p0.get("temperature")}
+                     if "gold_sampled" in p0 else {})},
            "arms": {}, "versus": {}, "window": int(window)}
     after = {}
     for arm in arms:
@@ -194,8 +257,13 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
             after[(arm, s)] = h["gold"]
             curves = training_curves(os.path.join(d, "metrics.jsonl"), arm == "gold")
             w = min(window, max(1, len(curves["gold"]) // 2))
+            sampled = ({"heldout_sampled": paired_difference(
+                h["gold_sampled"], p0["gold_sampled"], n_boot, seed)}
+                if "gold_sampled" in h and "gold_sampled" in p0 else {})
             per_seed[str(s)] = {
-                "heldout": paired_difference(h["gold"], p0["gold"], n_boot, seed),
+                "heldout": paired_difference(h["gold"], p0["gold"], n_boot, seed), **sampled,
+                "by_check": h.get("by_check", {}),
+                "gold_curve": gold_curve(os.path.join(d, "metrics.jsonl")),
                 "truncated": h.get("truncated"), "curves": curves,
                 **{f"train_{k}_{end}": float(np.nanmean(curves[k][:w] if end == "first"
                                                         else curves[k][-w:]))
@@ -238,7 +306,19 @@ def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
         for s, v in a["seeds"].items():
             h = v["heldout"]
             lines.append(f"| {arm} | {s} | {h['before']:.3f} | {h['after']:.3f} | {_ci(h)} |")
-    lines += ["", "## Across seeds (held-out after - P_0)", "",
+    if any("heldout_sampled" in v for a in arms.values() for v in a["seeds"].values()):
+        lines += ["", "## Held-out gold on samples at the training temperature (each prompt's "
+                  "mean over its samples), after - P_0 (paired, 95% CI over prompts)", "",
+                  "| arm | seed | P_0 | after | after - P_0 [95% CI] |", "|---|---|---|---|---|"]
+        for arm, a in arms.items():
+            for s, v in a["seeds"].items():
+                if "heldout_sampled" in v:
+                    h = v["heldout_sampled"]
+                    lines.append(f"| {arm} | {s} | {h['before']:.3f} | {h['after']:.3f} | "
+                                 f"{_ci(h)} |")
+    lines += curve_table(arms)
+    lines += check_table(summary)
+    lines += ["", "## Across seeds (held-out after - P_0, greedy)", "",
               "| arm | seeds | mean | sd | min | max |", "|---|---|---|---|---|---|"]
     for arm, a in arms.items():
         x = a["across_seeds"]
@@ -260,9 +340,47 @@ def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
                          f"{v['train_proxy_last']:.3f} | {v['train_gold_first']:.3f} | "
                          f"{v['train_gold_last']:.3f} |")
     lines += ["", "Proxy: the reward the policy was trained on (for `gold` it is the gold "
-              "score). Training-batch means are over 2 prompts x K responses a step: noisy, "
-              "and on training prompts; the held-out table is the test.", ""]
+              "score). Training-batch means are over one step's prompts x K responses: noisy, "
+              "and on training prompts; the held-out tables are the test.", ""]
     return "\n".join(lines)
+
+
+def curve_table(arms: dict) -> list:
+    """Markdown lines: the held-out gold curve (greedy / sampled) per arm and seed."""
+    runs = [(arm, s, v["gold_curve"]) for arm, a in arms.items()
+            for s, v in a["seeds"].items() if v.get("gold_curve", {}).get("steps")]
+    if not runs:
+        return []
+    steps = sorted({x for _, _, c in runs for x in c["steps"]})
+    n = runs[0][2]["rows"][0]
+    lines = ["", f"## Held-out gold against policy step (the first {n} held-out prompts; "
+             "greedy / one sample at the training temperature)", "",
+             "| arm | seed | " + " | ".join(f"step {x}" for x in steps) + " |",
+             "|---|---|" + "---|" * len(steps)]
+    for arm, s, c in runs:
+        at = {x: f"{g:.3f} / {p:.3f}" for x, g, p in zip(c["steps"], c["greedy"], c["sampled"])}
+        lines.append(f"| {arm} | {s} | " + " | ".join(at.get(x, "-") for x in steps) + " |")
+    return lines
+
+
+def check_table(summary: dict) -> list:
+    """Markdown lines: each check variant's held-out pass rate, P_0 and each arm's seeds
+    (greedy / sampled)."""
+    p0 = summary["p0"].get("by_check", {})
+    if not p0:
+        return []
+    cols = [(arm, s, v.get("by_check", {})) for arm, a in summary["arms"].items()
+            for s, v in a["seeds"].items()]
+    lines = ["", "## Held-out pass rate per check (greedy / sampled)", "",
+             "| check | n | P_0 | " + " | ".join(f"{a} s{s}" for a, s, _ in cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
+
+    def cell(d):
+        return "-" if d is None else f"{d['greedy']:.2f} / {d['sampled']:.2f}"
+    for label, d in p0.items():
+        lines.append(f"| `{label}` | {d['n']} | {cell(d)} | " +
+                     " | ".join(cell(b.get(label)) for _, _, b in cols) + " |")
+    return lines
 
 
 def verdict(summary: dict) -> str:

@@ -144,17 +144,39 @@ def parse_checks_output(text: str, finish_reason: Optional[str] = "stop",
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _lines() -> str:
-    return check_lines()
+@functools.lru_cache(maxsize=8)
+def _lines(pool: tuple = ()) -> str:
+    return check_lines(pool or checks.SCORABLE_CHECKS)
 
 
-def messages(prompt, responses, history=None, order=None, max_items=None) -> list:
-    """`text.check_prompts.checks_generator_messages` with every scorable check listed."""
+def messages(prompt, responses, history=None, order=None, max_items=None, *,
+             pool: tuple = ()) -> list:
+    """`text.check_prompts.checks_generator_messages` listing the checks of `pool` (check
+    ids; () = every scorable check)."""
     return checks_generator_messages(prompt, responses, history, order, max_items,
-                                     check_lines=_lines())
+                                     check_lines=_lines(tuple(pool)))
 
 
-def schema(max_items: int, max_item_chars: int) -> dict:
-    """`checks.schema.items_json_schema`: string arguments of at most max_item_chars."""
-    return items_json_schema(max_items, max_item_chars)
+def schema(max_items: int, max_item_chars: int, *, pool: tuple = ()) -> dict:
+    """`checks.schema.items_json_schema`: string arguments of at most max_item_chars, items
+    of the checks of `pool` (check ids; () = every scorable check)."""
+    return items_json_schema(max_items, max_item_chars, tuple(pool) or checks.SCORABLE_CHECKS)
+
+
+def parse_in_pool(pool: tuple):
+    """`parse_checks_output` that also drops (as `invalid_check`) an item whose check is
+    not in `pool` (check ids; () = every scorable check). The schema already keeps a
+    constrained generator inside the pool; this holds for unconstrained text too."""
+    allowed = frozenset(pool)
+
+    def parse(text, finish_reason="stop", max_items=16):
+        out = parse_checks_output(text, finish_reason, max_items)
+        if not allowed:
+            return out
+        keep = [(t, w) for t, w in zip(out.texts, out.weights) if item_of_text(t)[0] in allowed]
+        out.counters["invalid_check"] += len(out.texts) - len(keep)
+        out.texts, out.weights = [t for t, _ in keep], [w for _, w in keep]
+        if not out.texts and out.valid:
+            out.valid, out.counters["no_valid_items"] = False, 1
+        return out
+    return parse

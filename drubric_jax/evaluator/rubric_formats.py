@@ -37,16 +37,30 @@ LLM_FORMAT = RubricFormat("llm", rubric_format.RUBRIC_JSON_SCHEMA, generator_mes
                           lambda text: text)
 
 
-def get_format(kind: str) -> RubricFormat:
-    """The format of `config.verifier.kind`.
+def get_format(kind: str, pool: tuple = ()) -> RubricFormat:
+    """The format of `config.verifier.kind`; for "checks", `pool` (check ids,
+    `config.generator.check_pool`) limits the prompt's list of checks, the JSON schema and
+    the parser to those ids (() = every scorable check).
 
     Raises:
-        ValueError: a kind not in `KINDS`.
+        ValueError: a kind not in `KINDS`; a pool with "llm" or with an unknown check id.
     """
     if kind == "llm":
+        if pool:
+            raise ValueError("config.generator.check_pool applies to verifier.kind='checks' only")
         return LLM_FORMAT
     if kind == "checks":
+        import functools
+
         from drubric_jax.evaluator import check_rubrics as cr
-        return RubricFormat("checks", cr.schema, cr.messages, cr.parse_checks_output,
+        pool = tuple(pool)
+        bad = [c for c in pool if c not in cr.checks.SCORABLE_CHECKS]
+        if bad:
+            raise ValueError(f"config.generator.check_pool: {bad} are not scorable check ids")
+        if not pool:
+            return RubricFormat("checks", cr.schema, cr.messages, cr.parse_checks_output,
+                                cr.CHECK_COUNTER_KEYS, cr.display)
+        return RubricFormat("checks", functools.partial(cr.schema, pool=pool),
+                            functools.partial(cr.messages, pool=pool), cr.parse_in_pool(pool),
                             cr.CHECK_COUNTER_KEYS, cr.display)
     raise ValueError(f"verifier kind {kind!r} not in {KINDS}")

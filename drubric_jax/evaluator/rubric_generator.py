@@ -82,6 +82,8 @@ class RubricGenerator:
             micro-batch of `sampling.generate_chunked`).  cache_segments: its KV-cache
             segments (`sampling.generate`; 0 = auto).
         fmt: the lists' `rubric_formats.RubricFormat`: free text, or checks (METHOD 13).
+        keep_prompt: the request is never cut to fit `input_budget`; only the responses
+            (and history) are (`text.budget.fit_prompt`; world v2 of the checks world).
 
     Raises:
         ValueError: bad sizes, or llguidance rejects the schema.
@@ -90,12 +92,14 @@ class RubricGenerator:
     def __init__(self, cfg: ModelConfig, tokenizer, max_items: int = 8,
                  max_item_chars: int = 200, max_new_tokens: int = 512, input_budget: int = 2048,
                  min_bucket: int = MIN_PROMPT_BUCKET, mesh=None, rows_per_call: int = 0,
-                 per_row_keys: bool = False, fmt=LLM_FORMAT, cache_segments: int = 0):
+                 per_row_keys: bool = False, fmt=LLM_FORMAT, cache_segments: int = 0,
+                 keep_prompt: bool = False):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
         self.rows_per_call, self.cache_segments = int(rows_per_call), int(cache_segments)
+        self.keep_prompt = bool(keep_prompt)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
@@ -134,7 +138,7 @@ class RubricGenerator:
             return tok_lib.chat_ids(self.tokenizer, msgs)
 
         fit = fit_prompt(self.tokenizer, render, prompt, history, responses,
-                         max_tokens=self.input_budget)
+                         max_tokens=self.input_budget, keep_prompt=self.keep_prompt)
         # A cut history turn counts as a cut prompt.
         return fit.ids, list(fit.response_cut), fit.prompt_cut or any(fit.history_cut)
 

@@ -16,4 +16,4 @@ from drubric_jax.models.registry import (FAMILIES, apply, decode_cache, decode_p
 from drubric_jax.models.export import export_hf_dir
 from drubric_jax.models.weights import load_gguf, load_hf_dir
 from drubric_jax.models.default import (DEFAULT_MODEL, check_source, default_gguf_path,
-                                        load_default, load_model)
+                                        load_default, load_model, load_tokenizer)

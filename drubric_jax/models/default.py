@@ -143,3 +143,23 @@ def load_model(source: str = DEFAULT_MODEL, dtype: str = "float32",
 def load_default(dtype: str = "float32") -> tuple[ModelConfig, dict, object]:
     """The packaged default model with its tokenizer."""
     return load_model(DEFAULT_MODEL, dtype)
+
+
+def load_tokenizer(source: str = DEFAULT_MODEL):
+    """The tokenizer of a model source (as `load_model` reads it), without its weights.
+
+    Raises:
+        FileNotFoundError: as `check_source`. ValueError: a hub id ("org/name"): its
+            tokenizer needs the download `load_model` makes.
+    """
+    from drubric_jax.text import tokenizer as tok_lib
+
+    kind = check_source(source)
+    if kind in ("preset", "default"):
+        return tok_lib.tokenizer_from_gguf(default_gguf_path())
+    path = os.path.expanduser(source)
+    if kind == "hf_dir":
+        return tok_lib.tokenizer_from_hf_dir(path)
+    if kind == "gguf":
+        return tok_lib.tokenizer_from_gguf(path)
+    raise ValueError(f"model source {source!r}: a hub id's tokenizer comes with load_model")

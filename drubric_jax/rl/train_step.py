@@ -16,6 +16,13 @@ Batch layout (`Batch`, one row per response):
     advantages    float32[R]     Eq. 21 / Eq. 25 advantages, one per response
     truncated     bool[R]        the completion hit max_new_tokens without a stop id
 
+Zero-advantage rows: a row whose advantage is exactly 0 (every row of a flat group:
+`rl.advantages` writes an exact 0 there, METHOD 11) does not enter the update. Its tokens
+are removed from the loss mask (`active_loss_mask`), so it counts in no aggregation
+divisor, no token-weighted metric and no KL term, and a batch with flat groups gives the
+update of the same batch without them. A batch with no active row leaves the state as it
+was (`train_step`).
+
 RoPE positions come from `token_mask` (`positions_from_mask`), so the left padding of the
 prompt bucket never shifts a row and the completion continues the prompt's positions
 exactly as the sampler's KV cache did. `logp[:, t]` scores tokens[:, t] given
@@ -118,17 +125,38 @@ def batch_from_rollout(rollout: Rollout, advantages) -> Batch:
 # ----------------------------------------------------------------------------- step
 
 
-def _loss_denominator(loss_mask: jax.Array, aggregation: str) -> jax.Array:
+def active_rows(advantages: jax.Array) -> jax.Array:
+    """bool[R]: the rows that enter the update, those whose advantage (float32[R], Eq. 21 /
+    Eq. 25) is not exactly 0. A flat group's rows are exactly 0 (`rl.advantages`), so they
+    drop out; a NaN advantage stays in (and fails `check_finite`)."""
+    return jnp.asarray(advantages, jnp.float32) != 0
+
+
+def active_loss_mask(batch: Batch) -> jax.Array:
+    """bool[R, T]: `batch.loss_mask` less the rows with advantage exactly 0 (`active_rows`).
+
+    Why: such a row adds nothing to the policy-gradient term of Eq. 23, yet it would count
+    in the per-response and token divisors (diluting the other rows' gradient) and, with
+    beta > 0, its KL term would still pull the trainee toward pi_ref.
+    """
+    return jnp.asarray(batch.loss_mask, bool) & active_rows(batch.advantages)[:, None]
+
+
+def _loss_denominator(loss_mask: jax.Array, aggregation: str,
+                      rows: Optional[jax.Array] = None) -> jax.Array:
     """The divisor `grpo.aggregate_tokens` uses for this mask (float32 scalar).
 
-    seq_mean_token_mean: rows with a real token; token_mean: real tokens; dr_grpo: R * T.
+    seq_mean_token_mean: rows with a real token; token_mean: real tokens; dr_grpo: R * T,
+    or, given `rows` (bool[R], the active rows), (active rows) * T: the divisor of the
+    batch without its inactive rows (at least 1 row).
     """
     if aggregation == "seq_mean_token_mean":
         return jnp.maximum(jnp.sum(jnp.any(loss_mask, axis=-1)), 1).astype(jnp.float32)
     if aggregation == "token_mean":
         return jnp.maximum(jnp.sum(loss_mask), 1).astype(jnp.float32)
     # dr_grpo: a constant R * T, whatever the lengths (Dr. GRPO's fixed normaliser).
-    return jnp.asarray(loss_mask.shape[0] * loss_mask.shape[1], jnp.float32)
+    r = loss_mask.shape[0] if rows is None else jnp.maximum(jnp.sum(rows), 1)
+    return jnp.asarray(r * loss_mask.shape[1], jnp.float32)
 
 
 def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] = None, *,
@@ -139,7 +167,10 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     (its own aggregation divisor) / (the whole batch's divisor), so the micro-batch losses
     SUM to the full-batch loss and the accumulated gradient equals the one-big-batch
     gradient for every aggregation (per-response mean: divisor = non-empty rows of the
-    batch, not of the micro-batch; token mean: real tokens of the batch; Dr.GRPO: R * T).
+    batch, not of the micro-batch; token mean: real tokens of the batch; Dr.GRPO: R' * T,
+    R' the active rows). Rows with advantage exactly 0 are taken out of the loss mask first
+    (`active_loss_mask`, module docstring), for the loss, the divisors, the KL term and the
+    token-weighted metrics alike.
     Micro-batch i holds rows i, i + n, i + 2n, ... so, with rows sharded in blocks over
     ("data", "fsdp"), every micro-batch stays spread over all devices.
 
@@ -147,6 +178,8 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     same function on the same shapes as the trainee's: while the trainee still equals its
     reference the two agree bit for bit, so the KL gradient is exactly 0 and AdamW cannot
     turn float noise of two differently-shaped evaluations into lr-sized steps.
+    With beta == 0 (a Python 0) the reference forward is not traced at all: the compiled
+    step holds one forward (and its backward), not two.
 
     Args:
         params: the trainee's params (its LoRA adapters when model_cfg.lora_rank > 0).
@@ -157,7 +190,8 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
 
     Returns:
         (grads: float32 pytree like params, sums: float32 scalars loss, pg_loss, kl,
-        clip_fraction, ratio_mean, entropy of the whole batch).
+        clip_fraction, ratio_mean, entropy of the whole batch's active rows; all 0 and
+        zero gradients when no row is active).
 
     Raises:
         ValueError: R not a multiple of micro_batch_size; beta > 0 without ref_params.
@@ -173,8 +207,12 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
                          f"micro_batch_size={mb}")
     n = b // mb
     agg = train_cfg.aggregation
+    # Zero-advantage rows (flat groups) leave the loss mask: every use below sees only the
+    # rows that teach something.
+    rows = active_rows(batch.advantages)
+    batch = batch.replace(loss_mask=active_loss_mask(batch))
     # Divisors of the WHOLE batch; each micro-batch's loss is rescaled to them below.
-    denom = _loss_denominator(jnp.asarray(batch.loss_mask, bool), agg)
+    denom = _loss_denominator(batch.loss_mask, agg, rows)
     # Token-weighted metrics (clip fraction, ratio, entropy) are averaged over these.
     total_tokens = jnp.maximum(jnp.sum(batch.loss_mask), 1).astype(jnp.float32)
 
@@ -195,6 +233,7 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
                                  mbatch.loss_mask, train_cfg.clip_eps, train_cfg.beta, agg,
                                  train_cfg.kl_estimator)
         # (own divisor / batch divisor): the micro-batch losses sum to the full-batch loss.
+        # The own divisor is the one `grpo.aggregate_tokens` used (dr_grpo: all its b * T).
         scale = _loss_denominator(mbatch.loss_mask, agg) / denom
         # Each micro-batch's per-token mean, weighted by its share of the batch's tokens.
         tok = m["num_tokens"] / total_tokens
@@ -239,13 +278,21 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
         optimizer: `train_config.make_optimizer(train_cfg)` (the lr metric reads its
             schedule counter).
 
+    Rows with advantage exactly 0 (flat groups, Eq. 21) do not enter the update
+    (`accumulate_gradients`). When no row is active the step makes no update at all: params,
+    opt_state and step come back exactly as they were (AdamW on zero gradients would still
+    move the params through its momentum and weight decay, and count a schedule step).
+
     Returns:
         (new state, metrics): float32 scalars loss, pg_loss, kl, clip_fraction, ratio_mean,
-        entropy (mean over completion tokens, nats), grad_norm (before clipping),
-        update_norm, advantage_{mean,min,max}, response_length_mean (tokens incl. EOS),
-        truncated_fraction, num_tokens, learning_rate (of this update). The group std that
-        Eq. 21 divided the rewards by is logged by the phase that computed the advantages
-        (`phases`: reward_std, r_disc_std, r_anchor_std).
+        entropy (mean over the active rows' completion tokens, nats), grad_norm (before
+        clipping), update_norm (0 when skipped), advantage_{mean,min,max} (all rows),
+        response_length_mean (tokens incl. EOS, all rows), truncated_fraction (all rows),
+        num_tokens (tokens that entered the loss), active_rows (rows that entered it),
+        update_skipped (1.0 when no row was active), learning_rate (of this update). The
+        group std that Eq. 21 divided the rewards by, and the flat-group fraction, are
+        logged by the phase that computed the advantages (`phases`: reward_std,
+        flat_group_fraction, r_disc_std, r_anchor_std).
 
     Raises:
         ValueError: R not a multiple of micro_batch_size; beta > 0 without ref_params.
@@ -260,6 +307,14 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
     lr = learning_rate_schedule(train_cfg)(state.step if count is None else count)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # No active row: keep the old state bit for bit (a select, so sharding and donation
+    # stay as they are; the host normally skips such a step before it gets here).
+    rows = active_rows(batch.advantages)
+    any_active = jnp.any(rows)
+    keep = functools.partial(jnp.where, any_active)
+    params, opt_state = jax.tree.map(keep, (params, opt_state),
+                                     (state.params, state.opt_state))
+    updates = jax.tree.map(lambda u: jnp.where(any_active, u, jnp.zeros_like(u)), updates)
 
     loss_mask = jnp.asarray(batch.loss_mask, bool)
     adv = jnp.asarray(batch.advantages, jnp.float32)
@@ -270,8 +325,11 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
         advantage_max=jnp.max(adv),
         response_length_mean=jnp.mean(jnp.sum(loss_mask, axis=-1).astype(jnp.float32)),
         truncated_fraction=jnp.mean(jnp.asarray(batch.truncated, jnp.float32)),
-        num_tokens=jnp.sum(loss_mask).astype(jnp.float32), learning_rate=lr)
-    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        num_tokens=jnp.sum(active_loss_mask(batch)).astype(jnp.float32),
+        active_rows=jnp.sum(rows).astype(jnp.float32),
+        update_skipped=(~any_active).astype(jnp.float32), learning_rate=lr)
+    new_state = TrainState(step=state.step + any_active.astype(state.step.dtype),
+                           params=params, opt_state=opt_state)
     return new_state, metrics
 
 

@@ -1,8 +1,9 @@
 """Resumable checkpoints: arrays (params, optimizer state) plus JSON loop state (STYLE 14).
 
 A checkpoint `<directory>/<step_id>/` holds two Orbax items:
-    state  any pytree of arrays (a TrainState, or a dict of them for policy + generator),
-           written with `PyTreeSave` and restored onto the target's shardings;
+    state  any pytree of arrays (a TrainState, or a dict of them, one per trainee),
+           written with `PyTreeSave` and restored onto the target's shardings (or onto a
+           part of it: `restore(..., partial=True)`);
     meta   a JSON dict of loop state: round, phase, step, data iterator positions, the seed.
 
 Axis legend: none here; `state` is any pytree (shapes are the target's on restore).
@@ -122,7 +123,36 @@ class Checkpointer:
         self.wait()
         return sorted(self._manager.all_steps())
 
-    def restore(self, step: Optional[int], target: Any) -> tuple[Any, dict]:
+    def read_meta(self, step: int) -> dict:
+        """The meta dict of checkpoint `step`, without reading its arrays.
+
+        Raises:
+            FileNotFoundError: no such checkpoint in the directory.
+        """
+        self.wait()
+        if step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
+                                    f"(have {sorted(self._manager.all_steps())})")
+        out = self._manager.restore(int(step), args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))
+        return dict(out.meta)
+
+    def saved_tree(self, step: int) -> Any:
+        """The state tree of checkpoint `step` as saved, its leaves Orbax's array metadata
+        (`.shape`, `.dtype`), without reading any array: what a checkpoint holds.
+
+        Raises:
+            FileNotFoundError: no such checkpoint in the directory.
+        """
+        self.wait()
+        if step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
+                                    f"(have {sorted(self._manager.all_steps())})")
+        tree = self._manager.item_metadata(int(step))["state"]
+        return getattr(tree, "tree", tree)  # TreeMetadata wraps the tree in newer Orbax
+
+    def restore(self, step: Optional[int], target: Any,
+                partial: bool = False) -> tuple[Any, dict]:
         """Restores checkpoint `step` (None: the latest) onto `target`'s structure.
 
         Args:
@@ -132,6 +162,8 @@ class Checkpointer:
                 `sharding`, else device 0 is used). A leaf that is
                 `orbax.checkpoint.PLACEHOLDER` is skipped (not read, left as the
                 placeholder): e.g. the AdamW moments when only the params are wanted.
+            partial: the saved state may hold more than `target` (e.g. a dict key that
+                `target` lacks); only `target`'s leaves are read (Orbax's partial restore).
 
         Returns:
             (state with target's structure and shardings, meta dict).
@@ -148,7 +180,8 @@ class Checkpointer:
         abstract = jax.tree.map(_abstract, target)
         # restore_args carry each leaf's sharding: arrays land directly on their devices.
         restore = ocp.args.PyTreeRestore(
-            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+            partial_restore=partial)
         out = self._manager.restore(
             int(step), args=ocp.args.Composite(state=restore, meta=ocp.args.JsonRestore()))
         return out.state, dict(out.meta)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import ml_collections
@@ -40,6 +40,12 @@ class Timer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
+    def add(self, other: "Timer") -> None:
+        """Adds `other`'s seconds to this timer's (e.g. a discarded rollout's, whose work
+        still belongs to the step that replaced it)."""
+        for name, seconds in other.seconds.items():
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def metrics(self) -> dict:
         return {f"seconds_{k}": v for k, v in self.seconds.items()}
 
@@ -52,12 +58,13 @@ class Context:
 
     The verifier is a `Verifier` (the model's P(yes)) or, with `verifier.kind = "checks"`,
     a `ChecksVerifier` (the checkers' 0/1, METHOD 13; the generator then writes checks).
+    `generator` is None when the run loads no generator (`roles.generator_used`).
     `true_checks`: {prompt text: its true checks, `meta["checks"]`} of the run's prompts
     (METHOD 13's T(x); empty outside the checks world), for the step metrics."""
 
     config: ml_collections.ConfigDict
     roles: Roles
-    generator: RubricGenerator
+    generator: Optional[RubricGenerator]
     verifier: Any
     mesh: Any
     policy_stop_ids: np.ndarray
@@ -68,7 +75,7 @@ class Context:
     def build(cls, config, roles: Roles, mesh, prompts=()) -> "Context":
         """The context of a run; `prompts`: its `PromptItem`s (read for `true_checks`)."""
         gen_cfg, ver_cfg = config.generator, config.verifier
-        gen = roles.generator.model
+        gen = None if roles.generator is None else roles.generator.model
         stop = tok_lib.stop_ids(roles.policy.model.tokenizer)
         kind = ver_cfg.get("kind", "llm")
         true_checks = {x.prompt: x.meta["checks"] for x in prompts
@@ -81,15 +88,15 @@ class Context:
                                 max_prefix_tokens=ver_cfg.max_prefix_tokens,
                                 max_suffix_tokens=ver_cfg.max_suffix_tokens, mesh=mesh,
                                 **verifier_budgets(roles.verifier.cfg, ver_cfg.memory_fraction))
-        return cls(config, roles,
-                   RubricGenerator(gen.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
-                                   max_item_chars=gen_cfg.max_item_chars,
-                                   max_new_tokens=gen_cfg.max_new_tokens,
-                                   input_budget=gen_cfg.input_budget, mesh=mesh,
-                                   rows_per_call=gen_cfg.rollout_micro_batch,
-                                   cache_segments=gen_cfg.cache_segments,
-                                   per_row_keys=config.per_row_keys, fmt=get_format(kind)),
-                   verifier, mesh, stop, int(stop[0]), true_checks)
+        generator = None if gen is None else RubricGenerator(
+            gen.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
+            max_item_chars=gen_cfg.max_item_chars, max_new_tokens=gen_cfg.max_new_tokens,
+            input_budget=gen_cfg.input_budget, mesh=mesh,
+            rows_per_call=gen_cfg.rollout_micro_batch, cache_segments=gen_cfg.cache_segments,
+            per_row_keys=config.per_row_keys,
+            fmt=get_format(kind, tuple(gen_cfg.get("check_pool", ()))),
+            keep_prompt=bool(gen_cfg.get("keep_prompt", False)))
+        return cls(config, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks)
 
 
 def verifier_budgets(cfg, fraction: float) -> dict:

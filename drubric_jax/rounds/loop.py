@@ -10,9 +10,13 @@ f), s); data order comes from the seed through `data.EpochIterator`, whose posit
 checkpointed with the trainees' states. A resumed run therefore repeats exactly what the
 uninterrupted run does.
 
-Checkpoints (`workdir/checkpoints/<global step>/`): state = {"policy": TrainState,
-"generator": TrainState}; meta = {"loop": LoopState, "anchor_iter", "prompt_iter", "seed",
-"data_fingerprint", "trace"}. A checkpoint id counts optimizer steps of both roles. The end
+Checkpoints (`workdir/checkpoints/<global step>/`, every config.checkpoint.every_steps
+steps): state = {role: TrainState} of the roles that train in the run only
+(`roles.trains`: e.g. no generator when rounds.generator_steps = 0; a LoRA trainee's
+TrainState holds its adapters and their AdamW moments, never the frozen base); meta =
+{"loop": LoopState, "anchor_iter", "prompt_iter", "seed", "data_fingerprint", "trace",
+"trainees"}. A checkpoint id counts the steps of both phases (a step whose groups were all
+flat counts, though it made no update: `phases.update`). The end
 of a round (held-out evaluation and trace done) is recorded in `round_end.json` beside
 them, so a resumed run neither repeats that evaluation nor loses the trace. A run that
 finished writes `finished.json`; running it again says so and changes nothing. Resuming
@@ -45,7 +49,8 @@ from etils import epath
 from drubric_jax import config_check, data, parallel
 from drubric_jax.rl import rule_rewards
 from drubric_jax.rounds import checkpoint as ckpt_lib
-from drubric_jax.rounds import compilation, context, heldout, hostmem, phases, run_logging
+from drubric_jax.rounds import (compilation, context, gold_curve, heldout, hostmem, phases,
+                                run_logging)
 from drubric_jax.models import export_hf_dir
 from drubric_jax.rounds.roles import build_roles, check_model_sources, role_memory
 from drubric_jax.types import Role
@@ -80,12 +85,14 @@ class Run:
     workdir: str
     ctx: context.Context
     data: data.LoadedData
-    anchor_iter: data.EpochIterator
+    anchor_iter: Optional[data.EpochIterator]
     prompt_iter: data.EpochIterator
     ckpt: ckpt_lib.Checkpointer
     writer: run_logging.MetricsWriter
     loop: LoopState = dataclasses.field(default_factory=LoopState)
     last_trace: list = dataclasses.field(default_factory=list)
+    # The held-out prompts of the gold curve (`rounds.gold_curve`; [] when it is off).
+    gold_items: list = dataclasses.field(default_factory=list)
 
     @property
     def park_dir(self) -> str:
@@ -115,6 +122,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     # Every process reads whole global batches (the iterators' defaults, host 0 of 1): the
     # rows of a batch are a global value, as `parallel.put` expects.
     loaded = data.load_data(c)
+    # World v2 (data.refuse_cut_constraints): no row whose constraints a role's input
+    # budget would cut; checked with the tokenizer alone, before any weights load.
+    from drubric_jax.checks.fit import check_config_rows
+    check_config_rows(c, loaded.prompts, [a for a in loaded.train_anchors],
+                      where=", ".join(c.data.prompt_paths) or "config.data")
+    gold_items = gold_curve.load_items(c)  # the gold curve's held-out prompts, checked now
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
     mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])
@@ -122,8 +135,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     return Run(
         config=c, workdir=workdir, data=loaded,
         ctx=context.Context.build(c, roles, mesh, loaded.prompts),
-        anchor_iter=data.EpochIterator(loaded.train_anchors, c.generator.anchors_per_step,
-                                       c.seed, name="anchors"),
+        # None when the run reads no anchor list (`config_check.uses_anchors`: no generator
+        # trains and no held-out Delta_gap, e.g. the gold arm).
+        anchor_iter=None if not loaded.train_anchors else data.EpochIterator(
+            loaded.train_anchors, c.generator.anchors_per_step, c.seed, name="anchors"),
         # seed + 1: the prompt order is shuffled independently of the anchor order.
         prompt_iter=data.EpochIterator(loaded.prompts, c.policy.prompts_per_step, c.seed + 1,
                                        name="prompts"),
@@ -132,7 +147,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
         ckpt=ckpt_lib.Checkpointer(epath.Path(workdir) / "checkpoints",
                                    max_to_keep=c.checkpoint.max_to_keep, async_save=False),
         writer=run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard,
-                                         enabled=is_primary()))
+                                         enabled=is_primary()),
+        gold_items=gold_items)
 
 
 def is_primary() -> bool:
@@ -161,35 +177,54 @@ def _read_json(path) -> Optional[dict]:
 
 
 def save(run: Run) -> None:
-    """Checkpoint `run.loop.global_step`: both trainees' states and the loop meta."""
-    roles = run.ctx.roles
+    """Checkpoint `run.loop.global_step`: the trainees' states (the roles that train in this
+    run; a frozen or absent role is not saved) and the loop meta."""
+    trainees = run.ctx.roles.trainees()
     # Parked moments are read back for the save only (a transient copy; they stay parked).
-    state = {t.role.value: t.resident_state() for t in (roles.policy, roles.generator)}
-    meta = {"loop": dataclasses.asdict(run.loop), "anchor_iter": run.anchor_iter.state(),
+    state = {t.role.value: t.resident_state() for t in trainees}
+    meta = {"loop": dataclasses.asdict(run.loop),
+            "anchor_iter": None if run.anchor_iter is None else run.anchor_iter.state(),
             "prompt_iter": run.prompt_iter.state(), "seed": int(run.config.seed),
-            "data_fingerprint": run.data.fingerprint, "trace": run.last_trace}
+            "data_fingerprint": run.data.fingerprint, "trace": run.last_trace,
+            "trainees": [t.role.value for t in trainees]}
     run.ckpt.save(run.loop.global_step, state, meta, force=True)
 
 
 def restore(run: Run) -> bool:
     """Resumes from the newest checkpoint in workdir/checkpoints, if there is one.
 
+    Only the trainees of this run are restored: a checkpoint that also holds another role
+    (one written before checkpoints held the trainees only, where both roles were saved)
+    restores the keys this run trains and leaves the rest unread.
+
     Raises:
         ValueError: the checkpoint was written with other data (its fingerprint differs)
-            and config.checkpoint.allow_data_change is False.
+            and config.checkpoint.allow_data_change is False; or a role that trains in this
+            run is not in the checkpoint (it was frozen when the checkpoint was written).
     """
     step = run.ckpt.latest()
     if step is None:
         return False
-    roles = run.ctx.roles
+    trainees = run.ctx.roles.trainees()
+    saved = run.ckpt.read_meta(step)
+    # Checkpoints written before "trainees" was recorded hold both roles.
+    have = saved.get("trainees", [r.value for r in (Role.POLICY, Role.GENERATOR)])
+    missing = [t.role.value for t in trainees if t.role.value not in have]
+    if missing:
+        raise ValueError(
+            f"{run.workdir}: checkpoint {step} holds {have} but this run trains {missing} "
+            "too (config.rounds.generator_steps / generator_rounds / policy_steps or "
+            "config.variant changed since it was written); use a new workdir")
     # The live states are the restore target: their shapes, dtypes and shardings are kept.
-    target = {"policy": roles.policy.state, "generator": roles.generator.state}
-    state, meta = run.ckpt.restore(step, target)
+    target = {t.role.value: t.state for t in trainees}
+    state, meta = run.ckpt.restore(step, target, partial=len(have) > len(target))
     _check_same_data(run, meta.get("data_fingerprint"), step)
-    roles.policy.state, roles.generator.state = state["policy"], state["generator"]
+    for t in trainees:
+        t.state = state[t.role.value]
     run.loop = LoopState(**meta["loop"])
     run.last_trace = meta.get("trace", [])
-    run.anchor_iter.restore(meta["anchor_iter"])
+    if run.anchor_iter is not None and meta.get("anchor_iter") is not None:
+        run.anchor_iter.restore(meta["anchor_iter"])
     run.prompt_iter.restore(meta["prompt_iter"])
     saved = _read_json(epath.Path(run.workdir) / "round_end.json")
     if saved is not None:  # the round that ended after this checkpoint
@@ -241,46 +276,113 @@ def _maybe_eval(run: Run) -> None:
     run.loop.heldout_done.append(tag)
 
 
+def _rollout(run: Run, role: Role, key) -> phases.PhaseStep:
+    """One rollout of `role`'s phase on the next batch of its iterator."""
+    if role is Role.GENERATOR:
+        return phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
+    if run.config.policy.reward == rule_rewards.RUBRIC:
+        return phases.policy_rollout(run.ctx, key, next(run.prompt_iter))
+    # Plain GRPO on a rule reward (config.policy.reward).
+    return phases.rule_policy_rollout(run.ctx, key, next(run.prompt_iter),
+                                      rule_rewards.from_config(run.config.policy))
+
+
+def _policy_rollout_with_redraws(run: Run, key) -> tuple[phases.PhaseStep, int]:
+    """A policy rollout; while all its groups are flat (`phases.all_groups_flat`: nothing
+    to learn from), fresh prompts are drawn, at most config.policy.max_redraws times.
+    Redraw i uses the next prompt batch and the key fold_in(key, i): a function of the
+    step's key and the iterator's position, both of which a resume restores, so a resumed
+    run redraws exactly as the uninterrupted one. Every process reads the same global
+    flat-group fraction, so all of them redraw together.
+
+    Returns:
+        (the last rollout, with the discarded rollouts' seconds added to its timer; the
+        number of redraws).
+    """
+    step = _rollout(run, Role.POLICY, key)
+    redraws = 0
+    while phases.all_groups_flat(step) and redraws < run.config.policy.max_redraws:
+        redraws += 1
+        again = _rollout(run, Role.POLICY, jax.random.fold_in(key, redraws))
+        again.timer.add(step.timer)  # the discarded samples' work belongs to this step
+        step = again
+    return step, redraws
+
+
 def _phase(run: Run, role: Role, steps: int) -> None:
     """Runs the remaining steps of one phase, checkpointing every config.checkpoint
-    .every_steps optimizer steps."""
+    .every_steps optimizer steps.
+
+    Each step's metrics row includes the seconds of its checkpoint save
+    (`seconds_checkpoint`: the save comes before the row is written, so a crash between the
+    two loses that row, and a resumed run does not repeat the step) and, in the phase's
+    first step, of moving the idle trainee's AdamW moments away and the active one's back
+    (`seconds_park`, parking or offloading). A policy step whose groups are all flat draws
+    fresh prompts (`_policy_rollout_with_redraws`; metric `redraws`); a step still all flat
+    makes no update (`phases.update`; metric `update_skipped`)."""
     from tqdm import tqdm
 
     # The idle trainee's AdamW moments leave the device for this phase (disk or pinned host).
-    if run.config.memory.park_idle_optimizer:
-        run.ctx.roles.park_idle(role, run.park_dir)
-    elif run.config.memory.offload_idle_optimizer:
-        run.ctx.roles.offload_idle(role)
+    phase_timer = context.Timer()
+    with phase_timer("park"):
+        if run.config.memory.park_idle_optimizer:
+            run.ctx.roles.park_idle(role, run.park_dir)
+        elif run.config.memory.offload_idle_optimizer:
+            run.ctx.roles.offload_idle(role)
     bar = tqdm(total=steps, initial=run.loop.step, disable=not run.config.log.progress,
                desc=f"round {run.loop.round} {role.value}", unit="step")
     while run.loop.step < steps:
+        if role is Role.POLICY:
+            _maybe_gold_point(run)
         compiled_before = compilation.CompileClock.seconds()
         # A function of (round, phase, step) only: a resumed run draws the same keys.
         key = phase_key(run.config.seed, run.loop.round, role.value, run.loop.step)
-        if role is Role.GENERATOR:
-            step = phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
-        elif run.config.policy.reward == rule_rewards.RUBRIC:
-            step = phases.policy_rollout(run.ctx, key, next(run.prompt_iter))
-        else:  # plain GRPO on a rule reward (config.policy.reward)
-            step = phases.rule_policy_rollout(run.ctx, key, next(run.prompt_iter),
-                                              rule_rewards.from_config(run.config.policy))
         if role is Role.POLICY:
+            step, redraws = _policy_rollout_with_redraws(run, key)
             # The last policy step's samples become this round's trace/round_N.html.
             run.last_trace = step.trace
+        else:
+            step, redraws = _rollout(run, role, key), None
         # global_step + 1 names this update in a NaN error (global_step counts finished ones).
         metrics = phases.update(run.ctx, role, step, run.loop.global_step + 1)
-        metrics.update(step.metrics, **step.timer.metrics())
+        metrics.update(step.metrics, **step.timer.metrics(), **phase_timer.metrics())
+        if redraws is not None:
+            metrics["redraws"] = redraws
+        phase_timer = context.Timer()  # the park seconds belong to the phase's first step
+        run.loop.step += 1
+        run.loop.global_step += 1
+        if run.loop.global_step % run.config.checkpoint.every_steps == 0:
+            with step.timer("checkpoint"):
+                save(run)
+            metrics["seconds_checkpoint"] = step.timer.seconds["checkpoint"]
         # Of the step's seconds, how many went to tracing and compiling (0 once warm).
         metrics["seconds_compile"] = compilation.CompileClock.seconds() - compiled_before
         hostmem.release_free_memory()
         metrics["peak_rss_gb"] = hostmem.peak_rss_bytes() / 1e9
-        run.loop.step += 1
-        run.loop.global_step += 1
         _log(run, "train", metrics)
-        if run.loop.global_step % run.config.checkpoint.every_steps == 0:
-            save(run)
         bar.update(1)
     bar.close()
+    if role is Role.POLICY:
+        _maybe_gold_point(run, last=True)
+
+
+def _maybe_gold_point(run: Run, last: bool = False) -> None:
+    """A point of the held-out gold curve (`rounds.gold_curve`) before every
+    `rounds.heldout_gold_every`-th policy step of a round and after its last one."""
+    every = run.config.rounds.get("heldout_gold_every", 0)
+    if not every or not run.gold_items or (run.loop.step % every and not last):
+        return
+    # Step 10**6 + s: keys no training step uses, the same on a resumed run.
+    key = phase_key(run.config.seed, run.loop.round, Role.POLICY.value,
+                    10 ** 6 + run.loop.step)
+    timer = context.Timer()
+    p = run.config.policy
+    with timer("heldout_gold"):
+        point = gold_curve.heldout_gold_point(
+            run.ctx, key, run.gold_items, max_prompt_tokens=p.max_prompt_tokens,
+            max_new_tokens=p.max_new_tokens, temperature=p.temperature,
+            rows_per_call=p.rollout_micro_batch)
+    _log(run, "heldout_gold", {**point, **timer.metrics()})
 
 
 def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
@@ -330,7 +432,8 @@ def finish(run: Run) -> None:
     _write_json(os.path.join(run.workdir, "memory.json"),
                 {**measured, **hostmem.measured_peaks()})
     if run.config.export:
-        for trainee in (run.ctx.roles.policy, run.ctx.roles.generator):
+        # The trainees only: a frozen role is its unchanged source.
+        for trainee in run.ctx.roles.trainees():
             tok = trainee.model.tokenizer
             params = trainee.export_params()  # LoRA: merged into the base, in float32
             # Adapters merged: the exported config has no LoRA and the params' own dtype.
@@ -370,7 +473,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     """Runs Algorithm 1 for `config` in `workdir`, resuming from its last checkpoint.
 
     Outputs: metrics.jsonl, tensorboard/, trace/round_N.html, curves.png, memory.json,
-    checkpoints/, export/{policy,generator}/ (see README).
+    checkpoints/, export/{policy,generator}/ of the roles that trained (see README).
 
     Raises:
         config_check.ConfigError: a bad config field (before any compute).

@@ -104,14 +104,29 @@ def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
     return out
 
 
+def all_groups_flat(step: PhaseStep) -> bool:
+    """Whether every GRPO group of the step is flat, so every advantage is exactly 0 (Eq. 21,
+    Eq. 25) and the update would change nothing. Read from the step's global
+    `flat_group_fraction` (computed from every process's gathered rewards), so all
+    processes of a run take the same decision."""
+    return step.metrics.get("flat_group_fraction", 0.0) == 1.0
+
+
 def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     """One GRPO step (Eq. 23) of `role` on a rollout; returns host metrics. The frozen
     reference's log-probs (pi_ref) are computed inside the step (`train_step`).
+
+    A step whose groups are all flat (`all_groups_flat`) is not sent to the train step at
+    all: it would leave the state exactly as it is (`train_step.train_step`) after a full
+    forward and backward. Its metrics are then update_skipped = 1, active_rows = 0 and
+    num_tokens = 0.
 
     Raises:
         FloatingPointError: a non-finite metric, naming `global_step`.
     """
     rollout, advantages, timer = step.rollout, step.advantages, step.timer
+    if all_groups_flat(step):
+        return {"update_skipped": 1.0, "active_rows": 0.0, "num_tokens": 0.0}
     trainee = ctx.roles.trainee(role)
     # A global batch, rows over (data, fsdp), from every process's own rows (jit refuses
     # numpy under several processes).

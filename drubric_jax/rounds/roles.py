@@ -10,6 +10,14 @@ Every model source is loaded once (`load_models`); frozen roles that name the sa
 share that one copy of the arrays. A trainee starts from a copy of its source's params
 (its buffers are donated to the train step) and keeps the source as its reference.
 
+Only a role that trains in the run is a `Trainee` (`trains`): one that never does (the
+generator of the static variant, of `rounds.generator_steps = 0` or of
+`rounds.generator_rounds = 0`; the policy of `rounds.policy_steps = 0`) is a `FrozenRole`,
+its source's arrays with no TrainState and no AdamW moments, and the checkpoints hold the
+trainees only. A generator that nothing reads (a rule-reward policy, no generator
+training, no held-out evaluation: `generator_used`) is not loaded at all (`Roles.generator
+is None`).
+
 `Roles.params(role)` is the one place that resolves a role to the arrays a sampler or the
 verifier should use now (the weight-sync point: nothing else hands params around). With
 `config.lora.rank > 0` a trainee is "a frozen base + an adapter" (`models.lora`): it trains
@@ -42,6 +50,7 @@ import optax
 
 from drubric_jax import models, parallel
 from drubric_jax.rounds import hostmem
+from drubric_jax.rl import rule_rewards
 from drubric_jax.rl import train_step as ts
 from drubric_jax.models import check_source, load_model, lora
 from drubric_jax.models.config import ModelConfig
@@ -70,11 +79,32 @@ def verifier_model_used(config: ml_collections.ConfigDict) -> bool:
     return config.verifier.get("kind", "llm") != "checks"
 
 
+def trains(config: ml_collections.ConfigDict, role: Role) -> bool:
+    """Whether `role` takes an optimizer step in some round of the run (then it is a
+    `Trainee`): the policy when rounds.policy_steps > 0; the generator when
+    rounds.generator_steps > 0, rounds.generator_rounds != 0 and the variant is not static
+    (whose generator never trains, METHOD 6)."""
+    r = config.rounds
+    if Role(role) is Role.POLICY:
+        return r.policy_steps > 0
+    return r.generator_steps > 0 and r.generator_rounds != 0 and config.variant != "static"
+
+
+def generator_used(config: ml_collections.ConfigDict) -> bool:
+    """Whether the run reads the generator's weights at all: it trains, or it writes the
+    policy's rubrics (`policy.reward = "rubric"`), or the held-out evaluation runs
+    (`rounds.heldout_eval`). A rule-reward policy run that does neither never loads it."""
+    return (trains(config, Role.GENERATOR) or config.policy.reward == rule_rewards.RUBRIC
+            or bool(config.rounds.heldout_eval))
+
+
 def _source_fields(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
     """{model source: the config fields that name it} (config.model.verifier left out when
-    no verifier model is used)."""
+    no verifier model is used, config.model.generator when no generator is:
+    `generator_used`)."""
     fields: dict[str, list[str]] = {}
-    roles = ("policy", "generator") + (("verifier",) if verifier_model_used(config) else ())
+    roles = (("policy",) + (("generator",) if generator_used(config) else ())
+             + (("verifier",) if verifier_model_used(config) else ()))
     for role in roles:
         # One entry per distinct source: roles that name the same source share one load.
         fields.setdefault(config.model[role], []).append(f"config.model.{role}")
@@ -181,6 +211,33 @@ class Trainee:
         return self.state.replace(opt_state=hostmem.unpark(self.state.opt_state, self.parked))
 
 
+@dataclasses.dataclass
+class FrozenRole:
+    """A policy or generator that never trains in this run (`trains` is False): its source's
+    arrays, shared with the frozen roles of that source; no TrainState, no optimizer state,
+    not in the checkpoints, not exported.
+
+    Attributes:
+        role: Role.POLICY or Role.GENERATOR.
+        model: the source; its params are what the role samples with (and its reference).
+    """
+
+    role: Role
+    model: LoadedModel
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return self.model.cfg
+
+    @property
+    def params(self) -> dict:
+        return self.model.params
+
+    @property
+    def reference_params(self) -> dict:
+        return self.model.params
+
+
 def trainee_config(model: LoadedModel, config: ml_collections.ConfigDict) -> ModelConfig:
     """The trainee's ModelConfig: the source's, trained in the master dtype, with LoRA."""
     lo = config.lora
@@ -217,31 +274,57 @@ def make_trainee(role: Role, model: LoadedModel, cfg: ModelConfig, train_config:
 
 @dataclasses.dataclass
 class Roles:
-    """The five roles of a run (see the module docstring)."""
+    """The five roles of a run (see the module docstring). A role that never trains is a
+    `FrozenRole`; the generator is None when nothing reads it (`generator_used`)."""
 
-    policy: Trainee
-    generator: Trainee
+    policy: Trainee | FrozenRole
+    generator: Optional[Trainee | FrozenRole]
     verifier: Optional[LoadedModel]  # None: no verifier model (`verifier_model_used`)
 
+    def role(self, role: Role) -> Trainee | FrozenRole:
+        """The policy or the generator, trained or frozen.
+
+        Raises:
+            ValueError: the generator is not loaded in this run (`generator_used`).
+        """
+        out = self.policy if Role(role) is Role.POLICY else self.generator
+        if out is None:
+            raise ValueError(f"the {Role(role).value} is not loaded in this run: nothing "
+                             "reads it (config.policy.reward is a rule, config.rounds."
+                             "generator_steps = 0, config.rounds.heldout_eval = False)")
+        return out
+
     def trainee(self, role: Role) -> Trainee:
-        return self.policy if role is Role.POLICY else self.generator
+        """The Trainee of `role`.
+
+        Raises:
+            ValueError: `role` does not train in this run (frozen or not loaded).
+        """
+        out = self.policy if Role(role) is Role.POLICY else self.generator
+        if not isinstance(out, Trainee):
+            raise ValueError(f"the {Role(role).value} does not train in this run")
+        return out
+
+    def trainees(self) -> list[Trainee]:
+        """The roles that train in this run, policy first (what the checkpoints hold)."""
+        return [t for t in (self.policy, self.generator) if isinstance(t, Trainee)]
 
     def params(self, role: str) -> dict:
         """Current arrays of a role: "policy", "generator", "verifier", "policy_ref",
         "generator_ref" (the one weight-sync point)."""
         # Role is a str enum: "policy" and Role.POLICY both match here.
         if role in (Role.POLICY, Role.GENERATOR):
-            return self.trainee(Role(role)).params
+            return self.role(Role(role)).params
         if role == "verifier":
             return None if self.verifier is None else self.verifier.params
-        return self.trainee(Role(role.removesuffix("_ref"))).reference_params
+        return self.role(Role(role.removesuffix("_ref"))).reference_params
 
     def rollout_params(self, role: str, mesh) -> dict:
         """A trainee's weights for its sampler: its current params in the decode layout and
         the compute dtype (`models.rollout.rollout_copy`: one resharding program per call,
         the weight sync between trainer and sampler; the params themselves where the
         layouts already agree, as on one device)."""
-        trainee = self.trainee(Role(role))
+        trainee = self.role(Role(role))
         return rollout_copy(trainee.params, trainee.cfg, mesh)
 
     def offload_idle(self, active: Role) -> None:
@@ -256,17 +339,22 @@ class Roles:
             raise ValueError("config.memory.offload_idle_optimizer: the "
                              f"{jax.default_backend()} backend has no pinned_host memory "
                              f"(it has {sorted(kinds)})")
-        for trainee, kind in ((self.trainee(active), "device"),
-                              (self.trainee(active.other), "pinned_host")):
+        for trainee, idle in self._active_and_idle(active):
+            kind = "pinned_host" if idle else "device"
             moments = trainee.state.opt_state
             # Only the memory kind changes; the partitioning over the devices stays as it was.
             target = jax.tree.map(lambda x: x.sharding.with_memory_kind(kind), moments)
             trainee.state = trainee.state.replace(opt_state=jax.device_put(moments, target))
 
+    def _active_and_idle(self, active: Role) -> list[tuple[Trainee, bool]]:
+        """[(trainee, idle)] of the run's trainees: `active`'s is not idle, the other's is.
+        A frozen or absent role has no moments and is left out."""
+        return [(t, t.role is not Role(active)) for t in self.trainees()]
+
     def park_idle(self, active: Role, park_dir: str) -> None:
         """Phase start: `active`'s moments come back, the other trainee's go to
         `park_dir/<role>/`. Values round-trip bit for bit."""
-        for trainee, park in ((self.trainee(active), False), (self.trainee(active.other), True)):
+        for trainee, park in self._active_and_idle(active):
             directory = os.path.join(park_dir, trainee.role.value)
             state = trainee.state
             # Idempotent: a trainee already parked (or already resident) is left as it is.
@@ -298,18 +386,26 @@ def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
     generator_tc = TrainConfig.from_config(g.train, "generator.train",
                                            rows=g.anchors_per_step * g.num_lists,
                                            temperature=g.temperature)
-    pol, gen = loaded[config.model.policy], loaded[config.model.generator]
+
+    def build(role: Role, source: str, train_config: TrainConfig):
+        # A role that never trains gets no master copy and no AdamW moments (`trains`).
+        model = loaded[source]
+        if not trains(config, role):
+            return FrozenRole(role, model)
+        return make_trainee(role, model, trainee_config(model, config), train_config, mesh,
+                            config.seed)
+
     return Roles(
-        policy=make_trainee(Role.POLICY, pol, trainee_config(pol, config), policy_tc, mesh,
-                            config.seed),
-        generator=make_trainee(Role.GENERATOR, gen, trainee_config(gen, config), generator_tc,
-                               mesh, config.seed),
+        policy=build(Role.POLICY, config.model.policy, policy_tc),
+        generator=(build(Role.GENERATOR, config.model.generator, generator_tc)
+                   if generator_used(config) else None),
         verifier=loaded[config.model.verifier] if verifier_model_used(config) else None)
 
 
 def role_memory(roles: Roles) -> dict:
     """Bytes held by each role, a buffer shared by several roles counted once (under the
-    first role that names it). Trainees include their AdamW moments; moments parked on disk
+    first role that names it). Trainees include their AdamW moments (a frozen or absent
+    policy / generator counts 0 under its name); moments parked on disk
     count under "parked_on_disk" and moments offloaded to pinned host memory under
     "offloaded_to_host", not the role."""
     seen: set = set()
@@ -331,7 +427,9 @@ def role_memory(roles: Roles) -> dict:
     # The order decides which role a shared base is charged to: the first that names it.
     size("verifier", roles.verifier.params if roles.verifier is not None else {})
     size("policy_ref", roles.policy.reference_params)
-    size("generator_ref", roles.generator.reference_params)
-    for trainee in (roles.policy, roles.generator):
+    size("generator_ref", {} if roles.generator is None else roles.generator.reference_params)
+    # A frozen or absent role holds nothing of its own (its arrays are its reference's).
+    out[Role.POLICY.value] = out[Role.GENERATOR.value] = 0
+    for trainee in roles.trainees():
         size(trainee.role.value, (trainee.state.params, trainee.state.opt_state))
     return out

@@ -81,7 +81,8 @@ def fit_responses(token_lengths: Sequence[int], budget: int) -> list:
 
 
 def fit_to_budget(tokenizer, build_ids: Callable[[list], list], texts: Sequence[str],
-                  max_tokens: int, max_tries: int = 6) -> tuple[list, list, list]:
+                  max_tokens: int, max_tries: int = 6,
+                  keep: Sequence[int] = ()) -> tuple[list, list, list]:
     """Cuts the variable texts of a prompt so the whole prompt has <= `max_tokens` tokens.
 
     (Input budgets of METHOD 4, e.g. the paper's 24K generator input; no paper equation.)
@@ -100,6 +101,9 @@ def fit_to_budget(tokenizer, build_ids: Callable[[list], list], texts: Sequence[
       texts: the n variable texts.
       max_tokens: int, total prompt budget in tokens.
       max_tries: refits before giving up.
+      keep: indices of texts never cut: their whole length is taken from the budget first
+        and only the other texts share the rest (e.g. a request whose constraints must
+        survive, checks world v2).
 
     Returns:
       (ids list[int], fitted texts list[str], cut flags list[bool]), fitted and cut in
@@ -117,15 +121,21 @@ def fit_to_budget(tokenizer, build_ids: Callable[[list], list], texts: Sequence[
     # The template's fixed cost: the prompt rendered with every variable text empty.
     overhead = len(build_ids([""] * len(texts)))
     marker = len(tokenizer.encode(TRUNCATION_MARKER, add_special_tokens=False))
-    # Room for one marker per text is reserved up front (any text may be cut).
-    budget = max_tokens - overhead - marker * len(texts)
-    if budget <= 0:
-        raise ValueError(f"the prompt template alone needs {overhead} tokens (+ markers); "
-                         f"budget is {max_tokens}")
+    keep = set(int(i) for i in keep)
     # Encoded once; each retry only re-caps them.
     tok_ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    kept = sum(len(t) for i, t in enumerate(tok_ids) if i in keep)
+    # Room for one marker per cuttable text is reserved up front (any of them may be cut).
+    budget = max_tokens - overhead - kept - marker * (len(texts) - len(keep))
+    if budget <= 0:
+        raise ValueError(f"the prompt template alone needs {overhead} tokens (+ markers"
+                         f"{f' and {kept} of texts never cut' if kept else ''}); budget is "
+                         f"{max_tokens}")
+    free = [i for i in range(len(texts)) if i not in keep]
     for _ in range(max_tries):
-        caps = fit_responses([len(t) for t in tok_ids], budget)
+        caps = [len(t) for t in tok_ids]
+        for i, cap in zip(free, fit_responses([len(tok_ids[i]) for i in free], budget)):
+            caps[i] = cap
         fitted, cut = [], []
         for text, t_ids, cap in zip(texts, tok_ids, caps):
             if cap < len(t_ids):
@@ -180,7 +190,7 @@ def _with_contents(history: Sequence[dict], contents: Sequence[str]) -> list:
 def fit_prompt(tokenizer, render: Callable[[str, list, list], list], prompt: str,
                history: Optional[Sequence[dict]] = None,
                responses: Optional[Sequence[str]] = None, *, max_tokens: int,
-               prompt_last: bool = False) -> FittedPrompt:
+               prompt_last: bool = False, keep_prompt: bool = False) -> FittedPrompt:
     """Cuts a request, its earlier turns and K responses so the prompt fits `max_tokens`.
 
     The variable texts are the request, the "content" of each earlier turn and each
@@ -200,6 +210,8 @@ def fit_prompt(tokenizer, render: Callable[[str, list, list], list], prompt: str
         one-token remainders to the first long texts: False -> [prompt, history...,
         responses...]; True -> [history..., prompt, responses...] (conversation order,
         used for the policy's chat prompt).
+      keep_prompt: the request is never cut (`fit_to_budget`'s `keep`): the history and
+        responses share what it leaves (the checks world's generator: its constraints).
 
     Returns:
       FittedPrompt.
@@ -225,7 +237,10 @@ def fit_prompt(tokenizer, render: Callable[[str, list, list], list], prompt: str
 
     contents = [turn["content"] for turn in history]
     head = contents + [prompt] if prompt_last else [prompt] + contents
-    ids, fitted, cut = fit_to_budget(tokenizer, build, head + responses, max_tokens)
+    # keep_prompt: the request is never cut; history and responses share what is left.
+    at = len(contents) if prompt_last else 0
+    ids, fitted, cut = fit_to_budget(tokenizer, build, head + responses, max_tokens,
+                                     keep=(at,) if keep_prompt else ())
     p, contents, r = split(fitted)
     # The cut flags come back in the same flat order as the texts.
     p_cut, h_cut, r_cut = split(cut)
