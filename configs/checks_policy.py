@@ -19,7 +19,7 @@ world_version=2 (default) | 1.
 World v2 (issue 40; data in ../checks_world_v2): SmolLM2-135M with rank-16 LoRA, beta = 0,
 V2_PROMPTS_PER_STEP prompts x K = 8 responses of <= 64 tokens a step for V2_POLICY_STEPS
 steps; held-out answers greedy and 1 sample per prompt at temperature 1; the held-out gold
-curve on the first 64 held-out prompts every 8 steps (`rounds.gold_curve`).
+curve on the first 64 held-out prompts every 10 steps (`rounds.gold_curve`).
 World v1 (`world_version=1`, the runs of results/checks_world): 2 prompts x K = 4 a step,
 `experiment.policy_steps` = 20 steps of full fine-tuning at learning rate 1e-5, held-out
 answers greedy.
@@ -30,7 +30,7 @@ from configs.base import checks_experiment_base
 
 
 # World v2's gold-arm schedule (results/checks_world_v2/sweep.md chose it).
-V2_PROMPTS_PER_STEP, V2_POLICY_STEPS = 2, 24
+V2_PROMPTS_PER_STEP, V2_POLICY_STEPS = 2, 20
 
 
 def get_config(arg: str = ""):
@@ -69,8 +69,8 @@ def get_config(arg: str = ""):
         c.experiment.eval_batch = 64
         c.checkpoint.every_steps = 10
         c.checkpoint.max_to_keep = 1
-        # The held-out gold curve: the first 64 held-out prompts every 8 policy steps.
-        c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = 8, 64
+        # The held-out gold curve: the first 64 held-out prompts every 10 policy steps.
+        c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = 10, 64
         c.rounds.heldout_gold_path = os.path.join(c.data.checks_dir, "heldout.jsonl")
     if opts.get("tiny"):
         c.experiment.policy_steps, c.experiment.seeds, c.experiment.window = 2, "0", 1
@@ -85,7 +85,7 @@ def get_config(arg: str = ""):
 
 # The LoRA sweep of world v2's gold arm (results/checks_world_v2/sweep.md): (rank, policy
 # learning rate), each run V2_SWEEP_STEPS policy steps on seed 0.
-V2_SWEEP = ((16, 1e-4), (16, 3e-4), (16, 1e-3), (64, 1e-3))
+V2_SWEEP = ((16, 3e-4), (16, 1e-3), (64, 1e-3))
 V2_SWEEP_STEPS = 10
 
 

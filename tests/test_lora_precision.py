@@ -87,3 +87,55 @@ def test_float32_masters_move_every_entry_at_lr_1e6():
         moved[name] = float(np.mean(after != before))
     assert moved["f32 masters"] == 1.0, moved
     assert moved["bf16 params"] < 0.5, moved  # most of the 1e-6 step rounds away in bf16
+
+
+def test_lora_rollouts_sample_from_the_adapted_policy(tmp_path):
+    """The sampler runs a LoRA trainee with its adapters: after the adapters move, the
+    rollout's log-probs are the train step's log-probs of the same tokens (on-policy,
+    ratio 1 before the update), and they differ from the base model's. Before this test
+    the sampler ran the source's config (LoRA scale 0) and drew from the base forever."""
+    import dataclasses
+
+    from helpers import tiny_config
+    from tolerances import logprob_atol
+
+    from drubric_jax.rl.logprobs import sequence_logprobs
+    from drubric_jax.rounds import loop, phases
+    from drubric_jax.rounds.context import Timer
+    from drubric_jax.types import Role
+
+    c = tiny_config(extra="")
+    c.lora.rank, c.lora.alpha = 4, 8.0
+    c.policy.max_new_tokens = 6
+    run = loop.setup(c, str(tmp_path))
+    try:
+        trainee = run.ctx.roles.trainee(Role.POLICY)
+        # Adapters as after some updates: B no longer 0.
+        layers = dict(trainee.state.params["layers"])
+        for i, name in enumerate(sorted(layers)):
+            if name.endswith("_lora_b"):
+                layers[name] = 0.05 * jax.random.normal(jax.random.PRNGKey(i),
+                                                        layers[name].shape, layers[name].dtype)
+        trainee.state = trainee.state.replace(params={**trainee.state.params, "layers": layers})
+        assert any(np.any(np.asarray(v)) for k, v in layers.items()
+                   if k in {lora.names(t)[1] for t in trainee.cfg.lora_targets})
+        rollout, _ = phases.sample_responses(run.ctx, jax.random.PRNGKey(3),
+                                             [run.data.prompts[0].prompt], [[]], 2, Timer())
+        batch = ts.batch_from_rollout(rollout, np.zeros(rollout.num_rows, np.float32))
+        t = c.policy.temperature
+
+        def logp(params, cfg):
+            return np.asarray(sequence_logprobs(params, cfg, jnp.asarray(batch.tokens),
+                                                jnp.asarray(batch.token_mask), t,
+                                                start=batch.prompt_len))
+        mask = np.asarray(batch.loss_mask)
+        adapted = logp(trainee.params, trainee.cfg)
+        base = logp(trainee.model.params, trainee.model.cfg)
+        old = np.asarray(batch.old_logprobs)
+        # The sampler's incremental decode against one full forward: the log-softmax
+        # rounding that `tolerances.logprob_atol` bounds.
+        np.testing.assert_allclose(old[mask], adapted[mask],
+                                   atol=logprob_atol(old[mask], trainee.cfg.vocab_size))
+        assert np.max(np.abs(old[mask] - base[mask])) > 1e-2
+    finally:
+        loop.close(run)

@@ -16,7 +16,12 @@ verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zho
   `true_checks_of(meta, where)`, a prompt row's validated `meta["checks"]`.
 - `checks.world`: the checks world's data: seeded compatible constraints for a base prompt
   (`draw_constraints`, IFEval's conflict table), the prompt text (`compose_prompt`), the
-  gold order of anchor responses (`rank_by_gold`).
+  gold order of anchor responses (`rank_by_gold`); world v2's draw from a calibrated pool
+  (`draw_from_pool`).
+- `checks.pool`: world v2's check variants (an id with narrowed argument ranges,
+  `CANDIDATES`) and the calibrated pool read from its table (`load_pool`).
+- `checks.fit`: no constraint cut from a role's input (the policy's prompt budget, the
+  generator's input with K responses); `check_rows_fit`, `check_config_rows`.
 """
 from drubric_jax.checks.batch import verdicts
 from drubric_jax.checks.draw import draw_args

@@ -88,8 +88,10 @@ class Context:
                                 max_prefix_tokens=ver_cfg.max_prefix_tokens,
                                 max_suffix_tokens=ver_cfg.max_suffix_tokens, mesh=mesh,
                                 **verifier_budgets(roles.verifier.cfg, ver_cfg.memory_fraction))
+        # The generator samples with its role's config: a LoRA trainee's carries the
+        # adapters' scale (the source's has none).
         generator = None if gen is None else RubricGenerator(
-            gen.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
+            roles.generator.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
             max_item_chars=gen_cfg.max_item_chars, max_new_tokens=gen_cfg.max_new_tokens,
             input_budget=gen_cfg.input_budget, mesh=mesh,
             rows_per_call=gen_cfg.rollout_micro_batch, cache_segments=gen_cfg.cache_segments,

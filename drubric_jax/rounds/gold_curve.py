@@ -73,7 +73,8 @@ def heldout_gold_point(ctx, key, items: Sequence, *, max_prompt_tokens: int,
     out = {"heldout_gold_rows": len(items)}
     for name, t in (("greedy", 0.0), ("sampled", float(temperature))):
         answers, _ = policy_eval.answers(
-            model.cfg, params, model.tokenizer, [it.prompt for it in items],
+            ctx.roles.rollout_cfg(Role.POLICY), params, model.tokenizer,
+            [it.prompt for it in items],
             key=jax.random.fold_in(key, 1 if t else 0), max_prompt_tokens=max_prompt_tokens,
             max_new_tokens=max_new_tokens, temperature=t, rows_per_call=rows_per_call,
             histories=[list(it.history) for it in items], mesh=ctx.mesh,

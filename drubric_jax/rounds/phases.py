@@ -80,7 +80,9 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     with timer("sampling"):
         out = sampling.generate_chunked(
             ctx.roles.rollout_params(Role.POLICY, ctx.mesh) if params is None else params,
-            model.cfg,
+            # The trainee's config: with LoRA its adapters act only under its lora scale
+            # (the source's config has none, and would sample from the base alone).
+            ctx.roles.rollout_cfg(Role.POLICY),
             [i for i in ids for _ in range(k)],
             pol_cfg.rollout_micro_batch, key=key, max_new_tokens=pol_cfg.max_new_tokens,
             method=sampling.method_from_flags(pol_cfg.temperature, top_p=pol_cfg.top_p),

@@ -319,6 +319,12 @@ class Roles:
             return None if self.verifier is None else self.verifier.params
         return self.role(Role(role.removesuffix("_ref"))).reference_params
 
+    def rollout_cfg(self, role: str) -> ModelConfig:
+        """The ModelConfig a sampler runs `rollout_params(role)` with: the trainee's (with its
+        LoRA rank and scale, so the adapters act in the rollout exactly as in the train
+        step), or the frozen source's."""
+        return self.role(Role(role)).cfg
+
     def rollout_params(self, role: str, mesh) -> dict:
         """A trainee's weights for its sampler: its current params in the decode layout and
         the compute dtype (`models.rollout.rollout_copy`: one resharding program per call,
