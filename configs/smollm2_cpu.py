@@ -58,18 +58,18 @@ def checks_dir(given: str = "", version: int = DEFAULT_WORLD_VERSION) -> str:
 
 
 def build_commands(version: int, directory: str) -> str:
-    """The commands that write a checks world's files into `directory` (printed when a run
-    starts before they exist)."""
+    """The commands that write a checks world's files into `directory`, one a line, run
+    from the repository root (printed when a run starts before they exist)."""
+    py = ".venv/bin/python -m"
     if int(version) == 1:
-        return (f"python -m experiments.make_checks_data --out={directory} --seed=0 "
-                f"--train=256 --heldout=64 && python -m experiments.make_checks_anchors "
+        return (f"{py} experiments.make_checks_data --out={directory} --seed=0 --train=256 "
+                f"--heldout=64\n{py} experiments.make_checks_anchors "
                 f"--prompts={directory}/train.jsonl --out={directory}/anchors.jsonl --k=4 "
                 "--temperature=0.7 --max_new_tokens=256 --limit=64")
-    return (f"python -m experiments.make_checks_data --version=2 --out={directory} "
-            f"--pool={os.path.relpath(V2_POOL)} --train=512 --heldout=256 && "
-            f"python -m experiments.make_checks_anchors --prompts={directory}/train.jsonl "
-            f"--out={directory}/anchors.jsonl --k=8 --temperature=1.0 --max_new_tokens=64 "
-            "--limit=64")
+    return (f"{py} experiments.make_checks_data --version=2 --out={directory} --train=512 "
+            f"--heldout=256\n{py} experiments.make_checks_anchors "
+            f"--prompts={directory}/train.jsonl --out={directory}/anchors.jsonl --k=8 "
+            "--temperature=1.0 --max_new_tokens=64 --limit=64")
 
 
 def pool_ids(path: str = V2_POOL) -> tuple:

@@ -56,6 +56,11 @@ def main(argv):
     # Every arm checked before any compute (a summary needs no trained generator).
     cfgs = {arm: arm_config(c, arm) for arm in arms if not _SUMMARIZE_ONLY.value}
     heldout_path = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
+    if not os.path.exists(heldout_path):  # before any model loads: say what to build
+        build = c.data.get("checks_build", "")
+        raise SystemExit(f"error: no such file {heldout_path}" + (
+            "\nBuild the checks world's files first (from the repository root):\n  "
+            + build.replace("\n", "\n  ") if build else ""))
     items, budgets = cp.heldout_setup(c, heldout_path, e.heldout_rows, e.eval_batch)
 
     def evaluate(model: str, path: str, stage: str):

@@ -53,8 +53,13 @@ def main(argv):
                                    heartbeat_timeout_seconds=_HEARTBEAT.value)
     logging.info("JAX devices (process %d of %d): %s", jax.process_index(),
                  jax.process_count(), jax.devices())
+    from drubric_jax.data.loading import MissingDataFile
+
     # Validates the config, then checks the data, before any weights load.
-    loop.run(_CONFIG.value, _WORKDIR.value)
+    try:
+        loop.run(_CONFIG.value, _WORKDIR.value)
+    except MissingDataFile as e:  # the message says what to build: no traceback
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -240,6 +240,12 @@ def _configured_files(config) -> list:
     return [("anchors", field, p) for p in anchors] + [("prompts", field, p) for p in prompts]
 
 
+class MissingDataFile(FileNotFoundError):
+    """A configured data file does not exist (`check_data_sources`); the message names the
+    config field, the path and, for the checks world, the commands that write it. Commands
+    print it without a traceback (experiments/run.py)."""
+
+
 def check_data_sources(config) -> dict:
     """Checks that every configured data file exists and parses; loads no model.
 
@@ -257,8 +263,9 @@ def check_data_sources(config) -> dict:
     in `meta["checks"]` (`checks.true_checks_of`).
 
     Raises:
-      FileNotFoundError: a missing file, "<config field>: no such file <path>" (or the
-        `resolve_data_paths` error for shared data).
+      MissingDataFile (a FileNotFoundError): a missing file, "<config field>: no such file
+        <path>" (and the commands that build a checks world's files), or the
+        `resolve_data_paths` error for shared data.
       ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
         anchor file without ranked rows; under checks_gold, "<config field>: <path>:<line>:
         row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
@@ -277,9 +284,10 @@ def check_data_sources(config) -> dict:
             # The checks world's files are built by commands: name them (a run started
             # before they exist stops here, before any weights load).
             build = getattr(config.data, "checks_build", "") if hasattr(config, "data") else ""
-            hint = f"; build the checks world's files first: {build}" if build else ""
+            hint = ("\nBuild the checks world's files first (from the repository root):\n  "
+                    + build.replace("\n", "\n  ") if build else "")
             # from None: the message already names the config field and the path.
-            raise FileNotFoundError(f"{field}: no such file {path}{hint}") from None
+            raise MissingDataFile(f"{field}: no such file {path}{hint}") from None
         except ValueError as e:
             raise ValueError(f"{field}: {e}") from None
         if kind == "prompts" and gold_rule:

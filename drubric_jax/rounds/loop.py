@@ -114,11 +114,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     # Each step's seconds_compile metric reads this clock.
     compilation.CompileClock.install()
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    # The config this invocation runs with, overrides included (a resumed run rewrites it).
-    _write_json(epath.Path(workdir) / "config.json", json.loads(config.to_json_best_effort()))
     c = config
     check_model_sources(c)  # every model path exists: seconds, not after a load
     data.check_data_sources(c)  # every file exists and parses, before any weights load
+    # The config this invocation runs with, overrides included (a resumed run rewrites it);
+    # after the checks, so a run refused for its data writes no config.json.
+    _write_json(epath.Path(workdir) / "config.json", json.loads(config.to_json_best_effort()))
     # Every process reads whole global batches (the iterators' defaults, host 0 of 1): the
     # rows of a batch are a global value, as `parallel.put` expects.
     loaded = data.load_data(c)
