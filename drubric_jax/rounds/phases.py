@@ -120,15 +120,18 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
 
     A step whose groups are all flat (`all_groups_flat`) is not sent to the train step at
     all: it would leave the state exactly as it is (`train_step.train_step`) after a full
-    forward and backward. Its metrics are then update_skipped = 1, active_rows = 0 and
-    num_tokens = 0.
+    forward and backward. Its metrics are then those the train step gives a batch with no
+    active row: update_skipped = 1, active_rows = num_tokens = 0, and loss, pg_loss, kl,
+    grad_norm, update_norm, clip_fraction all 0 (so every train row has the same keys).
 
     Raises:
         FloatingPointError: a non-finite metric, naming `global_step`.
     """
     rollout, advantages, timer = step.rollout, step.advantages, step.timer
     if all_groups_flat(step):
-        return {"update_skipped": 1.0, "active_rows": 0.0, "num_tokens": 0.0}
+        return {"update_skipped": 1.0, "active_rows": 0.0, "num_tokens": 0.0,
+                **dict.fromkeys(("loss", "pg_loss", "kl", "grad_norm", "update_norm",
+                                 "clip_fraction"), 0.0)}
     trainee = ctx.roles.trainee(role)
     # A global batch, rows over (data, fsdp), from every process's own rows (jit refuses
     # numpy under several processes).
