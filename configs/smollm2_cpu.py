@@ -135,7 +135,7 @@ def checks_world(c, directory: str = "", version: int = DEFAULT_WORLD_VERSION):
 
 
 # World v2's trainees (results/checks_world_v2/sweep.md chose them; issue 40).
-V2_LORA = {"rank": 16, "alpha": 32.0, "policy_lr": 2e-4, "generator_lr": 1e-4}
+V2_LORA = {"rank": 16, "alpha": 32.0, "policy_lr": 3e-4, "generator_lr": 1e-4}
 
 
 def get_config(arg: str = ""):

@@ -23,6 +23,7 @@ from absl import app, flags
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent of the sweep's runs.")
 _OUT = flags.DEFINE_string("out", None, "Markdown file to write (and print).")
 _WINDOW = flags.DEFINE_integer("window", 5, "Training steps averaged at each end.")
+_NOTE = flags.DEFINE_string("note", "", "A line added under the table (how the runs were made).")
 flags.mark_flags_as_required(["workdir", "out"])
 
 
@@ -51,7 +52,7 @@ def run_row(run_dir: str, window: int) -> dict:
             "seconds": secs}
 
 
-def markdown(rows: list, command: str) -> str:
+def markdown(rows: list, command: str, note: str = "") -> str:
     lines = ["# World v2: LoRA sweep of the gold arm (seed 0)", "",
              f"Runs: `{command}`; table: `python -m experiments.checks_sweep "
              f"--workdir=... --out=...`.", "",
@@ -75,6 +76,8 @@ def markdown(rows: list, command: str) -> str:
         n = best["curve"]["rows"][-1]
         lines += ["", f"Pick: rank {best['rank']}, learning rate {best['lr']:g} (the highest "
                   f"last held-out gold, greedy + sampled, on {n} prompts; one seed)."]
+    if note:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -84,7 +87,7 @@ def main(argv):
                   if os.path.exists(os.path.join(_WORKDIR.value, d, "metrics.jsonl")))
     rows = [run_row(os.path.join(_WORKDIR.value, d), _WINDOW.value) for d in runs]
     text = markdown(rows, f"python -m experiments.sweep --config=configs/checks_policy.py:"
-                          f"arm=gold --workdir={_WORKDIR.value}")
+                          f"arm=gold --workdir={_WORKDIR.value}", _NOTE.value)
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
         f.write(text)
