@@ -16,6 +16,7 @@ from drubric_jax import models, parallel
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
 from drubric_jax.evaluator.rubric_formats import KINDS as VERIFIER_KINDS
 from drubric_jax.rl.generator_rewards import GENERATOR_REWARDS
+from drubric_jax.data.loading import uses_anchors
 from drubric_jax.rl import rule_rewards
 from drubric_jax.rl.train_config import DTYPES, check_trainer
 from drubric_jax.types import ConfigError, require as _require  # noqa: F401
@@ -106,7 +107,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
          "rounds.heldout_gold_path", "needed when rounds.heldout_gold_every > 0")
     p, g = c.policy, c.generator
     pool = tuple(g.get("check_pool", ()))
-    if pool:
+    # An unknown verifier kind is reported by its own check below, not as the pool's.
+    if pool and c.verifier.get("kind", "llm") in VERIFIER_KINDS:
         from drubric_jax.checks.table import SCORABLE_CHECKS
         need(c.verifier.get("kind", "llm") == "checks", "generator.check_pool",
              "applies to verifier.kind='checks' only")
@@ -202,10 +204,3 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
         need(items % process_count == 0, field, f"{items} must be a multiple of the "
              f"{process_count} processes (each samples its own block of a step's items)")
 
-
-def uses_anchors(c) -> bool:
-    """Whether a run reads anchor lists: its generator trains (generator steps, a variant
-    other than static, generator_rounds != 0) or it evaluates Delta_gap on held-out lists."""
-    trains = (c.rounds.generator_steps > 0 and c.variant != "static"
-              and c.rounds.get("generator_rounds", -1) != 0)
-    return bool(trains or c.rounds.heldout_eval)

@@ -43,6 +43,7 @@ def _write_json(path: str, obj) -> None:
 def main(argv):
     del argv
     from drubric_jax.evaluation import checks_policy as cp
+    from drubric_jax.evaluation import checks_policy_report as cpr
     from drubric_jax.rounds import loop, run_logging
     from configs.checks_policy import arm_config
     from configs.smollm2_cpu import CHECKS_FILES
@@ -104,10 +105,10 @@ def main(argv):
                 {"command": command, "setup": setup, "wall_s": wall, "arms_run": arms,
                  "seeds": seeds, "n_bootstrap": int(e.n_bootstrap), "seed": int(c.seed),
                  "window": int(e.window), **summary})
-    text = cp.markdown(summary, command, wall, setup)
+    text = cpr.markdown(summary, command, wall, setup)
     with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    cp.plot(summary, os.path.join(workdir, "curves.png"))
+    cpr.plot(summary, os.path.join(workdir, "curves.png"))
     print(text, flush=True)
 
 

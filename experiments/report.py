@@ -108,12 +108,13 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         command = s["command"]
     elif kind == "checks_policy":
         from drubric_jax.evaluation import checks_policy as cp
+        from drubric_jax.evaluation import checks_policy_report as cpr
 
         s = _read(os.path.join(run_dir, "summary.json"))
         fresh = cp.summarize(run_dir, s["arms_run"], s["seeds"], s["n_bootstrap"], s["seed"],
                              s["window"])
-        text = cp.markdown(fresh, s["command"], s.get("wall_s", {}), s["setup"])
-        cp.plot(fresh, out_stem + ".png")
+        text = cpr.markdown(fresh, s["command"], s.get("wall_s", {}), s["setup"])
+        cpr.plot(fresh, out_stem + ".png")
         command = s["command"]
     elif kind == "sensitivity":
         from drubric_jax.evaluation import sensitivity

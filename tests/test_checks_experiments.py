@@ -13,6 +13,7 @@ from drubric_jax.data import fingerprint
 from drubric_jax.data.schema import AnchorList, anchor_from_record, record_from_dict
 from drubric_jax.evaluation import ablation
 from drubric_jax.evaluation import checks_policy as cp
+from drubric_jax.evaluation import checks_policy_report as cpr
 from drubric_jax.evaluator.check_rubrics import item_text
 from helpers import assert_percentile_ci, run_module, write_checks_world
 
@@ -112,11 +113,11 @@ def test_verdict_names_each_arm_by_its_cis():
     s = {"arms": {"gold": arm([[0.1, 0.3], [0.05, 0.2]]),
                   "rubric_g0": arm([[-0.1, 0.1], [-0.2, 0.0]]),
                   "rubric_trained": arm([[0.1, 0.2], [-0.3, -0.1]])}}
-    v = cp.verdict(s)
+    v = cpr.verdict(s)
     assert "`gold` raised the held-out gold score above P_0 in all 2 seeds" in v
     assert "`rubric_g0` moved it by no more than chance in any of 2 seeds" in v
     assert "`rubric_trained` raised it in 1, lowered it in 1" in v
-    one = cp.verdict({"arms": {"gold": arm([[-0.1, 0.2]]), "rubric_g0": arm([[0.1, 0.2]])}})
+    one = cpr.verdict({"arms": {"gold": arm([[-0.1, 0.2]]), "rubric_g0": arm([[0.1, 0.2]])}})
     assert "`gold` moved it by no more than chance in its 1 seed (its CI holds 0)" in one
     assert "`rubric_g0` raised the held-out gold score above P_0 in its 1 seed" in one
 
@@ -162,7 +163,7 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
     # (before each step and after the last), and a checkpoint of the policy alone (the gold
     # arm loads no generator, so it exports none).
     h = json.loads(gold_eval.read_text())
-    assert len(h["gold_sampled"]) == 1 and h["samples"] == 2 and h["by_check"]
+    assert len(h["gold_sampled"]) == 1 and h["samples"] == 1 and h["by_check"]
     assert not (work / "seed0" / "gold" / "export" / "generator").exists()
     curve = cp.gold_curve(str(work / "seed0" / "gold" / "metrics.jsonl"))
     assert curve["steps"] == [0, 1, 2] and curve["rows"] == [1, 1, 1]

@@ -273,12 +273,12 @@ def test_micro_batch_rescaling_sums_to_full_batch_loss(aggregation):
     mask = rng.random((8, 6)) < 0.5
     mask[3] = False  # an empty row must not count as a response
     full = grpo.aggregate_tokens(jnp.where(mask, values, 0.0), mask, aggregation)
-    denom = ts._loss_denominator(jnp.asarray(mask), aggregation)
+    denom = grpo.loss_denominator(jnp.asarray(mask), aggregation)
     total = 0.0
     for i in range(4):  # micro-batch i = rows i, i + 4
         v, m = values[i::4], mask[i::4]
         part = grpo.aggregate_tokens(jnp.where(m, v, 0.0), m, aggregation)
-        total += part * ts._loss_denominator(jnp.asarray(m), aggregation) / denom
+        total += part * grpo.loss_denominator(jnp.asarray(m), aggregation) / denom
     close(total, full, atol=1e-6)
 
 

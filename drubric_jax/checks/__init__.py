@@ -21,7 +21,8 @@ verdicts. Host-side Python; the checkers are `if_verifiable.ifeval` (IFEval, Zho
 - `checks.pool`: world v2's check variants (an id with narrowed argument ranges,
   `CANDIDATES`) and the calibrated pool read from its table (`load_pool`).
 - `checks.fit`: no constraint cut from a role's input (the policy's prompt budget, the
-  generator's input with K responses); `check_rows_fit`, `check_config_rows`.
+  generator's input with K responses): `check_rows_fit` (a run calls it through
+  `rounds.run_state.check_config_rows`).
 """
 from drubric_jax.checks.batch import verdicts
 from drubric_jax.checks.draw import draw_args

@@ -117,33 +117,3 @@ def generator_render(tokenizer, check_lines: str, max_items: int) -> Callable:
             prompt, responses, None, None, max_items, check_lines=check_lines))
     return render
 
-
-def check_config_rows(config, prompts, anchors=(), where: str = "") -> Optional[dict]:
-    """`check_rows_fit` of a run's prompt rows (and anchor lists' prompts) with its budgets:
-    `policy.max_prompt_tokens`; the generator's `input_budget` with K = policy.num_responses
-    responses of policy.max_new_tokens tokens, its list naming `generator.check_pool`
-    (checked only when a generator reads them: a rubric reward or generator steps).
-    Runs only when `config.data.refuse_cut_constraints` is on (world v2); None otherwise.
-
-    Raises:
-        ValueError: as `check_rows_fit`, naming `where` (the data files' config field).
-    """
-    if not config.data.get("refuse_cut_constraints", False):
-        return None
-    from drubric_jax.checks.schema import check_lines
-    from drubric_jax.checks.table import SCORABLE_CHECKS
-    from drubric_jax.models import load_tokenizer
-
-    tok = load_tokenizer(config.model.policy)
-    gen = None
-    if config.policy.reward == "rubric" or config.rounds.generator_steps > 0:
-        pool = tuple(config.generator.get("check_pool", ())) or SCORABLE_CHECKS
-        gen = {"k": int(config.policy.num_responses),
-               "response_tokens": int(config.policy.max_new_tokens),
-               "budget": int(config.generator.input_budget),
-               "render": generator_render(tok, check_lines(pool), int(config.generator.max_items)),
-               "keep_prompt": bool(config.generator.get("keep_prompt", False))}
-    out = check_rows_fit(list(prompts) + list(anchors), tok,
-                         policy_budget=int(config.policy.max_prompt_tokens), generator=gen,
-                         where=where or "config.data.prompt_paths")
-    return out

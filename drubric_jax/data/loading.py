@@ -211,7 +211,6 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
     order = shuffled_order(len(anchors), config.seed)
     anchors = [anchors[i] for i in order]
     heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
-    from drubric_jax.config_check import uses_anchors
     if anchor_paths or uses_anchors(config):  # a run that reads no anchor list needs none
         _check_fills_batch(config, "anchors", len(train), anchor_files,
                            "generator.anchors_per_step", "data.max_anchor_rows", num_hosts,
@@ -238,6 +237,15 @@ def _configured_files(config) -> list:
     if d.name == "shared":
         field += f" (config.data.shared_dir={d.shared_dir!r})"
     return [("anchors", field, p) for p in anchors] + [("prompts", field, p) for p in prompts]
+
+
+def uses_anchors(config) -> bool:
+    """Whether a run reads anchor lists: its generator trains (generator steps, a variant
+    other than static, generator_rounds != 0) or it evaluates Delta_gap on held-out lists."""
+    r = config.rounds
+    trains = (r.generator_steps > 0 and config.variant != "static"
+              and r.get("generator_rounds", -1) != 0)
+    return bool(trains or r.heldout_eval)
 
 
 class MissingDataFile(FileNotFoundError):

@@ -30,45 +30,22 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from drubric_jax import sampling, parallel
-from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.evaluation import judges
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
-from drubric_jax.rounds.phases import decode, policy_prompt_ids
 
 
 def answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_tokens: int,
             max_new_tokens: int, temperature: float, rows_per_call: int = 0,
             histories=None, mesh=None, per_row_keys: bool = False) -> tuple[list, np.ndarray]:
-    """The policy's answer to each request (one sample each).
+    """The policy's answer to each request (one sample each): `rounds.gold_curve
+    .policy_answers` (the same arguments and returns; the loop's held-out gold curve uses it
+    too)."""
+    from drubric_jax.rounds.gold_curve import policy_answers
 
-    Args:
-        cfg, params, tokenizer: the policy (`models.load_model`).
-        requests: U user messages; histories: U earlier-turn lists or None.
-        key: PRNG key of the sampler; temperature 0 is greedy.
-        max_prompt_tokens: chat prompt budget (`phases.policy_prompt_ids` cuts to it).
-        max_new_tokens: answer budget; rows_per_call: sampler micro-batch (0 = all).
-        per_row_keys: request u draws by its index u (`sampling.generate` row_ids), so the
-            answers do not depend on rows_per_call or the number of processes.
-
-    Returns:
-        (U answer strings, truncated bool[U]: the answer hit max_new_tokens).
-    """
-    histories = histories or [[] for _ in requests]
-    n = len(requests)
-    # Under several processes each samples its block of the requests (padded with copies
-    # of the last to a multiple of the process count) and the answers are gathered.
-    block, rows = parallel.process_share(requests, histories)
-    ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens) for r, h in zip(*rows)]
-    stop = tok_lib.stop_ids(tokenizer)
-    out = sampling.generate_chunked(
-        params, cfg, ids, rows_per_call, key=key, max_new_tokens=max_new_tokens,
-        method=sampling.method_from_flags(float(temperature)), stop_ids=stop,
-        pad_id=int(stop[0]), mesh=mesh,
-        row_ids=list(range(block.start, block.stop)) if per_row_keys else None)
-    texts = decode(tokenizer, out, set(stop.tolist()))
-    return (parallel.gather_texts(texts)[:n],
-            parallel.gather_rows(np.asarray(out.truncated, bool))[:n])
+    return policy_answers(cfg, params, tokenizer, requests, key=key,
+                          max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+                          temperature=temperature, rows_per_call=rows_per_call,
+                          histories=histories, mesh=mesh, per_row_keys=per_row_keys)
 
 
 def judge_pairs(verifier, params, prompts, policy_answers, references, max_tokens: int,

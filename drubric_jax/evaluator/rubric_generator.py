@@ -63,12 +63,10 @@ class RubricGenerator:
     Input budget: the whole generator prompt (template + instructions + request + history
     + K labelled responses) must fit `input_budget` tokens. `text.budget.fit_prompt`
     measures the fixed template part, then splits the rest with
-    `text.budget.fit_responses` (water-filling) over the request, each history turn and
-    each response: texts shorter than the equal share keep every token and the longer ones
-    share the remainder equally, so in the usual case (short request) every long response
-    gets the same token budget. A cut text keeps its first tokens followed by the visible
-    `text.budget.TRUNCATION_MARKER` (" [...truncated]"), so the generator can see that the
-    response went on.
+    `text.budget.fit_responses` (water-filling) over the request (unless keep_prompt),
+    each history turn and each response: texts under the equal share keep every token, the
+    longer ones share the rest equally. A cut text keeps its first tokens and the visible
+    `text.budget.TRUNCATION_MARKER`, so the generator sees that the response went on.
 
     Args:
         cfg, tokenizer: the generator model (params are passed to each call, so the
@@ -80,10 +78,8 @@ class RubricGenerator:
         mesh: optional mesh the sampler splits its rows over (`sampling.generate`).
         rows_per_call: rubric lists per sampler call (0 = all B x G at once; the rollout
             micro-batch of `sampling.generate_chunked`).  cache_segments: its KV-cache
-            segments (`sampling.generate`; 0 = auto).
-        fmt: the lists' `rubric_formats.RubricFormat`: free text, or checks (METHOD 13).
-        keep_prompt: the request is never cut to fit `input_budget`; only the responses
-            (and history) are (`text.budget.fit_prompt`; world v2 of the checks world).
+            segments (`sampling.generate`; 0 = auto).  keep_prompt: never cut the request.
+        fmt: the lists' `rubric_formats.RubricFormat` (free text or checks, METHOD 13).
 
     Raises:
         ValueError: bad sizes, or llguidance rejects the schema.
@@ -98,8 +94,8 @@ class RubricGenerator:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
-        self.rows_per_call, self.cache_segments = int(rows_per_call), int(cache_segments)
-        self.keep_prompt = bool(keep_prompt)
+        self.rows_per_call, self.cache_segments, self.keep_prompt = (
+            int(rows_per_call), int(cache_segments), bool(keep_prompt))
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)

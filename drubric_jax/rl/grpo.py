@@ -17,6 +17,7 @@ expect inputs that are already clean. Log-probs of a sequence come from
 """
 
 import numbers
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -206,3 +207,21 @@ def grpo_loss(logp_new, logp_old, logp_ref, advantages, mask, clip_eps=0.2,
         "num_tokens": num_tokens,
     })
     return loss, metrics
+
+
+def loss_denominator(loss_mask: jax.Array, aggregation: str,
+                      rows: Optional[jax.Array] = None) -> jax.Array:
+    """The divisor `aggregate_tokens` uses for this mask (float32 scalar); the train step
+    rescales each micro-batch's loss by its own divisor over the whole batch's.
+
+    seq_mean_token_mean: rows with a real token; token_mean: real tokens; dr_grpo: R * T,
+    or, given `rows` (bool[R], the active rows), (active rows) * T: the divisor of the
+    batch without its inactive rows (at least 1 row).
+    """
+    if aggregation == "seq_mean_token_mean":
+        return jnp.maximum(jnp.sum(jnp.any(loss_mask, axis=-1)), 1).astype(jnp.float32)
+    if aggregation == "token_mean":
+        return jnp.maximum(jnp.sum(loss_mask), 1).astype(jnp.float32)
+    # dr_grpo: a constant R * T, whatever the lengths (Dr. GRPO's fixed normaliser).
+    r = loss_mask.shape[0] if rows is None else jnp.maximum(jnp.sum(rows), 1)
+    return jnp.asarray(r * loss_mask.shape[1], jnp.float32)

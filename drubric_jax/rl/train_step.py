@@ -142,23 +142,6 @@ def active_loss_mask(batch: Batch) -> jax.Array:
     return jnp.asarray(batch.loss_mask, bool) & active_rows(batch.advantages)[:, None]
 
 
-def _loss_denominator(loss_mask: jax.Array, aggregation: str,
-                      rows: Optional[jax.Array] = None) -> jax.Array:
-    """The divisor `grpo.aggregate_tokens` uses for this mask (float32 scalar).
-
-    seq_mean_token_mean: rows with a real token; token_mean: real tokens; dr_grpo: R * T,
-    or, given `rows` (bool[R], the active rows), (active rows) * T: the divisor of the
-    batch without its inactive rows (at least 1 row).
-    """
-    if aggregation == "seq_mean_token_mean":
-        return jnp.maximum(jnp.sum(jnp.any(loss_mask, axis=-1)), 1).astype(jnp.float32)
-    if aggregation == "token_mean":
-        return jnp.maximum(jnp.sum(loss_mask), 1).astype(jnp.float32)
-    # dr_grpo: a constant R * T, whatever the lengths (Dr. GRPO's fixed normaliser).
-    r = loss_mask.shape[0] if rows is None else jnp.maximum(jnp.sum(rows), 1)
-    return jnp.asarray(r * loss_mask.shape[1], jnp.float32)
-
-
 def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] = None, *,
                          model_cfg: ModelConfig, train_cfg: TrainConfig) -> tuple[dict, dict]:
     """Gradient of the negative of Eq. 23 over the batch, accumulated over micro-batches.
@@ -212,7 +195,7 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
     rows = active_rows(batch.advantages)
     batch = batch.replace(loss_mask=active_loss_mask(batch))
     # Divisors of the WHOLE batch; each micro-batch's loss is rescaled to them below.
-    denom = _loss_denominator(batch.loss_mask, agg, rows)
+    denom = grpo.loss_denominator(batch.loss_mask, agg, rows)
     # Token-weighted metrics (clip fraction, ratio, entropy) are averaged over these.
     total_tokens = jnp.maximum(jnp.sum(batch.loss_mask), 1).astype(jnp.float32)
 
@@ -234,7 +217,7 @@ def accumulate_gradients(params: dict, batch: Batch, ref_params: Optional[dict] 
                                  train_cfg.kl_estimator)
         # (own divisor / batch divisor): the micro-batch losses sum to the full-batch loss.
         # The own divisor is the one `grpo.aggregate_tokens` used (dr_grpo: all its b * T).
-        scale = _loss_denominator(mbatch.loss_mask, agg) / denom
+        scale = grpo.loss_denominator(mbatch.loss_mask, agg) / denom
         # Each micro-batch's per-token mean, weighted by its share of the batch's tokens.
         tok = m["num_tokens"] / total_tokens
         sums = {"loss": m["loss"] * scale, "pg_loss": m["pg_loss"] * scale,

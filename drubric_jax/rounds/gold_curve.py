@@ -18,6 +18,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from drubric_jax import parallel, sampling
+from drubric_jax.rounds.phases import decode, policy_prompt_ids
+from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.types import Role
 
 
@@ -65,14 +68,11 @@ def heldout_gold_point(ctx, key, items: Sequence, *, max_prompt_tokens: int,
         {"heldout_gold_greedy", "heldout_gold_sampled": float means over U,
          "heldout_gold_rows": U}.
     """
-    from drubric_jax.evaluation import policy_eval
-    from drubric_jax.evaluation.checks_policy import gold_of
-
     params = ctx.roles.rollout_params(Role.POLICY, ctx.mesh)
     model = ctx.roles.policy.model
     out = {"heldout_gold_rows": len(items)}
     for name, t in (("greedy", 0.0), ("sampled", float(temperature))):
-        answers, _ = policy_eval.answers(
+        answers, _ = policy_answers(
             ctx.roles.rollout_cfg(Role.POLICY), params, model.tokenizer,
             [it.prompt for it in items],
             key=jax.random.fold_in(key, 1 if t else 0), max_prompt_tokens=max_prompt_tokens,
@@ -81,3 +81,47 @@ def heldout_gold_point(ctx, key, items: Sequence, *, max_prompt_tokens: int,
             per_row_keys=True)
         out[f"heldout_gold_{name}"] = float(np.nanmean(gold_of(items, answers)))
     return out
+
+
+def gold_of(items: Sequence, answers: Sequence[str]) -> list:
+    """g(x, y) (METHOD 13) of each answer against its item's true checks (`meta["checks"]`);
+    nan where no check is scorable."""
+    from drubric_jax.checks import gold_score
+
+    return [float(gold_score(it.meta["checks"], y)) for it, y in zip(items, answers)]
+
+
+def policy_answers(cfg, params, tokenizer, requests: Sequence[str], *, key, max_prompt_tokens: int,
+            max_new_tokens: int, temperature: float, rows_per_call: int = 0,
+            histories=None, mesh=None, per_row_keys: bool = False) -> tuple[list, np.ndarray]:
+    """The policy's answer to each request (one sample each), prompts rendered as the policy
+    phase renders them (`phases.policy_prompt_ids`). `evaluation.policy_eval.answers` is
+    this function.
+
+    Args:
+        cfg, params, tokenizer: the policy (`models.load_model`).
+        requests: U user messages; histories: U earlier-turn lists or None.
+        key: PRNG key of the sampler; temperature 0 is greedy.
+        max_prompt_tokens: chat prompt budget (`phases.policy_prompt_ids` cuts to it).
+        max_new_tokens: answer budget; rows_per_call: sampler micro-batch (0 = all).
+        per_row_keys: request u draws by its index u (`sampling.generate` row_ids), so the
+            answers do not depend on rows_per_call or the number of processes.
+
+    Returns:
+        (U answer strings, truncated bool[U]: the answer hit max_new_tokens).
+    """
+    histories = histories or [[] for _ in requests]
+    n = len(requests)
+    # Under several processes each samples its block of the requests (padded with copies
+    # of the last to a multiple of the process count) and the answers are gathered.
+    block, rows = parallel.process_share(requests, histories)
+    ids = [policy_prompt_ids(tokenizer, r, list(h), max_prompt_tokens) for r, h in zip(*rows)]
+    stop = tok_lib.stop_ids(tokenizer)
+    out = sampling.generate_chunked(
+        params, cfg, ids, rows_per_call, key=key, max_new_tokens=max_new_tokens,
+        method=sampling.method_from_flags(float(temperature)), stop_ids=stop,
+        pad_id=int(stop[0]), mesh=mesh,
+        row_ids=list(range(block.start, block.stop)) if per_row_keys else None)
+    texts = decode(tokenizer, out, set(stop.tolist()))
+    return (parallel.gather_texts(texts)[:n],
+            parallel.gather_rows(np.asarray(out.truncated, bool))[:n])
