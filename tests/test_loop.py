@@ -299,12 +299,13 @@ def test_one_round_on_a_mesh_equals_one_device(tmp_path, mesh_shape):
 def test_bad_data_and_model_paths_fail_before_any_weights_load(tmp_path, monkeypatch):
     """Model paths and data files are checked before a single weight is read: a missing
     verifier path or a bad data row fails in seconds, naming the field or the file:line."""
-    from drubric_jax.rounds import roles
+    from drubric_jax.rounds import model_sources
 
     def no_loading(*a, **kw):
         raise AssertionError("weights were loaded before the inputs were checked")
 
-    monkeypatch.setattr(roles, "load_model", no_loading)
+    # `roles.load_models` (re-exported from `model_sources`) reads load_model there.
+    monkeypatch.setattr(model_sources, "load_model", no_loading)
     c = one_round_config()
     c.model.verifier = str(tmp_path / "nope" / "model.gguf")
     with pytest.raises(FileNotFoundError, match=r"config\.model\.verifier: .*no such file"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from drubric_jax import models
-from drubric_jax.rounds import roles
+from drubric_jax.rounds import model_sources, roles
 from drubric_jax.models import config as cfg_lib
 from helpers import write_tiny_gguf
 
@@ -286,7 +286,7 @@ def test_load_models_note_when_type_takes_other_arguments(monkeypatch):
     def fail(source, *args, **kwargs):
         raise HubError("503", response=None)
 
-    monkeypatch.setattr(roles, "load_model", fail)
+    monkeypatch.setattr(model_sources, "load_model", fail)  # where load_models reads it
     with pytest.raises(HubError) as err:
         roles.load_models(_model_config("a/b", "c/d", "c/d"))
     assert err.value.__notes__ == ["while loading config.model.policy"]

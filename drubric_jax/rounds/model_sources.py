@@ -56,6 +56,8 @@ def generator_used(config: ml_collections.ConfigDict) -> bool:
     """Whether the run reads the generator's weights at all: it trains, or it writes the
     policy's rubrics (`policy.reward = "rubric"`), or the held-out evaluation runs
     (`rounds.heldout_eval`). A rule-reward policy run that does neither never loads it."""
+    if "rounds" not in config or "policy" not in config:  # a config of model sources only
+        return True
     return (trains(config, Role.GENERATOR) or config.policy.reward == rule_rewards.RUBRIC
             or bool(config.rounds.heldout_eval))
 

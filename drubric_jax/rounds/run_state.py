@@ -109,7 +109,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     return Run(
         config=c, workdir=workdir, data=loaded,
         ctx=context.Context.build(c, roles, mesh, loaded.prompts),
-        # None when the run reads no anchor list (`config_check.uses_anchors`: no generator
+        # None when the run reads no anchor list (`data.loading.uses_anchors`: no generator
         # trains and no held-out Delta_gap, e.g. the gold arm).
         anchor_iter=None if not loaded.train_anchors else data.EpochIterator(
             loaded.train_anchors, c.generator.anchors_per_step, c.seed, name="anchors"),
