@@ -288,16 +288,25 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
     # The lr this update uses: the schedule at its counter before the update increments it.
     count = schedule_count(state.opt_state)
     lr = learning_rate_schedule(train_cfg)(state.step if count is None else count)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # No active row: keep the old state bit for bit (a select, so sharding and donation
-    # stay as they are; the host normally skips such a step before it gets here).
     rows = active_rows(batch.advantages)
     any_active = jnp.any(rows)
-    keep = functools.partial(jnp.where, any_active)
-    params, opt_state = jax.tree.map(keep, (params, opt_state),
-                                     (state.params, state.opt_state))
-    updates = jax.tree.map(lambda u: jnp.where(any_active, u, jnp.zeros_like(u)), updates)
+
+    def apply(_):
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), opt_state, updates
+
+    # The updates' dtypes are the optimizer's (float32 for bfloat16 params): zeros of those.
+    update_shapes = jax.eval_shape(apply, None)[2]
+
+    def keep(_):
+        return (state.params, state.opt_state,
+                jax.tree.map(lambda u: jnp.zeros(u.shape, u.dtype), update_shapes))
+
+    # No active row: the old state bit for bit. A cond, not a select of the new state
+    # against the old: a select keeps both states alive (the compiled policy update of
+    # tests/test_planner.py grew 46%), a cond runs one branch on the donated buffers. The
+    # host normally skips such a step before it gets here (`rounds.phases.update`).
+    params, opt_state, updates = jax.lax.cond(any_active, apply, keep, None)
 
     loss_mask = jnp.asarray(batch.loss_mask, bool)
     adv = jnp.asarray(batch.advantages, jnp.float32)
