@@ -304,8 +304,9 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
 
     # No active row: the old state bit for bit. A cond, not a select of the new state
     # against the old: a select keeps both states alive (the compiled policy update of
-    # tests/test_planner.py grew 46%), a cond runs one branch on the donated buffers. The
-    # host normally skips such a step before it gets here (`rounds.phases.update`).
+    # tests/test_planner.py reached 1.46x its planned bytes), a cond runs one branch on the
+    # donated buffers. The host normally skips such a step before it gets here
+    # (`rounds.phases.update`).
     params, opt_state, updates = jax.lax.cond(any_active, apply, keep, None)
 
     loss_mask = jnp.asarray(batch.loss_mask, bool)
