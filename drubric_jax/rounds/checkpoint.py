@@ -123,16 +123,20 @@ class Checkpointer:
         self.wait()
         return sorted(self._manager.all_steps())
 
+    def _require(self, step: int) -> None:
+        """Waits for pending saves; raises FileNotFoundError when `step` is not saved."""
+        self.wait()
+        if step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
+                                    f"(have {sorted(self._manager.all_steps())})")
+
     def read_meta(self, step: int) -> dict:
         """The meta dict of checkpoint `step`, without reading its arrays.
 
         Raises:
             FileNotFoundError: no such checkpoint in the directory.
         """
-        self.wait()
-        if step not in self._manager.all_steps():
-            raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
-                                    f"(have {sorted(self._manager.all_steps())})")
+        self._require(step)
         out = self._manager.restore(int(step), args=ocp.args.Composite(
             meta=ocp.args.JsonRestore()))
         return dict(out.meta)
@@ -144,10 +148,7 @@ class Checkpointer:
         Raises:
             FileNotFoundError: no such checkpoint in the directory.
         """
-        self.wait()
-        if step not in self._manager.all_steps():
-            raise FileNotFoundError(f"no checkpoint {step} in {self.directory} "
-                                    f"(have {sorted(self._manager.all_steps())})")
+        self._require(step)
         tree = self._manager.item_metadata(int(step))["state"]
         return getattr(tree, "tree", tree)  # TreeMetadata wraps the tree in newer Orbax
 
