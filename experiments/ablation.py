@@ -25,6 +25,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from drubric_jax.rounds import run_logging  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/ablation.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the variants' runs.")
@@ -56,9 +58,7 @@ def _score(run, c, path: str, name: str) -> dict:
     record = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in out.items()}
     record["generator"], record["seconds"] = name, time.perf_counter() - t0
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)  # a kill leaves no half-written file
+    run_logging.write_json(path, record)
     return record
 
 
@@ -120,12 +120,11 @@ def main(argv):
                    if "full" in variants and ab in variants]
     summary = ablation.summarize(per, e.baseline, comparisons, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.ablation"] + sys.argv[1:])
-    with open(summary_path, "w") as f:
-        json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
-                   "baseline": e.baseline, "variants": variants,
-                   "heldout_ids": per[e.baseline]["ids"],
-                   "generator_steps": int(c.rounds.generator_steps),
-                   "eval_lists": int(e.eval_lists), **summary}, f, indent=2)
+    run_logging.write_json(summary_path, {
+        "kind": "ablation", "command": command, "wall_s": wall, "seed": int(c.seed),
+        "baseline": e.baseline, "variants": variants, "heldout_ids": per[e.baseline]["ids"],
+        "generator_steps": int(c.rounds.generator_steps), "eval_lists": int(e.eval_lists),
+        **summary}, indent=2)
     summary["seed"] = int(c.seed)
     table = ablation.markdown_table(summary, command, wall, ablation.heldout_note(summary))
     with open(os.path.join(workdir, "results.md"), "w") as f:

@@ -168,8 +168,9 @@ def main(argv):
                            f"{f.max_new_tokens} tokens, prompts <= {f.max_prompt_tokens} "
                            "tokens; seconds count this invocation only (a resumed run "
                            "re-samples nothing it has)"))
-    with open(os.path.join(f.out, TABLE_JSON), "w", encoding="utf-8") as fh:
-        json.dump(table, fh, indent=1)
+    from drubric_jax.data import write_json
+
+    write_json(os.path.join(f.out, TABLE_JSON), table)
     with open(os.path.join(f.out, TABLE_MD), "w", encoding="utf-8") as fh:
         fh.write(markdown(table))
     print(f"kept {len(table['kept'])} of {len(table['rows'])}: {table['kept']}", flush=True)

@@ -10,7 +10,6 @@ reference answers in ../shared/data/alpaca_eval/eval.jsonl, or, when ../shared i
 the packaged DEMO responses (hand-written, said so in the output). Prints a table per item
 family and polarity, then one line: the overall AUC with its 95% bootstrap CI.
 """
-import json
 import os
 import time
 
@@ -69,9 +68,10 @@ def main(argv):
     line = vc.verdict_line(summary)
     print(line)
     if _JSON.value:
-        with open(_JSON.value, "w", encoding="utf-8") as f:
-            json.dump({"model": _MODEL.value, "data": path, "summary": summary,
-                       "line": line, "wall_s": round(time.time() - t0, 1)}, f, indent=1)
+        from drubric_jax.data import write_json
+
+        write_json(_JSON.value, {"model": _MODEL.value, "data": path, "summary": summary,
+                                 "line": line, "wall_s": round(time.time() - t0, 1)})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ configs/checks_policy.py says what each arm trains on. Writes, in the workdir:
 Running the command again resumes: a finished run or evaluation is skipped, an unfinished
 run continues from its last checkpoint (`wall_s.json` keeps each finished stage's time).
 """
-import json
 import os
 import shlex
 import sys
@@ -23,6 +22,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from drubric_jax.rounds import run_logging  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/checks_policy.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the runs.")
@@ -33,11 +34,7 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+_write_json = run_logging.write_json  # the project's one atomic JSON writer
 
 
 def main(argv):
@@ -102,7 +99,7 @@ def main(argv):
                            int(e.window))
     wall = run_logging.wall_times(workdir)
     _write_json(os.path.join(workdir, "summary.json"),
-                {"command": command, "setup": setup, "wall_s": wall, "arms_run": arms,
+                {"kind": "checks_policy", "command": command, "setup": setup, "wall_s": wall, "arms_run": arms,
                  "seeds": seeds, "n_bootstrap": int(e.n_bootstrap), "seed": int(c.seed),
                  "window": int(e.window), **summary})
     text = cpr.markdown(summary, command, wall, setup)

@@ -91,8 +91,9 @@ def main(argv):
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
         f.write(text)
-    with open(os.path.splitext(_OUT.value)[0] + ".json", "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=1)
+    from drubric_jax.data import write_json
+
+    write_json(os.path.splitext(_OUT.value)[0] + ".json", rows)
     print(text, flush=True)
 
 

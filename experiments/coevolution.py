@@ -11,7 +11,6 @@ stage's wall time, written when it ends), and prints the table. Running the comm
 resumes an unfinished stage from its last checkpoint and skips what is done.
 """
 import gc
-import json
 import os
 import shlex
 import shutil
@@ -23,6 +22,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from drubric_jax.rounds import run_logging  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/coevolution.py[:switches]",
                                           lock_config=False)
@@ -207,7 +208,6 @@ def evaluate(c, workdir: str) -> dict:
 def main(argv):
     del argv
     from drubric_jax.rounds import loop
-    from drubric_jax.rounds import run_logging
     from drubric_jax.evaluation import coevolution as co
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)
@@ -240,19 +240,16 @@ def main(argv):
     if not os.path.exists(eval_path):
         t0 = time.perf_counter()
         values = evaluate(c, workdir)
-        with open(eval_path + ".tmp", "w") as f:
-            json.dump(values, f)
-        os.replace(eval_path + ".tmp", eval_path)
+        run_logging.write_json(eval_path, values)
         run_logging.add_wall_time(workdir, "evaluation", time.perf_counter() - t0)
     wall = run_logging.wall_times(workdir)
     summary = co.summarize(workdir, e.n_bootstrap, c.seed)
     command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
     note = co.eval_note(e.eval_file, 0 if checks_world(c) else c.data.max_prompt_rows,
                         e.eval_seed if checks_world(c) else c.seed, len(summary["ids"]))
-    with open(summary_path, "w") as f:
-        json.dump({"command": command, "wall_s": wall, "seed": int(c.seed),
-                   "n_bootstrap": int(e.n_bootstrap), "eval_note": note, **summary}, f,
-                  indent=2)
+    run_logging.write_json(summary_path, {
+        "kind": "coevolution", "command": command, "wall_s": wall, "seed": int(c.seed),
+        "n_bootstrap": int(e.n_bootstrap), "eval_note": note, **summary}, indent=2)
     table = co.markdown(summary, command, wall, note)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

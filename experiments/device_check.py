@@ -249,11 +249,13 @@ def main(argv):
     print(f"\n{mode}: {len(results) - len(bad)} of {len(results)} phases ok in {wall:.1f} s"
           + (f"; not ok: {', '.join(bad)}" if bad else ""), flush=True)
     if _OUT.value:
-        with open(_OUT.value, "w", encoding="utf-8") as f:
-            json.dump(_finite({"mode": mode, "argv": sys.argv, "budget_s": budget, "wall_s": wall,
-                               "device": next((r["device"] for r in results
-                                               if r.get("device")), None),
-                               "phases": {r["phase"]: r for r in results}}), f, indent=1)
+        from drubric_jax.data import write_json
+
+        write_json(_OUT.value, _finite({"mode": mode, "argv": sys.argv, "budget_s": budget,
+                                        "wall_s": wall, "device": next(
+                                            (r["device"] for r in results
+                                             if r.get("device")), None),
+                                        "phases": {r["phase"]: r for r in results}}))
 
 
 if __name__ == "__main__":

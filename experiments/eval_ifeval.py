@@ -121,8 +121,10 @@ def main(argv):
                     "seconds_generate": round(t_gen, 1),
                     "seconds_score": round(time.perf_counter() - t1, 1)}
     rep["command"] = shlex.join(["python", "-m", "experiments.eval_ifeval"] + sys.argv[1:])
-    with open(os.path.join(_OUT.value, "report.json"), "w", encoding="utf-8") as f:
-        json.dump(rep, f, indent=1)
+    rep["kind"] = "ifeval"  # what experiments.report renders it as
+    from drubric_jax.data import write_json
+
+    write_json(os.path.join(_OUT.value, "report.json"), rep)
     print(ifeval.format_table(rep), flush=True)
     if "paired" in rep:
         print(ifeval.format_paired(rep["paired"], _BASELINE.value, "these responses"),

@@ -120,8 +120,10 @@ def main(argv):
                                   "result": r["result"], "passed": r["passed"]}) + "\n")
     log.close()
     report["wall_s"] = time.time() - t_start
-    with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
+    report["kind"] = "eval_policy"  # what experiments.report renders it as
+    from drubric_jax.data import write_json
+
+    write_json(os.path.join(workdir, "report.json"), report, indent=2)
     table = policy_eval.results_markdown(report)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

@@ -11,7 +11,6 @@ prints the table. Running the command again resumes an unfinished part from its 
 checkpoint and skips finished ones (`wall_s.json` keeps each part's wall time, written
 when the part ends).
 """
-import json
 import os
 import shlex
 import sys
@@ -22,6 +21,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from drubric_jax.rounds import run_logging  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/grpo_learns.py[:switches]",
                                           lock_config=False)
@@ -34,7 +35,6 @@ def main(argv):
     del argv
     from drubric_jax.rounds import loop
     from drubric_jax.rl import rule_rewards
-    from drubric_jax.rounds import run_logging
     from drubric_jax.evaluation import learning
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)
@@ -58,9 +58,9 @@ def main(argv):
     summary = learning.summarize_parts(dirs, e.first_steps, e.last_steps, e.n_bootstrap,
                                        c.seed)
     command = shlex.join(["python", "-m", "experiments.grpo_learns"] + sys.argv[1:])
-    with open(summary_path, "w") as f:
-        json.dump({"command": command, "wall_s": wall, "n_bootstrap": int(e.n_bootstrap),
-                   "seed": int(c.seed), "parts": summary}, f, indent=2)
+    run_logging.write_json(summary_path, {
+        "kind": "grpo_learns", "command": command, "wall_s": wall,
+        "n_bootstrap": int(e.n_bootstrap), "seed": int(c.seed), "parts": summary}, indent=2)
     table = learning.markdown_table(summary, "GRPO learns: reward curves", command, wall)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

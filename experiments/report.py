@@ -41,15 +41,31 @@ def _read(path: str):
         return json.load(f)
 
 
+KINDS = ("grpo_learns", "ablation", "coevolution", "checks_policy", "sensitivity",
+         "eval_policy", "evaluator", "ifeval")
+
+
 def kind_of(run_dir: str) -> str:
-    """"grpo_learns" | "ablation" | "coevolution" | "checks_policy" | "sensitivity" |
-    "eval_policy" | "evaluator" | "ifeval".
+    """The experiment that wrote `run_dir`: the `kind` field of its summary.json (the
+    experiments that train) or report.json (the evaluations), one of `KINDS`. Each writer
+    records it; a file written before the field existed (2026-12-06) is named by the keys
+    only that experiment writes, so older run directories still render.
 
     Raises:
-        ValueError: the directory holds none of them (names what was looked for).
+        ValueError: the directory holds neither file, or a kind not in KINDS.
     """
     summary = _read(os.path.join(run_dir, "summary.json")) or {}
     report = _read(os.path.join(run_dir, "report.json")) or {}
+    kind = summary.get("kind") or report.get("kind") or _legacy_kind(summary, report)
+    if kind not in KINDS:
+        raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution, "
+                         "checks_policy, sensitivity) or report.json (eval_policy, evaluator "
+                         f"benchmark, eval_ifeval) of a known experiment (kind {kind!r})")
+    return kind
+
+
+def _legacy_kind(summary: dict, report: dict):
+    """The kind of a file without the `kind` field (written before it existed), or None."""
     if "parts" in summary:
         return "grpo_learns"
     if "generators" in summary:
@@ -66,9 +82,7 @@ def kind_of(run_dir: str) -> str:
         return "evaluator"
     if "metrics" in report and "not_scored" in report:
         return "ifeval"
-    raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution, "
-                     "checks_policy, sensitivity) or report.json (eval_policy, evaluator benchmark, "
-                     "eval_ifeval) of a known experiment")
+    return None
 
 
 def render(run_dir: str, out_stem: str) -> tuple[str, str]:

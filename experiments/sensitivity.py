@@ -9,7 +9,6 @@ answers and gold scores), `p0_heldout.json`, `summary.json`, `results.md`. Runni
 command again resumes: a finished run or evaluation is skipped.
 """
 import gc
-import json
 import os
 import shlex
 import sys
@@ -21,6 +20,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from drubric_jax.rounds import run_logging  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/sensitivity.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the settings' runs.")
@@ -30,10 +31,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (as ablation's)
 
 
-def _write_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f)
-    os.replace(path + ".tmp", path)  # a kill leaves no half-written file
+_write_json = run_logging.write_json  # the project's one atomic JSON writer
 
 
 def score_generator(cfg, run_dir: str, path: str) -> None:
@@ -100,7 +98,7 @@ def main(argv):
     base = BASELINE if BASELINE in names else names[0]
     summary = sensitivity.summarize(workdir, names, base, int(e.n_bootstrap), int(c.seed))
     command = shlex.join(["python", "-m", "experiments.sensitivity"] + sys.argv[1:])
-    summary.update(command=command, wall_s=run_logging.wall_times(workdir), seed=int(c.seed),
+    summary.update(kind="sensitivity", command=command, wall_s=run_logging.wall_times(workdir), seed=int(c.seed),
                    n_bootstrap=int(e.n_bootstrap),
                    overrides={n: SETTINGS[n] for n in names})
     _write_json(os.path.join(workdir, "summary.json"), summary)

@@ -60,7 +60,8 @@ def test_tiny_check_runs_every_phase_ok_with_positive_finite_figures(tmp_path):
                 assert {"compile_s", "steady_s", "tokens_per_s"} <= set(timed), row
                 assert row["planned_gb"] > 0, row
     constrained = result["phases"]["constrained"]["rows"][0]
-    assert 0 < constrained["host_ms_per_step"] < constrained["ms_per_step"]
+    # Both clocks are reported (their ratio is a measurement, not a property to assert).
+    assert constrained["host_ms_per_step"] > 0 and constrained["ms_per_step"] > 0
     assert constrained["grammar_errors"] == 0
     # The table: one line per phase, one per row.
     segments = result["phases"]["decode_segments"]["rows"]

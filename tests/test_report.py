@@ -18,7 +18,9 @@ def _coevolution_dir(d):
     d.mkdir()
     (d / "eval.json").write_text(json.dumps(values))
     s = co.summarize(str(d), 100, 0)
+    # `kind` decides, not the keys: "parts" alone would read as a grpo_learns summary.
     (d / "summary.json").write_text(json.dumps({
+        "kind": "coevolution", "parts": "not grpo_learns",
         "command": "python -m experiments.coevolution ...", "wall_s": {"round0": 60.0},
         "seed": 0, "n_bootstrap": 100, "eval_note": "5 rows", **s}))
 
@@ -37,7 +39,7 @@ def _eval_policy_dir(d):
 
 
 def _ifeval_dir_without_command(d):
-    """An eval_ifeval report.json written before reports kept their command."""
+    """An eval_ifeval report.json written before reports kept their command and kind."""
     cell = {"value": 0.5, "ci95": [0.25, 0.75]}
     d.mkdir()
     (d / "report.json").write_text(json.dumps({

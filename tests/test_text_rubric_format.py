@@ -2,14 +2,15 @@
 the JSON schema and padding."""
 
 import json
-import time
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drubric_jax.text import prompts
+from drubric_jax.text import json_scan, prompts
 from drubric_jax.text.rubric_format import (
     COUNTER_KEYS,
     CRITERION_PLACEHOLDER,
@@ -122,14 +123,35 @@ def test_case_11_garbage_never_raises(text):
     assert set(p.counters) == set(COUNTER_KEYS)
 
 
-def _best_seconds(fn, repeats=3):
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _scan_work(monkeypatch, text, max_items):
+    """Parses `text` and returns (the parse, the work the JSON search did): candidate starts
+    tried, special characters the bracket matcher visited, characters given to json.loads.
+    Counting the work (not timing it) is what bounds the parser on any machine."""
+    work = {"candidates": 0, "steps": 0, "json_chars": 0}
+    match, loads = json_scan._match_value, json_scan.json.loads
 
+    def counted_match(t, start, max_steps):
+        end, used = match(t, start, max_steps)
+        work["candidates"] += 1
+        work["steps"] += used
+        return end, used
+
+    def counted_loads(segment, **kw):
+        work["json_chars"] += len(segment)
+        return loads(segment, **kw)
+
+    monkeypatch.setattr(json_scan, "_match_value", counted_match)
+    monkeypatch.setattr(json_scan, "json", SimpleNamespace(loads=counted_loads))
+    return parse_rubric_output(text, "stop", max_items), work
+
+
+def _assert_within_bounds(work):
+    assert work["candidates"] <= json_scan.MAX_CANDIDATES, work
+    assert work["steps"] <= json_scan.MAX_SCAN_STEPS, work
+    assert work["json_chars"] <= json_scan.MAX_JSON_CHARS, work
+
+
+_SPECIAL_CHARS = re.compile(r'[\[\]{}"\\]')
 
 SLOW_BEFORE = {  # took 0.5 to 2 s each before the parser's work was bounded
     "open_lists": "[{" * 20000,
@@ -143,15 +165,18 @@ SLOW_BEFORE = {  # took 0.5 to 2 s each before the parser's work was bounded
 
 
 @pytest.mark.parametrize("name", sorted(SLOW_BEFORE))
-def test_parser_work_is_bounded(name):
+def test_parser_work_is_bounded(name, monkeypatch):
     text = SLOW_BEFORE[name]
-    p = parse_rubric_output(text, "stop", 8)
+    p, work = _scan_work(monkeypatch, text, 8)
     assert not p.valid
     assert p.counters["unparseable"] + p.counters["truncated"] == 1
-    assert _best_seconds(lambda: parse_rubric_output(text, "stop", 8)) < 0.1
+    _assert_within_bounds(work)
+    # The unbounded search visited every special character once per candidate start.
+    assert work["steps"] < len(_SPECIAL_CHARS.findall(text)) * min(
+        len(text), json_scan.MAX_CANDIDATES), work
 
 
-def test_parser_work_limit_is_counted_and_spares_real_outputs():
+def test_parser_work_limit_is_counted_and_spares_real_outputs(monkeypatch):
     p = parse_rubric_output("[{" * 20000, "stop", 8)
     assert p.counters["work_limit"] == 1 and p.truncated
     huge = parse_rubric_output('[{"rubric": "A", "weight": 1}]' + " " * (1 << 21), "stop", 8)
@@ -163,9 +188,12 @@ def test_parser_work_limit_is_counted_and_spares_real_outputs():
     items = [{"rubric": f"Criterion number {i} about {'x' * 200}", "weight": 1 + i % 5}
              for i in range(20)]
     text = '<think>\n["unclosed' + prose + "</think>\n" + json.dumps({"rubrics": items})
-    p = parse_rubric_output(text, "stop", 20)
+    p, work = _scan_work(monkeypatch, text, 20)
     assert p.valid and len(p.texts) == 20 and p.counters["work_limit"] == 0
-    assert _best_seconds(lambda: parse_rubric_output(text, "stop", 20)) < 0.1
+    _assert_within_bounds(work)
+    # The list is found with its own characters read once by json.loads, plus the prose's
+    # small JSON-like snippets (each tried and rejected).
+    assert work["json_chars"] < 2 * len(json.dumps({"rubrics": items})), work
 
 
 def test_case_11_non_string_input_never_raises():
@@ -397,8 +425,9 @@ BAD = ['{"rubrics": [{"rubric": "Gives a date", "weight": 6}]}',
        ' {"rubric": "c", "weight": 1}]}']
 
 
-def test_schema_with_jsonschema_if_installed():
-    jsonschema = pytest.importorskip("jsonschema")
+def test_schema_with_jsonschema():
+    import jsonschema  # the test extra's (setup.py)
+
     s = RUBRIC_JSON_SCHEMA(2, 40)
     jsonschema.Draft7Validator.check_schema(s)
     v = jsonschema.Draft7Validator(s)
@@ -407,8 +436,9 @@ def test_schema_with_jsonschema_if_installed():
         assert not v.is_valid(json.loads(b)), b
 
 
-def test_schema_with_llguidance_if_installed():
-    llg = pytest.importorskip("llguidance")
+def test_schema_with_llguidance():
+    import llguidance as llg  # a run-time requirement (setup.py)
+
     tok = llg.LLTokenizer("byte")
     grammar = llg.LLMatcher.grammar_from_json_schema(RUBRIC_JSON_SCHEMA(2, 40))
     assert llg.LLMatcher.validate_grammar(grammar) == ""

@@ -3,7 +3,7 @@
 Pure Python + numpy (METHOD = ../shared/docs/METHOD.md). One job per module:
 
 - `schema`: `Record` rows of the shared JSONL schema (../shared/data/README.md),
-  `load_jsonl` (errors name file:line:field), `jsonl_line` (one row written), `gold_ranks`
+  `load_jsonl` (errors name file:line:field), `jsonl_line` (one row written), `write_json` (any JSON file, atomically), `gold_ranks`
   (METHOD 11), and the rows a run reads: `AnchorList` (one anchor example for Eq. 15)
   and `PromptItem` (METHOD 5).
 - `filters`: the Appendix B heuristics of METHOD section 9 (`is_repetitive`, ...) and
@@ -31,7 +31,7 @@ from drubric_jax.data.iterators import EpochIterator, host_shard, shuffled_order
 from drubric_jax.data.loading import (LoadedData, check_data_sources, load_data,
                                       resolve_data_paths)
 from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, Record,
-                                     anchor_from_record, gold_ranks, jsonl_line,
+                                     anchor_from_record, gold_ranks, jsonl_line, write_json,
                                      load_jsonl, load_jsonl_files, record_from_dict)
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
                                       demo_anchor_path, demo_prompt_path,

@@ -234,6 +234,23 @@ def jsonl_line(row: dict) -> str:
     return text + "\n"
 
 
+def write_json(path, obj, indent: int = 1) -> None:
+    """Writes `obj` as JSON to `path` (a local path or an etils.epath URL) atomically: the
+    text goes to `path`.tmp, which is then renamed over `path`, so a killed process leaves
+    the old file or the new one, never half of one. The project's one atomic JSON writer
+    (run outputs, summaries, reports).
+
+    Raises:
+        TypeError: `obj` is not JSON-serializable (nothing is written to `path`)."""
+    from etils import epath
+
+    text = json.dumps(obj, indent=indent)  # before any file is touched
+    path = epath.Path(path)
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # overwrites the old file
+
+
 def load_jsonl_files(paths: Union[PathLike, Iterable[PathLike]]) -> list:
     """`load_jsonl` over several files, concatenated, ids unique across files.
 

@@ -222,6 +222,7 @@ def evaluate(config, workdir: str, loader: ModelLoader | None = None,
     report["total_rows"] = total_rows
     report["s_per_row"] = round(wall / max(total_rows, 1), 3)
     report["verifier_stats"] = dict(ev.verifier_stats)
+    report["kind"] = "evaluator"  # what experiments.report renders it as
     report_lib.write_report(os.path.join(workdir, "report.json"), report)
     report_lib.write_html(os.path.join(workdir, "trace.html"), sections)
     return report

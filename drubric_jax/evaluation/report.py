@@ -9,6 +9,7 @@ import html
 import json
 import math
 
+from drubric_jax.data.schema import write_json
 from drubric_jax.evaluation.judges import RUBRIC_METHODS
 
 
@@ -32,9 +33,8 @@ def trace_line(record: dict) -> str:
 
 
 def write_report(path: str, report: dict) -> None:
-    """report.json, indented one space per level."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(jsonable(report), f, indent=1)
+    """report.json, indented one space per level, written atomically (`data.write_json`)."""
+    write_json(path, jsonable(report))
 
 
 def _cell_color(p: float, v: int) -> str:

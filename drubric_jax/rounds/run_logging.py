@@ -16,6 +16,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from etils import epath
 
+from drubric_jax.data.schema import write_json  # noqa: F401 (the experiments call it here)
+
 
 # Where this project's code lives: records from files under these folders pass the filter.
 # This file is drubric_jax/rounds/run_logging.py: the repository root is three levels up.
@@ -217,8 +219,5 @@ def add_wall_time(workdir: str, stage: str, seconds: float) -> dict:
     wall[stage] = wall.get(stage, 0.0) + float(seconds)
     if jax.process_index() != 0:  # one writer of a shared workdir (as metrics.jsonl)
         return wall
-    path = epath.Path(workdir) / WALL_FILE
-    tmp = path.parent / (WALL_FILE + ".tmp")
-    tmp.write_text(json.dumps(wall, indent=1))
-    tmp.replace(path)  # overwrites (rename refuses an existing target)
+    write_json(epath.Path(workdir) / WALL_FILE, wall)
     return wall

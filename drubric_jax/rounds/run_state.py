@@ -138,10 +138,7 @@ def _write_json(path, obj) -> None:
     one); the other processes write nothing."""
     if not is_primary():
         return
-    path = epath.Path(path)
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+    run_logging.write_json(path, obj, indent=2)
 
 
 def _read_json(path) -> Optional[dict]:
