@@ -10,7 +10,7 @@ The argument after ':' is a comma-separated list of switches:
     tiny    random-weight tiny model (real SmolLM2 tokenizer) in both roles, short budgets
             (tests and smoke runs; numbers are meaningless).
     shared  every pairwise and listwise file of ../shared/data (SHARED_FILES) with the
-            row cap, n and budgets of SHARED_CPU_RUN (README "Evaluator benchmark";
+            row cap, n and budgets of SHARED_CPU_RUN (docs/EXPERIMENTS.md, "Evaluator benchmark";
             74.3 min measured on 2 CPU cores, cold XLA cache, direct_set included).
 Any field can then be overridden with --config.<field>=<value>. `validate(config)` checks
 every field before any model is loaded.
@@ -51,7 +51,7 @@ SHARED_CPU_RUN = dict(
 )
 """The `shared` switch: caps sized so all SHARED_FILES fit in about an hour on 2 CPU cores
 with SmolLM2-135M (measured 42.9 min without direct_set on 2026-12-01; 74.3 min with it on
-2026-12-02, a slower day, cold cache, partly beside test runs; README "Evaluator
+2026-12-02, a slower day, cold cache, partly beside test runs; docs/EXPERIMENTS.md, "Evaluator
 benchmark")."""
 
 METHODS = ("dynamic", "static", "direct", "direct_set", "random")

@@ -21,7 +21,7 @@ Switches after ':':
              demo data with CPU-size lengths: a smoke run of this config's code path on a
              laptop in a couple of minutes.
 Memory: `python -m experiments.plan --config=configs/qwen3_8b.py:lora --devices=1
---device_memory_gb=141 --attention=blockwise` (README "Memory plan") prints what each
+--device_memory_gb=141 --attention=blockwise` (docs/SCALE.md, "Memory plan") prints what each
 device holds per step of a round and the rollout and update micro-batches that fit; the
 update micro-batches set here are the ones it picks.
 

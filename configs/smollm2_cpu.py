@@ -143,7 +143,7 @@ def get_config(arg: str = ""):
                                 "world_version"})
     c = base_config()
     c.data.name = opts.get("data", "demo")
-    # Host memory (peak RSS <= 6 GB on CPU; README "Memory"). One generator row per
+    # Host memory (peak RSS <= 6 GB on CPU; docs/SCALE.md, "Memory of the roles"). One generator row per
     # forward-backward pass bounds the update's activations (1024-token prompts); the
     # policy's 8 short rows take one pass (no accumulator buffer). Adam's first moment is
     # stored in bfloat16 for both roles: 2 x 0.27 GB less for SmolLM2.

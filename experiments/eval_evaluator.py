@@ -4,7 +4,7 @@ r"""Evaluator benchmark: how well each evaluator orders human-ranked responses (
         --config.data=../shared/data/judgebench/gpt.jsonl --config.max_rows=20 \
         --workdir=runs/eval_judgebench
     python -m experiments.eval_evaluator --config=configs/eval_evaluator.py:shared \
-        --workdir=runs/eval_shared          # every shared file, the README's CPU table
+        --workdir=runs/eval_shared          # every shared file, the CPU table of docs/EXPERIMENTS.md
     python -m experiments.report_evaluator runs/eval_shared   # results.md and the plot
 
 Methods, metrics and the workdir outputs (report.json, trace.jsonl, trace.html) are

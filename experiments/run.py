@@ -12,7 +12,7 @@ or Open MPI it finds the coordinator, process count and id itself; elsewhere pas
     python -m experiments.run --config=... --workdir=... --distributed \
         --coordinator_address=10.0.0.1:12355 --num_processes=2 --process_id=0
 The workdir must be one place every host sees (a shared filesystem, or a gs:// URL for the
-checkpoints and files). See README "Multi-host runs".
+checkpoints and files). See docs/SCALE.md, "Multi-host runs".
 """
 import os
 

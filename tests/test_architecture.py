@@ -1,7 +1,7 @@
 """The package's import graph: imports only go down the layers, and no module takes part
 in an import cycle (lazy imports inside functions included).
 
-Layers, lowest first (docs/CONVENTIONS.md, "Architecture"): a module may import modules of
+Layers, lowest first (docs/ARCHITECTURE.md, "Layers"): a module may import modules of
 its own package and of packages in lower layers, never of a higher one.
 """
 import ast

@@ -88,7 +88,7 @@ def test_verdict_names_the_largest_term_and_the_field_that_shrinks_it():
 
 
 def test_qwen3_8b_lora_fits_one_h200_and_full_fits_eight_80gb():
-    """The README's verdicts: at the paper's lengths, with blockwise attention, LoRA fits
+    """The memory plan's verdicts (docs/SCALE.md): at the paper's lengths, with blockwise attention, LoRA fits
     one 141 GB device and full fine-tuning (idle moments offloaded) 8 x 80 GB; with this
     package's dense attention neither does, and the verdict says which field to change."""
     lora = planner.plan(qwen3_8b.get_config("lora"), 1, 141, attention="blockwise")

@@ -284,7 +284,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     """Runs Algorithm 1 for `config` in `workdir`, resuming from its last checkpoint.
 
     Outputs: metrics.jsonl, tensorboard/, trace/round_N.html, curves.png, memory.json,
-    checkpoints/, export/{policy,generator}/ of the roles that trained (see README).
+    checkpoints/, export/{policy,generator}/ of the roles that trained (docs/ARCHITECTURE.md, "Outputs of a run").
 
     Raises:
         config_check.ConfigError: a bad config field (before any compute).
