@@ -106,6 +106,27 @@ def test_paired_difference_and_seed_spread_by_hand():
     assert np.isnan(cp.seed_spread([0.4])["sd"])
 
 
+def test_pooled_over_seeds_pairs_each_prompts_seed_mean_with_p0():
+    p0 = {"gold": [0.0, 0.5, 1.0], "gold_sampled": [0.0, 0.0, 1.0]}
+    after = {("gold", 0): [1.0, 0.5, 1.0], ("gold", 1): [0.0, 1.0, 0.5]}
+    sampled = {("gold", 0): [0.5, 0.0, 1.0], ("gold", 1): [0.5, 1.0, 1.0]}
+    per_seed = {"0": {}, "1": {}}
+    out = cp.pooled_over_seeds("gold", per_seed, after, sampled, p0, 200, 0)
+    # Seed means per prompt: 0.5, 0.75, 0.75 against 0, 0.5, 1: differences 0.5, 0.25, -0.25.
+    assert out["pooled"]["difference"] == pytest.approx(0.5 / 3) and out["pooled"]["seeds"] == 2
+    assert_percentile_ci(out["pooled"]["ci"], lambda w: w @ np.array([0.5, 0.25, -0.25]) / 3,
+                         3, 200)
+    # The pooled mean is the mean of the seeds' own differences (a linear statistic).
+    per = [cp.paired_difference(after[("gold", s)], p0["gold"], 200, 0)["difference"]
+           for s in (0, 1)]
+    assert out["pooled"]["difference"] == pytest.approx(np.mean(per))
+    assert out["pooled_sampled"]["difference"] == pytest.approx((0.5 + 0.5 - 0.0) / 3)
+    # One seed: nothing to pool; a seed without samples: no sampled pool.
+    assert cp.pooled_over_seeds("gold", {"0": {}}, after, sampled, p0, 200, 0) == {}
+    assert "pooled_sampled" not in cp.pooled_over_seeds(
+        "gold", per_seed, after, {("gold", 0): [0.0] * 3}, p0, 200, 0)
+
+
 def test_verdict_names_each_arm_by_its_cis():
     def arm(cis):
         return {"seeds": {str(i): {"heldout": {"ci": ci}} for i, ci in enumerate(cis)}}

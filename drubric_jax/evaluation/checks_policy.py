@@ -216,6 +216,26 @@ def _read(path: str) -> dict:
         return json.load(f)
 
 
+def pooled_over_seeds(arm: str, per_seed: dict, after: dict, sampled_after: dict, p0: dict,
+                      n_boot: int, seed: int) -> dict:
+    """{"pooled": paired difference against P_0 of each held-out prompt's gold score
+    averaged over the arm's seeds, greedy; "pooled_sampled": the same on samples where
+    every seed and P_0 have them}. The CI resamples prompts (each prompt's seed mean is one
+    unit), so it holds the prompt-to-prompt noise of the seed-mean; the seeds' own spread
+    is `seed_spread`'s. Empty for fewer than 2 seeds."""
+    seeds = list(per_seed)
+    if len(seeds) < 2:
+        return {}
+    greedy = np.mean([after[(arm, int(s))] for s in seeds], axis=0)
+    out = {"pooled": {**paired_difference(greedy, p0["gold"], n_boot, seed),
+                      "seeds": len(seeds)}}
+    if "gold_sampled" in p0 and all((arm, int(s)) in sampled_after for s in seeds):
+        sampled = np.mean([sampled_after[(arm, int(s))] for s in seeds], axis=0)
+        out["pooled_sampled"] = {**paired_difference(sampled, p0["gold_sampled"], n_boot,
+                                                     seed), "seeds": len(seeds)}
+    return out
+
+
 def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: int,
               seed: int, window: int = 5) -> dict:
     """The experiment's numbers, recomputed from its files (module docstring).
@@ -224,7 +244,9 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
         {"p0": {"gold_mean", "prompts"}, "arms": {arm: {"seeds": {s: {"heldout": paired
         difference vs P_0, "curves": training_curves, "train_gold_first", "train_gold_last",
         "train_proxy_first", "train_proxy_last"}}, "across_seeds": seed_spread of the
-        held-out differences, "after_across_seeds": seed_spread of the held-out means}},
+        held-out differences, "after_across_seeds": seed_spread of the held-out means,
+        "pooled" (and "pooled_sampled" where sampled scores exist): paired difference of
+        each prompt's score averaged over the seeds against P_0's}},
         "versus": {"A - B": {s: paired difference of the two arms' held-out scores}},
         "window"}. Train first / last: the mean of the first / last `window` steps.
 
@@ -243,7 +265,7 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
                       "samples": p0.get("samples"), "temperature": p0.get("temperature")}
                      if "gold_sampled" in p0 else {})},
            "arms": {}, "versus": {}, "window": int(window)}
-    after = {}
+    after, sampled_after = {}, {}
     for arm in arms:
         per_seed = {}
         for s in seeds:
@@ -255,6 +277,8 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
                 raise ValueError(f"{d}/{HELDOUT_FILE}: held-out prompts differ from "
                                  f"{P0_FILE}'s")
             after[(arm, s)] = h["gold"]
+            if "gold_sampled" in h:
+                sampled_after[(arm, s)] = h["gold_sampled"]
             curves = training_curves(os.path.join(d, "metrics.jsonl"), arm == "gold")
             w = min(window, max(1, len(curves["gold"]) // 2))
             sampled = ({"heldout_sampled": paired_difference(
@@ -274,7 +298,8 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
         out["arms"][arm] = {
             "reward": ARMS.get(arm, arm), "seeds": per_seed,
             "across_seeds": seed_spread([v["heldout"]["difference"] for v in per_seed.values()]),
-            "after_across_seeds": seed_spread([v["heldout"]["after"] for v in per_seed.values()])}
+            "after_across_seeds": seed_spread([v["heldout"]["after"] for v in per_seed.values()]),
+            **pooled_over_seeds(arm, per_seed, after, sampled_after, p0, n_boot, seed)}
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
             out["versus"][f"{b} - {a}"] = {str(s): paired_difference(

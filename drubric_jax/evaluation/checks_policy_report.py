@@ -49,11 +49,15 @@ def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
     lines += curve_table(arms)
     lines += check_table(summary)
     lines += ["", "## Across seeds (held-out after - P_0, greedy)", "",
-              "| arm | seeds | mean | sd | min | max |", "|---|---|---|---|---|---|"]
+              "| arm | seeds | mean | sd | min | max | pooled greedy [95% CI] | "
+              "pooled sampled [95% CI] |", "|---|---|---|---|---|---|---|---|"]
     for arm, a in arms.items():
         x = a["across_seeds"]
+        pooled = [_ci(a[k]) if k in a else "-" for k in ("pooled", "pooled_sampled")]
         lines.append(f"| {arm} | {x['seeds']} | {x['mean']:+.3f} | {x['sd']:.3f} | "
-                     f"{x['min']:+.3f} | {x['max']:+.3f} |")
+                     f"{x['min']:+.3f} | {x['max']:+.3f} | {pooled[0]} | {pooled[1]} |")
+    lines += ["", "Pooled: each held-out prompt's score averaged over the seeds, paired "
+              "against P_0 (the CI resamples prompts)."]
     if summary["versus"]:
         lines += ["", "## Arm against arm on the held-out prompts (paired, 95% CI over prompts)",
                   "", "| difference | seed | value [95% CI] |", "|---|---|---|"]
