@@ -29,7 +29,7 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
     """(run config, switches, scale) of an experiment config (configs/grpo_learns.py,
     ablation.py, coevolution.py): the switches `scale=smollm2_cpu|qwen3_8b` (the base
     config, configs/<scale>.py), `tiny` (its tiny-model switch: `tiny` or `local`) and
-    `world=llm|checks` (checks: `configs.smollm2_cpu.checks_world`, the checkable-item
+    `world=llm|checks` (checks: `configs.checks_world.checks_world`, the checkable-item
     world of METHOD 13, at either scale; `checks_dir=DIR` its files); `cpu_data` is the
     smollm2_cpu data switch (demo | shared) when not tiny.
 
@@ -50,7 +50,7 @@ def experiment_base(arg: str, cpu_data: str = "demo"):
     if opts.get("world", "llm") not in ("llm", "checks"):
         raise ValueError(f"world={opts['world']!r} not in ('llm', 'checks')")
     if opts.get("world") == "checks":
-        from configs.smollm2_cpu import DEFAULT_WORLD_VERSION, checks_world
+        from configs.checks_world import DEFAULT_WORLD_VERSION, checks_world
         checks_world(c, opts.get("checks_dir", ""),
                      int(opts.get("world_version", DEFAULT_WORLD_VERSION)))
     return c, opts, scale

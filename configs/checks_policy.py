@@ -61,7 +61,7 @@ def get_config(arg: str = ""):
         c.checkpoint.every_steps = 5
     if v2:
         # World v2 (issue 40): no generator trains here, so no anchor list is read; LoRA
-        # trainees, beta = 0 and K = 8 come from configs/smollm2_cpu.py `checks_world`.
+        # trainees, beta = 0 and K = 8 come from configs/checks_world.py.
         c.data.anchor_paths = ()
         c.policy.prompts_per_step = V2_PROMPTS_PER_STEP
         c.experiment.policy_steps = V2_POLICY_STEPS
@@ -79,7 +79,6 @@ def get_config(arg: str = ""):
         c.experiment.heldout_rows, c.experiment.eval_batch = 4, 4
         c.experiment.n_bootstrap = 200
         c.checkpoint.every_steps = 1
-        c.generator.max_items, c.generator.max_new_tokens = 3, 128  # as smollm2_cpu's tiny
     return arm_config(c, arm) if arm else c
 
 

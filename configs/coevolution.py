@@ -74,7 +74,7 @@ def get_config(arg: str = ""):
     if checks:
         # METHOD 13: exact gold scores instead of judged win rates. The evaluation prompts
         # are the world's held-out prompts (none trains), answers at the policy's budget.
-        from configs.smollm2_cpu import CHECKS_FILES
+        from configs.checks_world import CHECKS_FILES
 
         c.experiment.eval_file = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
         c.experiment.answer_tokens = c.policy.max_new_tokens

@@ -43,7 +43,7 @@ def main(argv):
     from drubric_jax.evaluation import checks_policy_report as cpr
     from drubric_jax.rounds import loop, run_logging
     from configs.checks_policy import arm_config
-    from configs.smollm2_cpu import CHECKS_FILES
+    from configs.checks_world import CHECKS_FILES
 
     run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value

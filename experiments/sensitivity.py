@@ -62,7 +62,7 @@ def score_generator(cfg, run_dir: str, path: str) -> None:
 def main(argv):
     del argv
     from configs.sensitivity import BASELINE, SETTINGS, setting_config
-    from configs.smollm2_cpu import CHECKS_FILES
+    from configs.checks_world import CHECKS_FILES
     from drubric_jax.evaluation import checks_policy as cp
     from drubric_jax.evaluation import sensitivity
     from drubric_jax.rounds import loop, run_logging

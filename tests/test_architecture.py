@@ -10,6 +10,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "drubric_jax"
+ENTRY, CONFIGS = ROOT.parent / "experiments", ROOT.parent / "configs"
 
 # Top-level packages and modules of drubric_jax, by layer (lowest first).
 LAYERS = [
@@ -28,10 +29,10 @@ LAYERS = [
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
-def _modules() -> dict:
-    """{dotted module name: path} of every module under drubric_jax/."""
+def _modules(root: pathlib.Path = ROOT) -> dict:
+    """{dotted module name: path} of every module under `root` (default drubric_jax/)."""
     out = {}
-    for path in ROOT.rglob("*.py"):
+    for path in root.rglob("*.py"):
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -136,6 +137,50 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def top_graph() -> dict:
+    """{module of configs/ or experiments/: set of modules of configs/, experiments/ or
+    drubric_jax it imports anywhere in its source}; drubric_jax's modules map to the
+    configs/ and experiments/ modules they import (none, by the rule below)."""
+    mods = {**_modules(), **_modules(ENTRY), **_modules(CONFIGS)}
+    roots = ("configs", "experiments", "drubric_jax")
+    graph = {}
+    for name, path in mods.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                edges |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods
+                          else node.module for a in node.names}
+        graph[name] = {e for e in edges if e in mods and e != name and e.startswith(roots)}
+    return graph
+
+
+def test_configs_and_experiments_sit_above_the_package_without_cycles():
+    """configs/ and experiments/ follow the package's rules: no import cycle among them
+    (configs/base.py and configs/smollm2_cpu.py once imported each other), and the package
+    imports neither (it is the layer below both)."""
+    graph = top_graph()
+    tops = {m: e for m, e in graph.items() if not m.startswith("drubric_jax")}
+    cycle = find_cycle(tops)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    up = [(m, e) for m, edges in graph.items() if m.startswith("drubric_jax")
+          for e in edges if not e.startswith("drubric_jax")]
+    assert not up, f"the package imports configs/ or experiments/: {up}"
+
+
+def test_a_tiny_checks_world_config_is_the_same_by_every_route():
+    """`world=checks` on the tiny model gives one generator setting whichever config file
+    built it (configs/checks_world.py applies it, not each route)."""
+    from configs import ablation, checks_policy, smollm2_cpu
+
+    got = {name: (c.generator.max_items, c.generator.max_new_tokens, c.policy.max_new_tokens)
+           for name, c in {"smollm2_cpu": smollm2_cpu.get_config("tiny,world=checks"),
+                           "checks_policy": checks_policy.get_config("tiny"),
+                           "ablation": ablation.get_config("tiny,world=checks")}.items()}
+    assert len(set(got.values())) == 1, got
+
+
 def test_the_checks_see_an_upward_import_and_a_cycle():
     """The two checks on a toy graph: each fires on what it must catch."""
     toy = {"drubric_jax.a.x": {"drubric_jax.a.y"}, "drubric_jax.a.y": {"drubric_jax.a.x"}}
@@ -148,7 +193,7 @@ def test_the_checks_see_an_upward_import_and_a_cycle():
 def test_files_and_classes_stay_small(limit_lines, limit_class):
     """One job per file: no module over 400 lines, no class over 200."""
     long_files, long_classes = [], []
-    for name, path in _modules().items():
+    for name, path in {**_modules(), **_modules(ENTRY), **_modules(CONFIGS)}.items():
         text = path.read_text(encoding="utf-8")
         if text.count("\n") > limit_lines:
             long_files.append((name, text.count("\n")))

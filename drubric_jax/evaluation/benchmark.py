@@ -2,7 +2,7 @@
 
 `evaluate(config, workdir)` is the one entry point (config: configs/eval_evaluator.py).
 
-Evaluators (configs/eval_evaluator.py METHODS):
+Evaluators (`benchmark_config.METHODS`):
 - dynamic: G_phi(x, C) writes rubric lists from the whole candidate set; the frozen
   verifier answers every item for every response; Eq. 12 gives the scores.
 - static: RaR-style lists from the prompt only, same verifier and Eq. 12.
@@ -50,7 +50,7 @@ import zlib
 import numpy as np
 from absl import logging
 
-from configs import eval_evaluator as eval_config
+from drubric_jax.evaluation import benchmark_config
 from drubric_jax import data, models
 from drubric_jax.evaluation import aggregate, filerun, report as report_lib
 from drubric_jax.evaluator.rubric_generator import RubricGenerator
@@ -173,7 +173,7 @@ def evaluate(config, workdir: str, loader: ModelLoader | None = None,
     """Runs every configured method on every data file; writes the workdir outputs.
 
     Args:
-        config: configs/eval_evaluator.py fields (checked by its `validate`).
+        config: configs/eval_evaluator.py fields (checked by `benchmark_config.validate`).
         workdir: output directory (created): report.json, trace.jsonl, trace.html.
         loader: model loader, `ModelLoader()` when None; pass one to reuse loaded models.
         command: the command line, stored in report.json.
@@ -184,7 +184,7 @@ def evaluate(config, workdir: str, loader: ModelLoader | None = None,
     Raises:
         ValueError: a bad config field, or a data row with a bad field (file:line:field).
     """
-    eval_config.validate(config)
+    benchmark_config.validate(config)
     # Compiled sampler / verifier programs are reused by the next run (and the tests).
     compilation.enable_persistent_cache(config.jax_cache_dir, min_compile_seconds=1.0)
     loader = ModelLoader() if loader is None else loader
