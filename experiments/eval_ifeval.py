@@ -30,7 +30,8 @@ import time
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from absl import app, flags, logging  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                              "'smollm2-135m-instruct', a .gguf path or a Hugging Face directory")
@@ -46,15 +47,20 @@ _BASELINE = flags.DEFINE_string("baseline", "", "responses.jsonl of a baseline m
                                 "same prompts: report the paired difference to it")
 _SEED = flags.DEFINE_integer("seed", 0, "bootstrap seed")
 _N_BOOT = flags.DEFINE_integer("n_boot", 1000, "bootstrap replicates")
+_MAX_PROMPT_TOKENS = flags.DEFINE_integer(
+    "max_prompt_tokens", 2048, "chat prompt budget in tokens (IFEval's longest prompt is far "
+    "shorter; a longer one is cut as the policy phase cuts it)")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params/compute dtype")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, dtype: str,
-                       on_batch=None):
-    """Greedy responses (str) of `model` to each prompt, one user turn each, in batches;
-    `on_batch(responses)` is called after each batch (the caller appends them to its file).
+                       max_prompt_tokens: int = 2048, on_batch=None):
+    """Greedy responses (str) of `model` to each prompt, one user turn each, in batches of
+    `batch`, through `evaluation.policy_eval.answers` (the policy's own prompt rendering and
+    sampler, as the loop's held-out evaluations); `on_batch(responses)` is called after
+    each batch (the caller appends them to its file, so a killed run resumes).
 
     Returns:
         (responses, number of responses cut at max_new_tokens).
@@ -62,21 +68,17 @@ def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, 
     import jax
     from tqdm import tqdm
 
-    from drubric_jax import models, sampling
-    from drubric_jax.text import tokenizer as tok_lib
+    from drubric_jax import models
+    from drubric_jax.evaluation import policy_eval
 
     cfg, params, tokenizer = models.load_model(model, dtype)
-    stop = tok_lib.stop_ids(tokenizer)
     out, cut = [], 0
     for lo in tqdm(range(0, len(prompts), batch), desc="eval_ifeval batches", unit="batch"):
-        ids = [tok_lib.chat_ids(tokenizer, [{"role": "user", "content": p}])
-               for p in prompts[lo:lo + batch]]
-        r = sampling.generate(params, cfg, ids, key=jax.random.PRNGKey(0),
-                              max_new_tokens=max_new_tokens, method=sampling.Greedy(),
-                              stop_ids=stop)
-        cut += int(r.truncated.sum())
-        got = [tokenizer.decode(r.tokens[i][r.mask[i]], skip_special_tokens=True)
-               for i in range(len(ids))]
+        got, truncated = policy_eval.answers(
+            cfg, params, tokenizer, list(prompts[lo:lo + batch]), key=jax.random.PRNGKey(0),
+            max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+            temperature=0.0)
+        cut += int(np.sum(truncated))
         out += got
         if on_batch is not None:
             on_batch(got)
@@ -100,7 +102,8 @@ def main(argv):
             os.path.join(_OUT.value, "responses.jsonl"), rows,
             lambda prompts, on_batch: generate_responses(
                 _MODEL.value, prompts, max_new_tokens=_MAX_NEW_TOKENS.value,
-                batch=_BATCH.value, dtype=_DTYPE.value, on_batch=on_batch))
+                batch=_BATCH.value, dtype=_DTYPE.value,
+                max_prompt_tokens=_MAX_PROMPT_TOKENS.value, on_batch=on_batch))
     t_gen = time.perf_counter() - t0
     if _RESPONSES.value:
         os.makedirs(_OUT.value, exist_ok=True)
