@@ -97,14 +97,19 @@ def eval_rows(c) -> list:
     return [rows[i] for i in sorted(keep.tolist())]
 
 
+def _stage_params(loop, run, workdir: str, stage: str) -> dict:
+    """Each trainee's forward params at the last checkpoint of `stage` (a run directory
+    beside this one), the AdamW moments not read: {role name: params}."""
+    trained = loop.trained_params_at(run, os.path.join(workdir, stage, "checkpoints"))
+    return {t.role.value: t.forward_params(trained[t.role.value])
+            for t in run.ctx.roles.trainees()}
+
+
 def evaluate(c, workdir: str) -> dict:
     """Per-prompt R_disc and win-rate values of every (generator, policy) state."""
     import jax
-    import orbax.checkpoint as ocp
-
     import numpy as np
 
-    from drubric_jax.rounds import checkpoint as ckpt_lib
     from drubric_jax.rounds import loop
     from drubric_jax.evaluation import checks_policy as cp
     from drubric_jax.evaluation import coevolution as co
@@ -119,34 +124,10 @@ def evaluate(c, workdir: str) -> dict:
         loop.restore(run)
         roles = run.ctx.roles
 
-        def restored(stage):
-            # Params only: the AdamW moments are left on disk (PLACEHOLDER leaves).
-            def params_only(state):
-                return state.replace(opt_state=jax.tree.map(lambda _: ocp.PLACEHOLDER,
-                                                            state.opt_state))
-
-            target = {"policy": params_only(roles.policy.state),
-                      "generator": params_only(roles.generator.state)}
-            with ckpt_lib.Checkpointer(os.path.join(workdir, stage, "checkpoints")) as ck:
-                state, _ = ck.restore(None, target)
-            return state
-
-        def params_of(trainee, state):
-            # A trainee's forward params from a state (LoRA: adapters on the shared base).
-            keep = trainee.state
-            trainee.state = state
-            try:
-                return trainee.params
-            finally:
-                trainee.state = keep
-
-        stale, first = restored("stale"), restored("round0")
-        policies = {"P0": roles.params("policy_ref"),
-                    "P1": params_of(roles.policy, first["policy"]),
-                    "P2": roles.params(Role.POLICY),
-                    "~P2": params_of(roles.policy, stale["policy"])}
-        generators = {"G1": params_of(roles.generator, stale["generator"]),
-                      "G2": roles.params(Role.GENERATOR)}
+        stale, first = (_stage_params(loop, run, workdir, stage) for stage in ("stale", "round0"))
+        policies = {"P0": roles.params("policy_ref"), "P1": first["policy"],
+                    "P2": roles.params(Role.POLICY), "~P2": stale["policy"]}
+        generators = {"G1": stale["generator"], "G2": roles.params(Role.GENERATOR)}
         base = jax.random.PRNGKey(c.seed)
         checks = checks_world(c)
         out = {"ids": [r.id for r in rows], "r_disc": {}}
@@ -194,9 +175,8 @@ def evaluate(c, workdir: str) -> dict:
                 continue
             a, b = policy_eval.judge_pairs(run.ctx.verifier, roles.params("verifier"), prompts,
                                            answers, refs, e.judge_max_tokens, hists)
-            win1, win2 = a > 0.5, b > 0.5
-            out["win_rate"][p] = ((win1 & win2) + (win1 != win2) / 2).astype(float).tolist()
-            out["preference"][p] = ((a + b) / 2).tolist()
+            win, preference = policy_eval.win_units(a, b)
+            out["win_rate"][p], out["preference"][p] = win.tolist(), preference.tolist()
             lap(f"answers and judging of {p}")
         return out
     finally:

@@ -77,6 +77,22 @@ def _logistic_intercept(y: np.ndarray, x: np.ndarray, w: np.ndarray, iters: int 
     return 1.0 / (1.0 + np.exp(-beta[0]))
 
 
+def _outcomes(a: np.ndarray, b: np.ndarray):
+    """(wins, losses, ties, win1, win2) bool[U]: a win when both orders prefer the policy
+    (p > 0.5), a loss when neither does, a tie when the orders disagree."""
+    win1, win2 = a > 0.5, b > 0.5
+    return win1 & win2, ~win1 & ~win2, win1 != win2, win1, win2
+
+
+def win_units(p_first, p_second) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt: (win-rate unit float64[U]: 1 win, 1/2 tie, 0 loss; soft preference
+    float64[U]: the mean of the two orders' probabilities) from `judge_pairs`; the units
+    `win_rate_summary` averages."""
+    a, b = np.asarray(p_first, np.float64), np.asarray(p_second, np.float64)
+    wins, _, ties, _, _ = _outcomes(a, b)
+    return (wins + ties / 2).astype(np.float64), (a + b) / 2
+
+
 def win_rate_summary(p_first, p_second, policy_lengths, reference_lengths,
                      n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """The win-rate statistics of the module docstring, each {"value", "ci"}.
@@ -97,9 +113,7 @@ def win_rate_summary(p_first, p_second, policy_lengths, reference_lengths,
     if a.size == 0 or not (a.shape == b.shape == dl.shape):
         raise ValueError(f"need U >= 1 equal-length arrays, got {a.shape}, {b.shape}, "
                          f"{dl.shape}")
-    win1, win2 = a > 0.5, b > 0.5
-    wins, losses = win1 & win2, ~win1 & ~win2
-    ties = win1 != win2
+    wins, losses, ties, win1, win2 = _outcomes(a, b)
     soft = (a + b) / 2
     # tanh of the standardised length difference, as AlpacaEval 2's length term.
     scale = dl.std() if dl.std() > 0 else 1.0

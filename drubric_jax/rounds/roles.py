@@ -95,10 +95,16 @@ class Trainee:
     @property
     def params(self) -> dict:
         """The params a forward pass of this trainee takes (base + adapters for LoRA)."""
+        return self.forward_params(self.state.params)
+
+    def forward_params(self, trained: dict) -> dict:
+        """The params a forward pass takes for `trained`, the trained leaves of any state
+        of this trainee (e.g. restored from another run's checkpoint): the adapters
+        attached to the frozen base for LoRA (a dict merge: the base arrays are shared with
+        the frozen roles, not copied), else `trained` itself."""
         if self.cfg.lora_rank:
-            # A dict merge: the base arrays are shared with the frozen roles, not copied.
-            return lora.attach(self.model.params, self.state.params)
-        return self.state.params
+            return lora.attach(self.model.params, trained)
+        return trained
 
     def export_params(self) -> dict:
         """Full params to export: the adapters merged into the base for LoRA."""

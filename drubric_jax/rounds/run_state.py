@@ -204,6 +204,29 @@ def restore(run: Run) -> bool:
     return True
 
 
+def trained_params_at(run: Run, checkpoint_dir: str) -> dict:
+    """The trainees' trained params at the newest checkpoint of `checkpoint_dir` (another
+    run's, e.g. a branch of this one), restored into this run's shapes and shardings; the
+    AdamW moments are not read (PLACEHOLDER leaves). `Trainee.forward_params` turns each
+    into what a forward pass takes.
+
+    Returns:
+        {role name: params pytree} for each trainee of this run.
+
+    Raises:
+        FileNotFoundError: `checkpoint_dir` holds no checkpoint.
+    """
+    import orbax.checkpoint as ocp
+
+    target = {t.role.value: t.state.replace(opt_state=jax.tree.map(
+        lambda _: ocp.PLACEHOLDER, t.state.opt_state)) for t in run.ctx.roles.trainees()}
+    with ckpt_lib.Checkpointer(checkpoint_dir) as ck:
+        if ck.latest() is None:
+            raise FileNotFoundError(f"{checkpoint_dir}: no checkpoint")
+        state, _ = ck.restore(None, target)
+    return {name: s.params for name, s in state.items()}
+
+
 def _check_same_data(run: Run, saved: Optional[dict], step: int) -> None:
     if saved is None:  # checkpoints written before fingerprints existed
         logging.warning("checkpoint %d has no data fingerprint; not checked", step)
