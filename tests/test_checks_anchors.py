@@ -6,7 +6,7 @@ import json
 import pytest
 
 from drubric_jax import checks, data
-from experiments import make_checks_anchors as mca
+from drubric_jax.evaluation import checks_anchors as mca
 
 _LOWER_NO_COMMA = [{"check": "punctuation:no_comma", "args": {}},
                    {"check": "change_case:english_lowercase", "args": {}},

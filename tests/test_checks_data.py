@@ -9,7 +9,7 @@ import pytest
 
 from drubric_jax import checks, data
 from drubric_jax.checks import world
-from experiments import make_checks_data as mcd
+from drubric_jax.checks import world_data as mcd
 
 
 def test_draws_are_seeded_valid_and_never_conflict():

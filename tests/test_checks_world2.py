@@ -13,7 +13,8 @@ from drubric_jax.evaluator import check_rubrics
 from drubric_jax.rounds.phases import policy_prompt_ids
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.text.budget import fit_prompt
-from experiments import calibrate_checks, make_checks_data
+from drubric_jax.checks import world_data as make_checks_data
+from drubric_jax.evaluation import checks_calibration as calibrate_checks
 
 K, N_TOKENS, POLICY_BUDGET, GEN_BUDGET = 8, 64, 128, 1536
 
