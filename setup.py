@@ -46,5 +46,11 @@ setup(
                  "torch==2.13.0"],
         # Optional peer comparison in experiments/bench_sampler.py (CPU torch build).
         "bench": ["torch==2.13.0", "accelerate>=1.0,<2"],
+        # "tfds:NAME[:SPLIT]" data entries and experiments/build_tfds.py
+        # (drubric_jax/data/tfds_source.py, tfds_build.py); no TensorFlow, to read or to
+        # build. importlib_resources: TFDS 4.9.10 needs it for a builder class defined in a
+        # package module but does not declare it.
+        "tfds": ["tensorflow-datasets>=4.9.10,<5", "array-record>=0.8.6,<0.9",
+                 "importlib_resources>=6,<8"],
     },
 )

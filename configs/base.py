@@ -118,8 +118,11 @@ def base_config() -> ml_collections.ConfigDict:
     # Refuse a prompt row whose constraints a role's input budget would cut (world v2,
     # `checks.fit`): the policy's prompt budget, the generator's input with K responses.
     c.data.refuse_cut_constraints = False
+    # Entries: JSONL paths, "hf:<dataset id>" (Nectar, network) or "tfds:NAME[:SPLIT]" (a TFDS
+    # split in tfds_data_dir, built by experiments/build_tfds.py; docs/CONFIGS.md, "TFDS").
     c.data.anchor_paths = ()        # JSONL anchor lists (ranked), used when name == "custom"
     c.data.prompt_paths = ()        # JSONL prompts for the policy phase, name == "custom"
+    c.data.tfds_data_dir = ""       # TFDS data_dir of "tfds:" entries ("" = TFDS's default)
     c.data.max_anchor_rows = 0      # cap on anchor rows read (0 = all)
     c.data.max_prompt_rows = 0      # cap on prompt rows read (0 = all)
     c.data.heldout_anchor_rows = 4  # anchor lists held out for Delta_gap (Eq. 2)

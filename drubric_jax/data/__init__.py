@@ -10,7 +10,11 @@ Pure Python + numpy (METHOD = ../shared/docs/METHOD.md). One job per module:
   its two filters: generator training (`AnchorFilterConfig`, `anchor_drop_reason`) and
   policy training (`PolicyFilterConfig`, `policy_prompt_drop_reason`).
 - `sources`: readers from files to rows: `anchor_lists_from_jsonl`,
-  `anchor_lists_from_hf` (Nectar, network), `prompts_from_jsonl`, the demo set paths.
+  `anchor_lists_from_hf` (Nectar, network), `prompts_from_jsonl`, the demo set paths,
+  and `anchor_lists_from_records` / `prompts_from_records` (the same rules on Records).
+- `tfds_source`: "tfds:NAME[:SPLIT]" data entries, read with `tfds.data_source` (no
+  TensorFlow): `records_from_tfds`, the example <-> Record mapping.
+- `tfds_build`: `build_tfds`, JSONL files into a TFDS dataset (experiments/build_tfds.py).
 - `loading`: config.data -> `LoadedData` (train anchors, held-out anchors, prompts,
   fingerprint): `load_data`; `check_data_sources`, the fast check before weights load.
 - `fingerprint`: `data_fingerprint`, paths, row counts and a content hash of the rows
@@ -34,6 +38,10 @@ from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, Record,
                                      anchor_from_record, gold_ranks, jsonl_line, write_json,
                                      load_jsonl, load_jsonl_files, record_from_dict)
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
-                                      demo_anchor_path, demo_prompt_path,
-                                      nectar_row_to_anchor, prompts_from_jsonl,
+                                      anchor_lists_from_records, demo_anchor_path,
+                                      demo_prompt_path, nectar_row_to_anchor,
+                                      prompts_from_jsonl, prompts_from_records,
                                       split_hh_transcript)
+from drubric_jax.data.tfds_build import build_tfds, default_split_names, expand_jsonl_entries
+from drubric_jax.data.tfds_source import (is_tfds_spec, parse_tfds_spec, record_from_example,
+                                          record_to_example, records_from_tfds)

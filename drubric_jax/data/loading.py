@@ -4,7 +4,9 @@
 `load_data` reads them with the readers of `sources`, caps anchor lists at
 config.data.max_responses, splits off the held-out anchors of Delta_gap (Eq. 2) and
 fingerprints the rows it used. `check_data_sources` is the fast check, before any model
-loads, that every configured file exists and parses.
+loads, that every configured file exists and parses. Besides JSONL paths, a data entry may
+be "hf:<dataset id>" (Nectar on the hub) or "tfds:NAME[:SPLIT]" (a TFDS split under
+config.data.tfds_data_dir, `tfds_source`).
 
 Axis legend (docs/CONVENTIONS.md): A responses of an anchor list (best first).
 """
@@ -22,7 +24,9 @@ from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import shuffled_order
 from drubric_jax.data.schema import AnchorList, PromptItem, load_jsonl
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
-                                      demo_anchor_path, demo_prompt_path, prompts_from_jsonl)
+                                      anchor_lists_from_records, demo_anchor_path,
+                                      demo_prompt_path, prompts_from_jsonl, prompts_from_records)
+from drubric_jax.data.tfds_source import is_tfds_spec, records_from_tfds
 
 
 def _spread(items: Sequence, keep: int) -> list:
@@ -84,6 +88,11 @@ class _FileRows(NamedTuple):
         return f"{self.path} ({counts}; {len(self.rows)} used)"
 
 
+def _tfds_dir(d) -> str:
+    """config.data.tfds_data_dir ("" = TFDS's default; configs without the field: "")."""
+    return getattr(d, "tfds_data_dir", "") or ""
+
+
 def _read_anchors(d, paths: Sequence[str]) -> list:
     """list[_FileRows] of anchor lists, capped at d.max_anchor_rows rows per file and
     d.max_responses responses per list."""
@@ -96,6 +105,10 @@ def _read_anchors(d, paths: Sequence[str]) -> list:
         if path.startswith("hf:"):
             rows = anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
                                         limit=d.max_anchor_rows or None, stats=stats)
+        elif is_tfds_spec(path):
+            rows = anchor_lists_from_records(records_from_tfds(path, _tfds_dir(d)),
+                                             min_responses=d.min_responses, filters=filters,
+                                             stats=stats)
         else:
             rows = anchor_lists_from_jsonl([path], min_responses=d.min_responses,
                                            filters=filters, stats=stats)
@@ -127,6 +140,9 @@ def _read_prompts(d, paths: Sequence[str]) -> list:
                     for a in anchor_lists_from_hf(path[3:], min_responses=d.min_responses,
                                                   filters=policy, stats=stats,
                                                   limit=d.max_prompt_rows or None)]
+        elif is_tfds_spec(path):
+            rows = prompts_from_records(records_from_tfds(path, _tfds_dir(d)), filters=policy,
+                                        stats=stats)
         else:
             rows = prompts_from_jsonl([path], filters=policy, stats=stats)
         # Pairwise files repeat a question once per pair: dropped, but said aloud.
@@ -181,13 +197,15 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
     """Train anchors, held-out anchors and prompts, deterministic from config.seed.
 
     Anchor lists come from JSONL files ("hf:<dataset id>" entries go through
-    `anchor_lists_from_hf`, network needed). Each file contributes at most
-    data.max_anchor_rows rows (0 = all); lists are capped at data.max_responses responses
-    spread over the ranks; the first data.heldout_anchor_rows of a seeded shuffle are held
-    out for Delta_gap (Eq. 2). Prompt files are read with `prompts_from_jsonl`, which drops
-    repeated (history, prompt) conversations within a file (counted and logged); with
-    data.min_prompt_chars or data.min_top_response_chars > 0, ranked prompt rows also pass
-    the Appendix B policy-training filter (METHOD 9, `PolicyFilterConfig`).
+    `anchor_lists_from_hf`, network needed; "tfds:NAME[:SPLIT]" entries read a TFDS split
+    under data.tfds_data_dir with the JSONL rules, `tfds_source.records_from_tfds`). Each
+    file contributes at most data.max_anchor_rows rows (0 = all); lists are capped at
+    data.max_responses responses spread over the ranks; the first data.heldout_anchor_rows
+    of a seeded shuffle are held out for Delta_gap (Eq. 2). Prompt files are read with
+    `prompts_from_jsonl`, which drops repeated (history, prompt) conversations within a file
+    (counted and logged); with data.min_prompt_chars or data.min_top_response_chars > 0,
+    ranked prompt rows also pass the Appendix B policy-training filter (METHOD 9,
+    `PolicyFilterConfig`).
 
     Args:
       config: run config (configs/base.py layout).
@@ -201,7 +219,8 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
       ValueError: fewer training anchors than num_hosts * generator.anchors_per_step, or
         fewer prompts than num_hosts * policy.prompts_per_step; the message names the files,
         what each lost (filters, duplicates) and the config fields.
-      FileNotFoundError / ValueError: as `resolve_data_paths` and `load_jsonl`.
+      FileNotFoundError / ValueError: as `resolve_data_paths` and `load_jsonl` (and
+        `records_from_tfds` for "tfds:" entries).
     """
     d = config.data
     anchor_paths, prompt_paths = resolve_data_paths(config)
@@ -258,14 +277,15 @@ def check_data_sources(config) -> dict:
     """Checks that every configured data file exists and parses; loads no model.
 
     Fast enough to run before the weights load (experiments/run.py does). Every row is
-    validated (`load_jsonl`), and an anchor file must hold ranked rows. "hf:" entries
-    need the network and are left to `load_data`.
+    validated (`load_jsonl`, or `records_from_tfds` for a "tfds:NAME[:SPLIT]" entry), and
+    an anchor file must hold ranked rows. "hf:" entries need the network and are left to
+    `load_data`.
 
     Args:
       config: run config (configs/base.py layout).
 
     Returns:
-      dict {path: rows in the file} of the JSONL files checked.
+      dict {path: rows in the file} of the JSONL files (and TFDS splits) checked.
 
     With `config.policy.reward=checks_gold` every prompt row must carry valid true checks
     in `meta["checks"]` (`checks.true_checks_of`).
@@ -273,7 +293,9 @@ def check_data_sources(config) -> dict:
     Raises:
       MissingDataFile (a FileNotFoundError): a missing file, "<config field>: no such file
         <path>" (and the commands that build a checks world's files), or the
-        `resolve_data_paths` error for shared data.
+        `resolve_data_paths` error for shared data, or "<config field>: tfds:NAME:SPLIT:
+        no TFDS dataset ..." for a TFDS split that is not built.
+      ImportError: a "tfds:" entry without tensorflow_datasets installed (names the extra).
       ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
         anchor file without ranked rows; under checks_gold, "<config field>: <path>:<line>:
         row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
@@ -287,8 +309,11 @@ def check_data_sources(config) -> dict:
         if path.startswith("hf:"):
             continue
         try:
-            records = load_jsonl(path)
-        except FileNotFoundError:
+            records = (records_from_tfds(path, _tfds_dir(config.data)) if is_tfds_spec(path)
+                       else load_jsonl(path))
+        except FileNotFoundError as e:
+            if is_tfds_spec(path):  # the message names the dataset, data_dir and the build
+                raise MissingDataFile(f"{field}: {e}") from None
             # The checks world's files are built by commands: name them (a run started
             # before they exist stops here, before any weights load).
             build = getattr(config.data, "checks_build", "") if hasattr(config, "data") else ""

@@ -4,6 +4,8 @@
 - `anchor_lists_from_hf`: Nectar on the Hugging Face hub (network), through
   `nectar_row_to_anchor` and `split_hh_transcript`.
 - `prompts_from_jsonl`: policy prompt sets (prompt-only or ranked rows).
+- `anchor_lists_from_records`, `prompts_from_records`: the same rules on `Record`s read
+  elsewhere (a TFDS split: `tfds_source`).
 - `demo_anchor_path` / `demo_prompt_path`: a tiny hand-written DEMO set
   (not real data) for smoke runs without ../shared.
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 from drubric_jax.data.filters import APPENDIX_B_FILTERS, AnchorFilterConfig, PolicyFilterConfig
-from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, _is_number,
+from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, Record, _is_number,
                                      anchor_from_record, load_jsonl_files)
 
 
@@ -59,8 +61,25 @@ def anchor_lists_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], min_resp
     Raises:
       ValueError / FileNotFoundError: as `load_jsonl`.
     """
+    return anchor_lists_from_records(load_jsonl_files(paths), min_responses, filters=filters,
+                                     stats=stats)
+
+
+def anchor_lists_from_records(records: Iterable[Record], min_responses: int = 2, *,
+                              filters: Optional[AnchorFilterConfig] = None,
+                              stats: Optional[dict] = None) -> list:
+    """Anchor lists from validated `Record`s, whatever they were read from (JSONL files,
+    a TFDS split: `tfds_source`); the rules of `anchor_lists_from_jsonl`.
+
+    Args:
+      records: iterable of Record, in reading order.
+      min_responses, filters, stats: as `anchor_lists_from_jsonl`.
+
+    Returns:
+      list[AnchorList] in record order.
+    """
     out = []
-    for rec in load_jsonl_files(paths):
+    for rec in records:
         # Prompt-only rows have no ranking to anchor on.
         if not rec.responses:
             continue
@@ -207,8 +226,24 @@ def prompts_from_jsonl(paths: Union[PathLike, Iterable[PathLike]], dedupe: bool 
     Raises:
       ValueError / FileNotFoundError: as `load_jsonl`.
     """
+    return prompts_from_records(load_jsonl_files(paths), dedupe, filters=filters, stats=stats)
+
+
+def prompts_from_records(records: Iterable[Record], dedupe: bool = True, *,
+                         filters: Optional[PolicyFilterConfig] = None,
+                         stats: Optional[dict] = None) -> list:
+    """Prompt set from validated `Record`s, whatever they were read from (JSONL files, a
+    TFDS split: `tfds_source`); the rules of `prompts_from_jsonl`.
+
+    Args:
+      records: iterable of Record, in reading order.
+      dedupe, filters, stats: as `prompts_from_jsonl`.
+
+    Returns:
+      list[PromptItem] in record order.
+    """
     out, seen = [], set()
-    for rec in load_jsonl_files(paths):
+    for rec in records:
         # The whole conversation is the key: the same request after other turns is another prompt.
         key = json.dumps([rec.history, rec.prompt], ensure_ascii=False)
         outcome = "kept"
