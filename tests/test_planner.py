@@ -135,6 +135,36 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis():
 
 
 @pytest.mark.slow
+def test_planned_steps_hold_on_programs_not_used_to_fit_them():
+    """The 25% band of the test above on programs its constants were not fitted to:
+    configs/qwen3_8b.py's `local` code path (Qwen3 tiny models: untied output head,
+    qk-norm, a mixture-of-experts verifier), full fine-tuning, on 8 fake CPU devices.
+    Measured 0.95-1.20 here once the untied head stopped counting the embedding's gradient
+    twice (it read 1.34 before). Its LoRA programs (`local,lora`) read 0.75 and 0.80 for
+    the two updates, at the band's edge: the planner under-counts them by about one logits
+    chunk, an open gap, so they are not asserted here (docs/SCALE.md, "Memory plan")."""
+    import jax
+
+    from drubric_jax import parallel
+    from drubric_jax.memory import compiled as planner_compiled
+    from drubric_jax.memory.planner import Workload
+    from drubric_jax.memory.terms import RoleModels
+
+    c = qwen3_8b.get_config("local")
+    c.mesh.num_devices = 0  # all 8 fake devices
+    p = planner.plan(c, 8, search=False)
+    mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
+    planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c), mesh)
+    measured = [s for s in p.steps if s.compiled_how == "compiled"]
+    assert {s.name for s in measured} >= {"policy update", "generator update"}
+    for s in measured:
+        blockwise = any("attention blockwise" in t.name for t in s.terms)
+        hi = 1.35 if blockwise else 1.25
+        assert 0.75 <= s.transient / s.compiled <= hi, (s.phase, s.name, s.transient,
+                                                        s.compiled)
+
+
+@pytest.mark.slow
 def test_saved_activations_without_remat_match_the_compiled_difference():
     """train.remat=False: what the update steps hold on top of the remat ones (each layer's
     activations instead of its input) against the same difference of `memory_analysis()`
