@@ -99,7 +99,11 @@ def _header(report: dict, path: str) -> list:
 def results_markdown(reports: dict) -> str:
     """results.md text of {run dir: report dict} (several runs: their files are listed
     together; the macro average is given per run)."""
-    out = ["# Evaluator benchmark results", ""]
+    out = ["# Evaluator benchmark results", "",
+           "This page holds the evaluator benchmark's tables: how well each evaluator "
+           "(dynamic and static rubrics, direct judges, random scores) orders ranked "
+           "response sets, with bootstrap CIs (written by `experiments.report_evaluator`).",
+           ""]
     for run, rep in reports.items():
         out += _header(rep, run) + [""]
     out += ["Cells: mean over the n samples [95% bootstrap CI, rows resampled]. Strict "
