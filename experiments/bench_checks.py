@@ -64,10 +64,9 @@ def main(argv):
 
     def timer(pool):
         def fn():
-            t0 = time.perf_counter()
-            got = _call(pool, checkers, responses, loose, n)
+            got, seconds = bench_common.timed(_call, pool, checkers, responses, loose, n)
             assert got == want, "verdicts differ between ways"
-            return (time.perf_counter() - t0,)
+            return (seconds,)
         return fn
 
     rounds = bench_common.paired_rounds(

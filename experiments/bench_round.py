@@ -25,11 +25,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 from absl import app, flags
 
-from experiments.bench_common import emit, peak_rss_mb
+from experiments.bench_common import emit, peak_rss_mb, timed
 
 _PART = flags.DEFINE_enum("part", "all", ["all", "cost", "tunix_shape"], "What to time.")
 _STEPS = flags.DEFINE_integer("steps", 2, "Timed (warm) steps per measurement.")
@@ -52,9 +51,8 @@ def _timed_steps(step, n):
     step(0)  # warm-up (compiles)
     out = []
     for i in range(1, n + 1):
-        t = time.perf_counter()
-        metrics = step(i)
-        out.append((time.perf_counter() - t, metrics))
+        metrics, seconds = timed(step, i)
+        out.append((seconds, metrics))
     return out
 
 

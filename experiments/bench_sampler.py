@@ -180,10 +180,8 @@ def transformers_timer(model, vocab_size: int, batch: int, prompt_len: int, new_
     am = torch.ones_like(x)
 
     def timed(fn):
-        t = time.perf_counter()
         with torch.no_grad():
-            fn()
-        return time.perf_counter() - t
+            return bench.timed(fn)[1]
 
     def generate(n):
         return timed(lambda: model.generate(x, attention_mask=am, max_new_tokens=n,

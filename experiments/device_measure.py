@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from drubric_jax.memory.costs import target
+from experiments.bench_common import timed
 
 RESULT_TAG = "@@device_check "
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +159,8 @@ def first_and_steady(make_args, fn, warm_args=None):
     for args_fn in (warm_args or make_args, make_args):
         args = args_fn()
         jax.block_until_ready(args)
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
+        out, seconds = timed(lambda: jax.block_until_ready(fn(*args)))
+        times.append(seconds)
         if len(times) == 1:
             del out
     compile_s = times[0] if warm_args else max(times[0] - times[1], 0.0)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from drubric_jax.memory.costs import causal_pairs, forward_flops, kv_bytes, weight_bytes
+from experiments.bench_common import median_seconds, timed
 from experiments.device_measure import (Context, decode_state, first_and_steady, flops_row,
                                         load_tokenizer, planned_gb, with_plan)
 
@@ -27,13 +28,7 @@ def copy_probe(ctx: Context) -> dict:
 
     x = jnp.ones((ctx.shapes.copy_bytes // 2,), jnp.bfloat16)
     double = jax.jit(lambda v: v * 2)
-    jax.block_until_ready(double(x))
-    times = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        jax.block_until_ready(double(x))
-        times.append(time.perf_counter() - t0)
-    seconds = float(np.median(times))
+    seconds = median_seconds(double, x, reps=10)  # after one untimed call
     ctx.copy_tbps = 2 * x.nbytes / seconds / 1e12
     return {"steady_s": seconds, "gb_per_s": ctx.copy_tbps * 1e3, "util_kind": "HBM",
             "util": ctx.copy_tbps / ctx.peak_tbps if ctx.peak_tbps else None}
@@ -199,9 +194,8 @@ class HostTimer:
         self.inner, self.seconds = inner, {}
 
     def _timed(self, name, *args):
-        t0 = time.perf_counter()
-        out = getattr(self.inner, name)(*args)
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        out, seconds = timed(getattr(self.inner, name), *args)
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
         return out
 
     def reset(self, batch):
