@@ -59,8 +59,8 @@ def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, 
                        max_prompt_tokens: int = 2048, on_batch=None):
     """Greedy responses (str) of `model` to each prompt, one user turn each, in batches of
     `batch`, through `evaluation.policy_eval.answers` (the policy's own prompt rendering and
-    sampler, as the loop's held-out evaluations); `on_batch(responses)` is called after
-    each batch (the caller appends them to its file, so a killed run resumes).
+    sampler, as the loop's held-out evaluations); `on_batch(responses, truncated)` is called
+    after each batch (the caller appends them to its file, so a killed run resumes).
 
     Returns:
         (responses, number of responses cut at max_new_tokens).
@@ -81,7 +81,7 @@ def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, 
         cut += int(np.sum(truncated))
         out += got
         if on_batch is not None:
-            on_batch(got)
+            on_batch(got, [bool(x) for x in truncated])
     return out, cut
 
 

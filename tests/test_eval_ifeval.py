@@ -180,6 +180,24 @@ def test_a_killed_generation_resumes_where_its_file_ends(rows, tmp_path):
         ["answer 0", "answer 1", "answer 2"], 1)
 
 
+def test_a_resumed_generation_counts_the_cuts_of_the_rows_it_kept(rows, tmp_path):
+    """Rows written with their "truncated" flag: a resumed run's cut count is the kept
+    rows' flags plus the new rows' cuts (a file without the flags gives None)."""
+    def stub(prompts, on_batch):
+        got = [f"answer {i}" for i in range(len(prompts))]
+        cut = [i % 2 == 0 for i in range(len(prompts))]  # 0, 2, ... hit the limit
+        for lo in range(0, len(got), 2):
+            on_batch(got[lo:lo + 2], cut[lo:lo + 2])
+        return got, sum(cut)
+
+    path = tmp_path / "responses.jsonl"
+    assert ifeval.resume_responses(str(path), rows[:3], stub)[1] == 2  # rows 0 and 2
+    # Killed after 3 rows: a rerun over 5 keeps them (2 cut) and cuts 1 of the 2 new ones.
+    assert [json.loads(x)["truncated"] for x in path.read_text().splitlines()] == [
+        True, False, True]
+    assert ifeval.resume_responses(str(path), rows[:5], stub)[1] == 2 + 1
+
+
 def test_paired_difference_by_hand():
     """Two models on the same 3 prompts (judged as `ifeval.judge` writes them: (check,
     scored, strict, loose, reason)); the third prompt has no scored instruction and leaves

@@ -240,15 +240,17 @@ def resume_responses(path: str, rows, generate) -> tuple:
     generated.
 
     Args:
-        path: the {"prompt", "response"} JSONL (created when missing).
+        path: the {"prompt", "response", "truncated"} JSONL (created when missing).
         rows: IFEval rows (`read_rows`).
-        generate: `(prompts, on_batch) -> (responses, cut)`; it calls `on_batch(responses)`
-            after each batch (appended to `path` at once) and returns all of them with the
-            number cut at the length limit.
+        generate: `(prompts, on_batch) -> (responses, cut)`; it calls
+            `on_batch(responses, truncated)` after each batch (appended to `path` at once;
+            `truncated` a bool per response, or None when not known) and returns all of
+            them with the number cut at the length limit.
 
     Returns:
-        (responses of every row, cut count of this call's responses; None when the file
-        already held some, whose cuts are not known).
+        (responses of every row, the number of them cut at the length limit: the file's
+        rows count by their "truncated" field; None when a kept row lacks it, as in files
+        written before it was recorded).
     """
     done = []
     if os.path.exists(path):
@@ -259,17 +261,25 @@ def resume_responses(path: str, rows, generate) -> tuple:
             with open(path, "wb") as f:
                 f.write(keep)
         done = read_responses(path, rows)
+    done_cut = 0
+    if done:
+        with open(path, encoding="utf-8") as f:
+            flags = [json.loads(line).get("truncated") for line in f if line.strip()]
+        done_cut = None if None in flags else sum(bool(x) for x in flags)
     prompts = [r["prompt"] for r in rows]
     written = [len(done)]
 
-    def append(got):
+    def append(got, truncated=None):
         with open(path, "a", encoding="utf-8") as f:
-            for y in got:
-                f.write(json.dumps({"prompt": prompts[written[0]], "response": y}) + "\n")
+            for j, y in enumerate(got):
+                row = {"prompt": prompts[written[0]], "response": y}
+                if truncated is not None:
+                    row["truncated"] = bool(truncated[j])
+                f.write(json.dumps(row) + "\n")
                 written[0] += 1
 
     new, cut = generate(prompts[len(done):], append) if len(done) < len(rows) else ([], 0)
-    return done + list(new), (None if done else cut)
+    return done + list(new), (None if done_cut is None or cut is None else done_cut + cut)
 
 
 def results_markdown(rep: dict) -> str:
@@ -283,7 +293,10 @@ def results_markdown(rep: dict) -> str:
     lines = ["# IFEval (Zhou et al. 2023)", "", f"- command: {command}",
              f"- model: `{s.get('model') or s.get('responses')}`, {s.get('decoding', 'greedy')}"
              f" decoding, at most {s.get('max_new_tokens')} new tokens "
-             f"({s.get('truncated_responses')} answers cut there), "
+             + (f"({s['truncated_responses']} answers cut there), "
+                if s.get("truncated_responses") is not None
+                else "(answers cut there: not recorded), ")
+             + 
              f"{s.get('seconds_generate')} s of generation",
              f"- {rep['n_prompts']} prompts, {rep['n_instructions']} instructions; not scored: "
              f"{ns['count']} ({ns['by_check']}), left out of every denominator", "",
