@@ -199,6 +199,7 @@ def test_restore_reads_the_trainees_of_an_old_two_role_checkpoint(tmp_path):
     close(got["policy"].params["w"], [0.0, 1.0, 2.0], atol=0)
 
 
+@pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
 @pytest.mark.usefixtures("smollm2_gguf")
 def test_checkpoint_holds_trainees_only(tmp_path):
     """A rule-reward policy run whose generator never trains (rounds.generator_steps = 0,

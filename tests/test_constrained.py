@@ -117,6 +117,7 @@ def _host_mask_decode(params, cfg, prompts, key, method, c, stop_ids):
     return out, c.fills.copy()
 
 
+@pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
 def test_same_key_same_tokens_as_host_masks_and_done_rows_get_no_fills(
         tiny_model, smollm2_tokenizer, schema_constraint):
     """Bitmasks unpacked on the device, filled in parallel, overlapped with the forward and

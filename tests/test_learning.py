@@ -13,6 +13,7 @@ import functools
 
 import jax
 import numpy as np
+import pytest
 
 from drubric_jax import models, sampling
 from drubric_jax.models import config as cfg_lib
@@ -46,6 +47,7 @@ def target_fraction(tokens, mask) -> np.ndarray:
     return (hit.sum(-1) / np.maximum(np.sum(mask, -1), 1)).astype(np.float32)
 
 
+@pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
 def test_rule_reward_rises():
     """The mean reward of the last WINDOW steps exceeds that of the first WINDOW by a
     margin derived from the reward's spread without learning.

@@ -141,6 +141,7 @@ def moe_run(tmp_path_factory, smollm2_gguf):
     loop.close(r)
 
 
+@pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
 def test_moe_verifier_step_metrics(moe_run):
     """Both phases' step metrics carry the router load of the MoE verifier's real passes;
     the same verifier calls with a dense model count none."""

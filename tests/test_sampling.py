@@ -728,6 +728,7 @@ def test_cache_segments_in_constrained_decoding(tiny_model):
                                atol=logprob_atol(one.logprobs, cfg.vocab_size))
 
 
+@pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
 def test_cache_segments_on_a_mesh_give_the_one_device_tokens(tiny_model):
     """On a (2, 2, 2) mesh (rows over data x fsdp, KV heads over tensor, the rollout copy)
     the chunks keep the cache's layout: 3 segments, unconstrained and constrained, give

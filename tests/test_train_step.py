@@ -367,6 +367,7 @@ def test_zero_advantages_at_the_reference_give_exactly_no_update(setup, micro):
                  jax.device_get(params))
 
 
+@pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
 def test_zero_advantage_groups_leave_params_unchanged(setup, one_step):
     """Rows with advantage exactly 0 (flat groups, Eq. 21) do not enter the update (Eq. 23).
 
