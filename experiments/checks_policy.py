@@ -22,7 +22,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from drubric_jax.rounds import run_logging  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/checks_policy.py[:switches]",
                                           lock_config=False)
@@ -34,7 +33,6 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-_write_json = run_logging.write_json  # the project's one atomic JSON writer
 
 
 def main(argv):
@@ -67,7 +65,7 @@ def main(argv):
         t0 = time.perf_counter()
         out = cp.heldout_gold(model, items, **budgets)
         out["heldout_file"] = heldout_path
-        _write_json(path, out)
+        run_logging.write_json(path, out)
         run_logging.add_wall_time(workdir, stage, time.perf_counter() - t0)
 
     evaluate(c.model.policy, os.path.join(workdir, cp.P0_FILE), "heldout P_0")
@@ -98,10 +96,10 @@ def main(argv):
     summary = cp.summarize(workdir, arms, seeds, int(e.n_bootstrap), int(c.seed),
                            int(e.window))
     wall = run_logging.wall_times(workdir)
-    _write_json(os.path.join(workdir, "summary.json"),
-                {"kind": "checks_policy", "command": command, "setup": setup, "wall_s": wall, "arms_run": arms,
-                 "seeds": seeds, "n_bootstrap": int(e.n_bootstrap), "seed": int(c.seed),
-                 "window": int(e.window), **summary})
+    run_logging.write_json(os.path.join(workdir, "summary.json"), {
+        "kind": "checks_policy", "command": command, "setup": setup, "wall_s": wall,
+        "arms_run": arms, "seeds": seeds, "n_bootstrap": int(e.n_bootstrap),
+        "seed": int(c.seed), "window": int(e.window), **summary})
     text = cpr.markdown(summary, command, wall, setup)
     with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)

@@ -97,10 +97,12 @@ def eval_rows(c) -> list:
     return [rows[i] for i in sorted(keep.tolist())]
 
 
-def _stage_params(loop, run, workdir: str, stage: str) -> dict:
+def _stage_params(run, workdir: str, stage: str) -> dict:
     """Each trainee's forward params at the last checkpoint of `stage` (a run directory
     beside this one), the AdamW moments not read: {role name: params}."""
-    trained = loop.trained_params_at(run, os.path.join(workdir, stage, "checkpoints"))
+    from drubric_jax.rounds.run_state import trained_params_at
+
+    trained = trained_params_at(run, os.path.join(workdir, stage, "checkpoints"))
     return {t.role.value: t.forward_params(trained[t.role.value])
             for t in run.ctx.roles.trainees()}
 
@@ -124,7 +126,7 @@ def evaluate(c, workdir: str) -> dict:
         loop.restore(run)
         roles = run.ctx.roles
 
-        stale, first = (_stage_params(loop, run, workdir, stage) for stage in ("stale", "round0"))
+        stale, first = (_stage_params(run, workdir, stage) for stage in ("stale", "round0"))
         policies = {"P0": roles.params("policy_ref"), "P1": first["policy"],
                     "P2": roles.params(Role.POLICY), "~P2": stale["policy"]}
         generators = {"G1": stale["generator"], "G2": roles.params(Role.GENERATOR)}

@@ -31,7 +31,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (as ablation's)
 
 
-_write_json = run_logging.write_json  # the project's one atomic JSON writer
 
 
 def score_generator(cfg, run_dir: str, path: str) -> None:
@@ -50,7 +49,7 @@ def score_generator(cfg, run_dir: str, path: str) -> None:
         key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), EVAL_KEY)
         out = ablation.heldout_per_list(run.ctx, key, run.data.heldout_anchors, e.eval_lists,
                                         e.eval_temperature)
-        _write_json(path, {k: (v.tolist() if isinstance(v, np.ndarray) else v)
+        run_logging.write_json(path, {k: (v.tolist() if isinstance(v, np.ndarray) else v)
                            for k, v in out.items()})
     finally:
         loop.close(run)
@@ -85,23 +84,24 @@ def main(argv):
         run_logging.add_wall_time(workdir, stage, time.perf_counter() - t0)
 
     p0 = os.path.join(workdir, cp.P0_FILE)
-    timed("heldout P_0", p0, lambda: _write_json(p0, cp.heldout_gold(c.model.policy, items,
-                                                                      **budgets)))
+    timed("heldout P_0", p0, lambda: run_logging.write_json(
+        p0, cp.heldout_gold(c.model.policy, items, **budgets)))
     for n in names:
         d, cfg = os.path.join(workdir, n), cfgs[n]
         timed(n, os.path.join(d, loop.FINISHED), lambda: loop.run(cfg, d))
         gen = os.path.join(d, sensitivity.GENERATOR_FILE)
         timed(f"generator of {n}", gen, lambda: score_generator(cfg, d, gen))
         pol = os.path.join(d, cp.HELDOUT_FILE)
-        timed(f"policy of {n}", pol, lambda: _write_json(pol, cp.heldout_gold(
+        timed(f"policy of {n}", pol, lambda: run_logging.write_json(pol, cp.heldout_gold(
             os.path.join(d, "export", "policy"), items, **budgets)))
     base = BASELINE if BASELINE in names else names[0]
     summary = sensitivity.summarize(workdir, names, base, int(e.n_bootstrap), int(c.seed))
     command = shlex.join(["python", "-m", "experiments.sensitivity"] + sys.argv[1:])
-    summary.update(kind="sensitivity", command=command, wall_s=run_logging.wall_times(workdir), seed=int(c.seed),
+    summary.update(kind="sensitivity", command=command,
+                   wall_s=run_logging.wall_times(workdir), seed=int(c.seed),
                    n_bootstrap=int(e.n_bootstrap),
                    overrides={n: SETTINGS[n] for n in names})
-    _write_json(os.path.join(workdir, "summary.json"), summary)
+    run_logging.write_json(os.path.join(workdir, "summary.json"), summary)
     text = sensitivity.markdown(summary, command, summary["wall_s"], summary["overrides"],
                                 summary["seed"])
     with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:

@@ -252,7 +252,7 @@ def resume_responses(path: str, rows, generate) -> tuple:
         rows count by their "truncated" field; None when a kept row lacks it, as in files
         written before it was recorded).
     """
-    done = []
+    done, done_cut = [], 0
     if os.path.exists(path):
         with open(path, "rb") as f:
             data = f.read()
@@ -261,10 +261,8 @@ def resume_responses(path: str, rows, generate) -> tuple:
             with open(path, "wb") as f:
                 f.write(keep)
         done = read_responses(path, rows)
-    done_cut = 0
-    if done:
-        with open(path, encoding="utf-8") as f:
-            flags = [json.loads(line).get("truncated") for line in f if line.strip()]
+        flags = [json.loads(line).get("truncated")
+                 for line in keep.decode("utf-8").splitlines() if line.strip()]
         done_cut = None if None in flags else sum(bool(x) for x in flags)
     prompts = [r["prompt"] for r in rows]
     written = [len(done)]

@@ -54,7 +54,7 @@ from drubric_jax.rounds.roles import role_memory
 # loop's users (experiments, tests) look for them.
 from drubric_jax.rounds.run_state import (PHASES, LoopState, Run, _read_json,  # noqa: F401
                                           _write_json, is_primary, phase_key, restore, save,
-                                          setup, trained_params_at)
+                                          setup)
 from drubric_jax.types import Role
 
 FINISHED = "finished.json"
