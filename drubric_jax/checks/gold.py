@@ -15,6 +15,10 @@ from drubric_jax.checks.verify import InvalidCheck, follows, scorable_checker, v
 # config.policy.reward of the rule that trains on g (rl.rule_rewards); data.check_data_sources
 # then requires every prompt row to carry valid true checks.
 GOLD_REWARD = "checks_gold"
+# The oracle generator's rubric reward (rl.rule_rewards.checks_oracle_reward): it reads the
+# true checks too, so the data check requires them under either rule.
+ORACLE_REWARD = "checks_oracle"
+TRUE_CHECK_REWARDS = (GOLD_REWARD, ORACLE_REWARD)
 
 
 def _pair(t):

@@ -287,8 +287,8 @@ def check_data_sources(config) -> dict:
     Returns:
       dict {path: rows in the file} of the JSONL files (and TFDS splits) checked.
 
-    With `config.policy.reward=checks_gold` every prompt row must carry valid true checks
-    in `meta["checks"]` (`checks.true_checks_of`).
+    With `config.policy.reward=checks_gold` (or checks_oracle) every prompt row must carry
+    valid true checks in `meta["checks"]` (`checks.true_checks_of`).
 
     Raises:
       MissingDataFile (a FileNotFoundError): a missing file, "<config field>: no such file
@@ -301,8 +301,9 @@ def check_data_sources(config) -> dict:
         row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
     """
     rows = {}
-    # checks.GOLD_REWARD; the checkers (seconds to import) load only when the rule is used.
-    gold_rule = getattr(getattr(config, "policy", None), "reward", None) == "checks_gold"
+    # checks.TRUE_CHECK_REWARDS; the checkers (seconds to import) load only when one is used.
+    reward = getattr(getattr(config, "policy", None), "reward", None)
+    gold_rule = reward in ("checks_gold", "checks_oracle")
     if gold_rule:
         from drubric_jax import checks
     for kind, field, path in _configured_files(config):
@@ -328,7 +329,7 @@ def check_data_sources(config) -> dict:
             # before any weights load, not at its first reward.
             for r in records:
                 checks.true_checks_of(r.meta, f"{field}: {path}:{r.line}: row {r.id!r} "
-                                              "(config.policy.reward=checks_gold)")
+                                              f"(config.policy.reward={reward})")
         if kind == "anchors" and not any(r.responses for r in records):
             raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
                              "to build anchor lists from")

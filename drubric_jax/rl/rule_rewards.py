@@ -17,6 +17,11 @@
                  upper bound a rubric reward is compared with. A row without valid
                  `meta.checks` is an error naming the row and the field, raised by
                  `data.check_data_sources` before any weights load, else at first use.
+    checks_oracle the rubric score (Eq. 12) of the oracle generator's list: the prompt's
+                 true checks written as rubric items of equal weight (`ORACLE_WEIGHT`),
+                 judged by their checkers (strict). The upper bound of any rubric reward in
+                 the checks world (checks world III); on its always-valid lists it equals
+                 checks_gold, through the rubric path (item texts, verdicts, Eq. 12).
 A rule reward is a host function (prompt item, response text) -> float; the policy phase
 turns the K rewards of a prompt into advantages exactly as it does rubric scores (Eq. 21,
 `phases.rule_policy_rollout`). A non-finite value marks the row unscorable (METHOD 11).
@@ -28,6 +33,8 @@ and `config_check.validate` read the table when called.
 from __future__ import annotations
 
 from typing import Callable
+
+import numpy as np
 
 RUBRIC = "rubric"
 Rule = Callable[[object, str], float]  # (prompt item, response text) -> reward
@@ -79,11 +86,53 @@ def checks_gold_reward(item, response: str) -> float:
     return checks.gold_score(true, response)
 
 
+ORACLE_WEIGHT = 5  # every item of the oracle's list: "essential" (the generator's scale)
+
+
+def oracle_list(true_checks) -> tuple[list, np.ndarray]:
+    """The oracle generator's rubric list for a prompt: its true checks as item texts
+    (`check_rubrics.item_text`, what a generator of checks emits) and their weights.
+
+    Args:
+        true_checks: T(x), {"check", "args"} mappings (validated, `checks.true_checks_of`).
+
+    Returns:
+        (M item texts, int32[M] weights, all ORACLE_WEIGHT).
+    """
+    from drubric_jax.evaluator.check_rubrics import item_text
+
+    texts = [item_text(t["check"], t["args"]) for t in true_checks]
+    return texts, np.full(len(texts), ORACLE_WEIGHT, np.int32)
+
+
+def checks_oracle_reward(item, response: str) -> float:
+    """The `checks_oracle` rule (module docstring): Eq. 12 of `oracle_list`'s items, each
+    read back from its text and judged by its checker (strict, `checks.verdict`).
+
+    Returns:
+        float in [0, 1].
+
+    Raises:
+        ValueError: the row has no valid `meta["checks"]` (as `checks_gold_reward`).
+    """
+    from drubric_jax import checks
+    from drubric_jax.evaluator.check_rubrics import item_of_text
+    from drubric_jax.rl.rewards import rubric_scores
+
+    where = f"prompt row {getattr(item, 'id', None)!r} ({getattr(item, 'source', '?')})"
+    texts, weights = oracle_list(checks.true_checks_of(getattr(item, "meta", None), where))
+    verdicts = np.array([[checks.verdict(*item_of_text(t), response) for t in texts]],
+                        np.float32)                                                # [K=1, M]
+    scores, _ = rubric_scores(verdicts, weights, np.ones(len(texts), bool))
+    return float(np.asarray(scores)[0])
+
+
 # name -> (config.policy -> the rule); the values of config.policy.reward besides RUBRIC.
 RULES: dict[str, Callable[[object], Rule]] = {
     "word_limit": lambda policy: word_limit_reward(int(policy.reward_max_words)),
     "exact_match": lambda policy: exact_match_reward,
     "checks_gold": lambda policy: checks_gold_reward,  # = checks.GOLD_REWARD
+    "checks_oracle": lambda policy: checks_oracle_reward,
 }
 
 

@@ -1,0 +1,236 @@
+"""The generator's supervised warm start G_sft as a stage of its own (checks world III).
+
+A deviation for scale, not part of the paper's method: the paper's G_0 is an 8B model that
+writes useful rubrics zero-shot; our 135M generator writes no correct check, so this stage
+first teaches it the checks world's task by maximum likelihood (`rl.sft`) on pairs of
+(the generator's input for a training prompt and K of P_0's responses, the prompt's true
+checks as the constrained JSON it emits) (`checks.sft_data`). The rubric-reward
+experiments then start from its export.
+
+    run_sft(config, workdir) -> summary dict
+
+Writes in `workdir`:
+    checkpoints/            the LoRA adapters and their AdamW moments, and the stage's
+                            position (`rounds.checkpoint`); a rerun resumes from the last
+    metrics.jsonl           one row per update (nll, token_accuracy, grad_norm, seconds)
+    recovery.jsonl          one row per held-out evaluation: step 0, then after each epoch
+                            (`evaluation.checks_sft`)
+    export/generator/       the adapters merged into the base, a Hugging Face directory
+                            (`model.generator` of the experiments that start from G_sft)
+
+Every random choice flows from `config.seed`: the pairs' response orders, the adapters'
+init, the epoch order (`numpy.random.default_rng((seed, epoch))`), the evaluation key.
+The stage runs on one device; an 8B generator needs no warm start.
+
+Config (`configs/sft_generator.py`): `model.generator`, `generator.*` (the generator's
+prompt, schema and budgets: the same inputs the co-evolution loop gives it), `lora.*`,
+`data.checks_dir` and `sft.*` (files, pairs, epochs, batch, optimizer, evaluation).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SFT_ROLE_KEY = 3  # folded into the seed for the adapters' init (the loop's roles use 0..2)
+RECOVERY_FILE = "recovery.jsonl"
+
+
+def _examples(config, tokenizer, generator):
+    """(examples, input id lists, target id lists, held-out eval rows) of the config."""
+    from drubric_jax.checks.sft_data import sft_examples
+    from drubric_jax.data.schema import load_jsonl
+    from drubric_jax.text import tokenizer as tok_lib
+
+    s = config.sft
+    rows = load_jsonl(s.train_anchors)
+    rows = rows[:int(s.train_rows)] if s.train_rows else rows
+    heldout = load_jsonl(s.heldout_prompts)
+    examples = sft_examples(rows, heldout, np.random.default_rng((int(config.seed), 0)),
+                            pairs_per_prompt=int(s.pairs_per_prompt),
+                            pool=tuple(config.generator.get("check_pool", ())),
+                            where=s.train_anchors)
+    stop = int(tok_lib.stop_ids(tokenizer)[0])
+    inputs, targets = [], []
+    for e in examples:
+        ids, _, _ = generator.prompt_ids(e["prompt"], e["responses"], e["history"], e["order"])
+        inputs.append(ids)
+        targets.append(tokenizer.encode(e["target"], add_special_tokens=False) + [stop])
+    eval_rows = load_jsonl(s.heldout_anchors)
+    eval_rows = eval_rows[:int(s.eval_rows)] if s.eval_rows else eval_rows
+    ids = {r.id for r in heldout}
+    stray = [r.id for r in eval_rows if r.id not in ids]
+    if stray:
+        raise ValueError(f"config.sft.heldout_anchors: {s.heldout_anchors}: rows {stray[:3]} "
+                         f"are not prompts of {s.heldout_prompts} (held-out F1 is measured on "
+                         "held-out prompts)")
+    return examples, inputs, targets, eval_rows
+
+
+def _bucket(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)
+
+
+def run_sft(config, workdir: str) -> dict:
+    """Trains (or resumes) G_sft and evaluates it on held-out prompts (module docstring).
+
+    Returns:
+        {"examples", "steps", "epochs", "evals": the recovery rows, "export": the
+        directory, "input_bucket", "target_bucket"}.
+
+    Raises:
+        FileNotFoundError: a missing data file (names the config field and the commands
+            that build it); ValueError: as `checks.sft_data.sft_examples` and the config.
+    """
+    from tqdm import tqdm
+
+    from drubric_jax import models
+    from drubric_jax.evaluation import checks_sft
+    from drubric_jax.evaluator.rubric_formats import get_format
+    from drubric_jax.evaluator.rubric_generator import RubricGenerator
+    from drubric_jax.models import lora
+    from drubric_jax.models.export import export_hf_dir
+    from drubric_jax.rl import sft
+    from drubric_jax.rl.train_config import TrainConfig
+    from drubric_jax.rl.train_step import TrainState, trainable_init
+    from drubric_jax.rounds.checkpoint import Checkpointer
+    from drubric_jax.rounds.run_logging import (MetricsWriter, add_wall_time, read_metrics,
+                                                write_json)
+
+    s, g = config.sft, config.generator
+    for field in ("train_anchors", "heldout_prompts", "heldout_anchors"):
+        if not os.path.exists(s[field]):
+            build = config.data.get("checks_build", "")
+            raise FileNotFoundError(
+                f"config.sft.{field}: no such file {s[field]}" + (
+                    "\nBuild the checks world's files first (from the repository root):\n  "
+                    + (build + "\n" + s.get("heldout_anchors_build", "")).strip()
+                    .replace("\n", "\n  ") if build else ""))
+    os.makedirs(workdir, exist_ok=True)
+    t_start = time.perf_counter()
+    cfg, base, tokenizer = models.load_model(config.model.generator, config.model.dtype)
+    if int(config.lora.rank) < 1:
+        raise ValueError("config.lora.rank: the warm start trains LoRA adapters (rank >= 1)")
+    tcfg = cfg.replace(param_dtype=config.model.master_dtype, lora_rank=int(config.lora.rank),
+                       lora_alpha=float(config.lora.alpha),
+                       lora_targets=tuple(config.lora.targets))
+    generator = RubricGenerator(
+        tcfg, tokenizer, max_items=g.max_items, max_item_chars=g.max_item_chars,
+        max_new_tokens=g.max_new_tokens, input_budget=g.input_budget,
+        rows_per_call=int(s.eval_batch), per_row_keys=True,
+        fmt=get_format("checks", tuple(g.get("check_pool", ()))),
+        keep_prompt=bool(g.get("keep_prompt", False)))
+    examples, inputs, targets, eval_rows = _examples(config, tokenizer, generator)
+    batch = int(s.batch)
+    steps_per_epoch = len(examples) // batch
+    if steps_per_epoch < 1:
+        raise ValueError(f"config.sft.batch={batch} exceeds the {len(examples)} pairs")
+    total = steps_per_epoch * int(s.epochs)
+    # Fixed buckets: one compiled step for the whole stage.
+    p_bucket = _bucket(max(map(len, inputs)), 64)
+    n_bucket = _bucket(max(map(len, targets)), 16)
+    train_cfg = TrainConfig(learning_rate=float(s.learning_rate),
+                            warmup_steps=int(s.warmup_steps), weight_decay=0.0,
+                            max_grad_norm=float(s.max_grad_norm), beta=0.0,
+                            micro_batch_size=batch, logits_chunk=int(s.logits_chunk),
+                            remat=bool(s.remat), temperature=1.0)
+    optimizer, step_fn = sft.make_sft_step(tcfg, train_cfg)
+    key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), SFT_ROLE_KEY)
+    adapters = trainable_init(tcfg, key, base)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=adapters,
+                       opt_state=optimizer.init(adapters))
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1)
+    done = 0
+    if ckpt.latest() is not None:
+        state, meta = ckpt.restore(None, state)
+        done = int(meta["step"])
+        if meta.get("examples") != len(examples) or meta.get("batch") != batch:
+            raise ValueError(f"{workdir}: its checkpoint was made with {meta.get('examples')} "
+                             f"pairs in batches of {meta.get('batch')}, this config gives "
+                             f"{len(examples)} in batches of {batch}; use a new workdir")
+    rec_path = os.path.join(workdir, RECOVERY_FILE)
+    evals = []
+    if os.path.exists(rec_path):
+        with open(rec_path, encoding="utf-8") as f:
+            evals = [json.loads(line) for line in f if line.strip()]
+    writer = MetricsWriter(workdir, tensorboard=False)
+    eval_key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), 1)
+    # The running epoch's losses so far (a resumed stage reads those it logged).
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    logged = {r["step"]: r for r in (read_metrics(metrics_path)
+                                     if os.path.exists(metrics_path) else [])
+              if r.get("phase") == "sft"}
+    epoch_nll = [logged[i]["nll"] for i in range(done - done % steps_per_epoch + 1, done + 1)
+                 if i in logged]
+
+    def evaluate(step: int, epoch: int):
+        if any(e["step"] == step for e in evals):
+            return
+        t0 = time.perf_counter()
+        params = lora.attach(base, state.params)
+        per_row = checks_sft.heldout_recovery(generator, params, eval_rows, eval_key,
+                                              float(s.eval_temperature))
+        row = {"step": step, "epoch": epoch,
+               "train_nll": float(np.mean(epoch_nll)) if epoch_nll else None,
+               "summary": checks_sft.summarize(per_row, int(s.n_bootstrap), int(config.seed)),
+               "per_row": {k: np.asarray(per_row[k]).tolist() for k in checks_sft.STATS},
+               "ids": per_row["ids"],
+               "lists": [[[c, a] for c, a in lst] for lst in per_row["lists"]],
+               "seconds": time.perf_counter() - t0}
+        evals.append(row)
+        with open(rec_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    evaluate(0, 0)
+    bar = tqdm(total=total, initial=done, desc="G_sft", unit="step",
+               disable=not config.log.progress)
+    try:
+        while done < total:
+            epoch, k = divmod(done, steps_per_epoch)
+            # The epoch's order: a function of (seed, epoch) only, so a resume redraws it.
+            order = np.random.default_rng((int(config.seed), 1, epoch)).permutation(
+                len(examples))
+            idx = order[k * batch:(k + 1) * batch]
+            b = sft.pack_batch([inputs[i] for i in idx], [targets[i] for i in idx],
+                               int(tokenizer.pad_token_id or 0), p_bucket, n_bucket)
+            t0 = time.perf_counter()
+            state, m = step_fn(state, b, base)
+            m = {k2: float(v) for k2, v in m.items()}
+            if not np.isfinite(m["nll"]):
+                raise FloatingPointError(f"G_sft step {done + 1}: nll is {m['nll']}")
+            done += 1
+            epoch_nll.append(m["nll"])
+            writer.write(done, {"kind": "train", "phase": "sft", "step": done,
+                                "epoch": epoch, **m, "seconds": time.perf_counter() - t0})
+            bar.update(1)
+            end_of_epoch = done % steps_per_epoch == 0
+            if end_of_epoch or done % int(s.checkpoint_every) == 0:
+                ckpt.save(done, state, {"step": done, "examples": len(examples),
+                                        "batch": batch}, force=True)
+            if end_of_epoch:
+                ckpt.wait()
+                evaluate(done, done // steps_per_epoch)
+                epoch_nll = []
+    finally:
+        bar.close()
+        writer.close()
+        ckpt.close()
+    export = os.path.join(workdir, "export", "generator")
+    if not os.path.exists(os.path.join(export, "config.json")):
+        merged = lora.merge(base, state.params, tcfg)  # float32, adapters folded in
+        export_hf_dir(merged, tcfg.replace(lora_rank=0, param_dtype="float32"), export,
+                      tokenizer, bos_id=tokenizer.bos_token_id or 0,
+                      eos_id=tokenizer.eos_token_id or 0)
+    add_wall_time(workdir, "G_sft", time.perf_counter() - t_start)
+    summary = {"kind": "checks_sft", "examples": len(examples), "steps": total,
+               "epochs": int(s.epochs), "batch": batch, "input_bucket": p_bucket,
+               "target_bucket": n_bucket, "export": export,
+               "evals": [{k: e[k] for k in ("step", "epoch", "train_nll", "summary", "seconds")}
+                         for e in sorted(evals, key=lambda e: e["step"])]}
+    write_json(os.path.join(workdir, "summary.json"), summary)
+    return summary

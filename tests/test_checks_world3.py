@@ -1,0 +1,249 @@
+"""Checks world III: the oracle generator's reward (`rl.rule_rewards.checks_oracle`), the
+generator's supervised warm start G_sft (`rl.sft`, `checks.sft_data`,
+`evaluation.checks_sft`, `rounds.sft_stage`, `experiments.sft_generator`)."""
+import json
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from drubric_jax import models
+from drubric_jax.checks import gold_score
+from drubric_jax.checks.pool import load_pool
+from drubric_jax.checks.sft_data import SFT_WEIGHT, sft_examples, target_json
+from drubric_jax.checks.world import draw_from_pool
+from drubric_jax.rl import rule_rewards, sft
+from drubric_jax.rl.train_config import TrainConfig
+from helpers import run_module
+from tolerances import logprob_atol
+
+from configs.checks_world import V2_POOL, pool_ids
+
+RESPONSES = [
+    "", "Hello.", "I LOVE THIS. IT IS GREAT AND BIG.", "P.S. see you soon",
+    "* one\n* two\n* three", "My answer is yes.", "First paragraph.\n\n***\n\nSecond one.",
+    "Dear [name], this is a letter with [address] in it, and commas, many, many.",
+    "Response 1\n******\nResponse 2", "The quick brown fox jumps over the lazy dog. " * 6,
+    "Das ist eine Antwort auf Deutsch, mit vielen Worten und Sätzen.",
+    "*highlighted* part and *another* one. It ends here. It does. Really.",
+]
+
+
+def _pool_draws(n: int, seed: int, max_checks: int = 3) -> list:
+    pool = load_pool(V2_POOL)
+    rng = np.random.default_rng(seed)
+    return [draw_from_pool("Write about the sea.", rng, pool, 1, max_checks) for _ in range(n)]
+
+
+def _item(checks, i=0):
+    return types.SimpleNamespace(id=f"x/{i}", source="test", meta={"checks": checks})
+
+
+def test_oracle_rubric_reward_equals_gold():
+    """On the oracle's lists (always valid: >= 1 true check, weights in 1..5), Eq. 12 of the
+    checkers' verdicts is the fraction of true checks met: the gold score. Eq. 12 sums
+    M <= 3 products in float32 and divides once, so it is within a few float32 ulps of the
+    exact fraction gold_score computes in float64 (4 ulps of 1 bounds it)."""
+    tol = 4 * float(np.finfo(np.float32).eps)
+    seen = set()
+    for i, truth in enumerate(_pool_draws(40, seed=0)):
+        texts, weights = rule_rewards.oracle_list(truth)
+        assert len(texts) == len(truth) and set(weights.tolist()) == {rule_rewards.ORACLE_WEIGHT}
+        for y in RESPONSES:
+            got = rule_rewards.checks_oracle_reward(_item(truth, i), y)
+            want = gold_score(truth, y)
+            assert abs(got - want) <= tol, (truth, y, got, want)
+            seen.add(round(want, 3))
+    # The check is not vacuous: the draws cover failing, partial and full scores.
+    assert {0.0, 1.0} <= seen and len(seen) >= 4
+    # Registered as a rule, and the data check requires true checks under it too.
+    assert rule_rewards.from_config(types.SimpleNamespace(reward="checks_oracle")) is \
+        rule_rewards.checks_oracle_reward
+    with pytest.raises(ValueError, match="meta.checks"):
+        rule_rewards.checks_oracle_reward(types.SimpleNamespace(id="y", source="t", meta={}), "")
+
+
+def _row(i, prompt, checks, k=4, line=None):
+    return types.SimpleNamespace(id=f"tr/{i}", prompt=prompt, history=[], line=line or i + 1,
+                                 responses=[f"answer {j} to {i}" for j in range(k)],
+                                 meta={"checks": checks})
+
+
+def test_sft_pairs_never_use_heldout_prompts():
+    truths = _pool_draws(6, seed=1)
+    train = [_row(i, f"Train prompt {i}.", t) for i, t in enumerate(truths[:4])]
+    heldout = [types.SimpleNamespace(id=f"ho/{i}", prompt=f"Held-out prompt {i}.")
+               for i in range(2)]
+    rng = np.random.default_rng(0)
+    ex = sft_examples(train, heldout, rng, pairs_per_prompt=3, pool=pool_ids(), where="a.jsonl")
+    assert len(ex) == 12 and [e["id"] for e in ex[:3]] == ["tr/0"] * 3
+    held_text = {h.prompt for h in heldout}
+    assert not any(e["prompt"] in held_text or e["id"].startswith("ho/") for e in ex)
+    for e in ex:
+        assert sorted(e["order"]) == list(range(4))
+        assert json.loads(e["target"])["rubrics"][0]["weight"] == SFT_WEIGHT
+    # Different orders within a prompt's pairs (3 draws of 24 permutations).
+    assert len({tuple(e["order"]) for e in ex}) > 4
+    # A held-out prompt among the rows is refused, by id or by its text, naming the row.
+    by_id = _row(9, "Another prompt.", truths[4], line=7)
+    by_id.id = "ho/1"
+    with pytest.raises(ValueError, match=r"a\.jsonl:7: row 'ho/1': a held-out prompt"):
+        sft_examples(train + [by_id], heldout, rng, where="a.jsonl")
+    by_text = _row(10, " Held-out prompt 0.\n", truths[5], line=8)
+    with pytest.raises(ValueError, match=r"a\.jsonl:8: row 'tr/10': a held-out prompt"):
+        sft_examples(train + [by_text], heldout, rng, where="a.jsonl")
+    # A check the constrained generator cannot write (outside its pool) is refused too.
+    lower = [{"check": "change_case:english_lowercase", "args": {}}]
+    with pytest.raises(ValueError, match="not in the generator's check pool"):
+        sft_examples([_row(11, "Lowercase prompt.", lower)], heldout, rng, pool=pool_ids())
+
+
+def _tiny_tokens(cfg, lengths, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, cfg.vocab_size, n).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_sft_loss_is_the_target_tokens_nll(lora_rank):
+    """sft_loss equals -mean log softmax(logits)[target] over the target tokens only,
+    computed by hand from the model's full logits (prompt tokens and padding masked out).
+    Rows of different input and target lengths share a batch (left / right padding)."""
+    cfg, base, _ = models.load_model("tiny")
+    inputs = _tiny_tokens(cfg, [5, 9], seed=0)
+    targets = _tiny_tokens(cfg, [4, 2], seed=1)
+    b = sft.pack_batch(inputs, targets, pad_id=0, input_bucket=12, target_bucket=6)
+    tcfg = cfg.replace(lora_rank=lora_rank, lora_alpha=8.0) if lora_rank else cfg
+    if lora_rank:  # non-zero adapters, so the LoRA path is exercised
+        from drubric_jax.models import lora
+        ad = lora.init_adapters(tcfg, base, jax.random.PRNGKey(3))
+        params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(
+            jax.random.PRNGKey(4), x.shape, x.dtype), ad)
+        model = lora.attach(base, params)
+    else:
+        params = model = base
+    tc = TrainConfig(beta=0.0, micro_batch_size=2, logits_chunk=4, remat=False)
+    loss, m = sft.sft_loss(params, jax.tree.map(jnp.asarray, b), base,
+                           model_cfg=tcfg, train_cfg=tc)
+    # By hand: full logits, log-softmax in float64, the target positions only.
+    positions = models.positions_from_mask(jnp.asarray(b.token_mask))
+    logits, _ = models.apply(model, tcfg, jnp.asarray(b.tokens), positions,
+                             token_mask=jnp.asarray(b.token_mask))
+    x = np.asarray(logits, np.float64)
+    logp = x - x.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    want, n = [], 0
+    for r, (inp, tgt) in enumerate(zip(inputs, targets)):
+        for j, tok in enumerate(tgt):
+            t = 12 + j  # target token j sits at position P + j, predicted from t - 1
+            want.append(-logp[r, t - 1, tok])
+            n += 1
+    want = np.sum(want) / n
+    assert float(m["target_tokens"]) == n == 6
+    assert abs(float(loss) - want) <= logprob_atol(np.asarray(want), cfg.vocab_size)
+    assert float(m["nll"]) == float(loss)
+    # The input tokens do not enter the loss: scoring them too changes it.
+    all_mask = b.replace(target_mask=np.asarray(b.token_mask) & (np.arange(18) > 0))
+    loss_all, _ = sft.sft_loss(params, jax.tree.map(jnp.asarray, all_mask.replace(
+        prompt_len=0)), base, model_cfg=tcfg, train_cfg=tc)
+    assert abs(float(loss_all) - want) > 1e-3
+
+
+def test_pack_batch_refuses_rows_that_do_not_fit():
+    with pytest.raises(ValueError, match="row 1"):
+        sft.pack_batch([[5], [5, 6, 7]], [[1], [2]], 0, input_bucket=2, target_bucket=2)
+    with pytest.raises(ValueError, match="row 0"):
+        sft.pack_batch([[5]], [[]], 0, input_bucket=2, target_bucket=2)
+
+
+def test_sft_step_lowers_the_nll_of_its_pair():
+    """A few AdamW updates of LoRA adapters on one pair lower its NLL (the adapters start
+    at B = 0: step 0's NLL is the base model's)."""
+    cfg, base, _ = models.load_model("tiny")
+    tcfg = cfg.replace(lora_rank=4, lora_alpha=8.0)
+    b = sft.pack_batch(_tiny_tokens(cfg, [6], 2), _tiny_tokens(cfg, [3], 3), 0, 8, 4)
+    from drubric_jax.rl.train_step import TrainState, trainable_init
+    tc = TrainConfig(learning_rate=1e-2, beta=0.0, micro_batch_size=1, logits_chunk=4,
+                     remat=False)
+    optimizer, step = sft.make_sft_step(tcfg, tc)
+    ad = trainable_init(tcfg, jax.random.PRNGKey(0), base)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=ad, opt_state=optimizer.init(ad))
+    nll = []
+    for _ in range(6):
+        state, m = step(state, b, base)
+        nll.append(float(m["nll"]))
+    assert int(state.step) == 6 and nll[-1] < nll[0] - 0.1, nll
+
+
+@pytest.mark.usefixtures("smollm2_gguf")
+def test_sft_target_is_what_the_constrained_generator_can_write():
+    """Every target's tokens are accepted, in order, by the generator's own constraint
+    (the world v2 pool's JSON schema with its separators), and the grammar is complete
+    after the last one: teacher forcing trains the sequence the decoder can emit."""
+    from drubric_jax.evaluator.rubric_formats import get_format
+    from drubric_jax.evaluator.rubric_generator import JSON_SEPARATORS
+    from drubric_jax.sampling.constrained import JsonSchemaConstraint
+    from drubric_jax.text import tokenizer as tok_lib
+
+    _, _, tok = models.load_model("tiny")
+    schema = get_format("checks", pool_ids()).schema(3, 100)
+    schema["x-guidance"] = dict(JSON_SEPARATORS)
+    con = JsonSchemaConstraint(tok, schema, 49152, int(tok_lib.stop_ids(tok)[0]))
+    for truth in _pool_draws(30, seed=2):
+        text = target_json(truth, pool_ids())
+        con.reset(1)
+        m = con.matchers[0]
+        assert all(m.consume_token(t) for t in tok.encode(text, add_special_tokens=False)), text
+        assert m.is_stopped() and not m.is_error(), text
+
+
+def _write_world3(d):
+    """A tiny world v2: training anchor rows and held-out anchor rows with pool checks."""
+    truths = _pool_draws(4, seed=5, max_checks=1)
+    answers = ["Yes.", "No, never.", "Maybe so. P.S. hi", "* a\n* b"]
+    rows = {"train": [], "heldout": [], "anchors": [], "heldout_anchors": []}
+    for i, t in enumerate(truths):
+        split = "train" if i < 2 else "heldout"
+        p = f"Say something, number {i}. {t[0]['check']}"
+        row = {"id": f"{split}/{i}", "source": "cw", "prompt": p, "meta": {"checks": t}}
+        rows[split].append(row)
+        rows["anchors" if split == "train" else "heldout_anchors"].append(
+            {**row, "responses": answers, "ranking": [0, 1, 2, 3], "ties": False,
+             "scores": [gold_score(t, y) for y in answers]})
+    for name, rs in rows.items():
+        with open(os.path.join(d, f"{name}.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rs)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("smollm2_gguf")
+def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
+    """The stage on a tiny world: recovery at step 0 and after its epoch, a checkpoint per
+    update, the export, the table; a second run resumes and redoes nothing."""
+    world, work = tmp_path / "world", tmp_path / "g_sft"
+    world.mkdir()
+    _write_world3(str(world))
+    args = ["experiments.sft_generator",
+            f"--config=configs/sft_generator.py:tiny,checks_dir={world}", f"--workdir={work}"]
+    out = run_module(*args, timeout=600)
+    rec = [json.loads(x) for x in (work / "recovery.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["epoch"]) for r in rec] == [(0, 0), (2, 1)]
+    assert rec[1]["ids"] == ["heldout/2", "heldout/3"]
+    for r in rec:
+        f1 = r["summary"]["constraint_f1"]
+        assert f1["ci"][0] <= f1["mean"] <= f1["ci"][1]
+        assert f1["mean"] == pytest.approx(np.mean(r["per_row"]["constraint_f1"]))
+    steps = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and all(np.isfinite(s["nll"]) for s in steps)
+    assert (work / "export" / "generator" / "config.json").exists()
+    assert "| 2 | 1 |" in out and "| 2 | 1 |" in (work / "results.md").read_text()
+    stamp = (work / "recovery.jsonl").stat().st_mtime_ns
+    run_module(*args, timeout=600)
+    assert (work / "recovery.jsonl").stat().st_mtime_ns == stamp
+    assert len((work / "metrics.jsonl").read_text().splitlines()) == 2
+    # A missing world file stops at once, naming the command that builds it.
+    os.remove(world / "heldout_anchors.jsonl")
+    with pytest.raises(AssertionError, match="make_checks_anchors"):
+        run_module(*args[:2], f"--workdir={tmp_path / 'other'}", timeout=300)
