@@ -9,6 +9,10 @@ question 1; METHOD 13), one run per arm and seed.
 
 Arms (`drubric_jax.evaluation.checks_policy.ARMS`), each from P_0 with the same seed:
     gold            config.policy.reward = "checks_gold": the gold score (upper bound)
+    oracle          config.policy.reward = "checks_oracle": Eq. 12 of the prompt's true
+                    checks as a rubric list of equal weights (the rubric reward's upper bound)
+    rubric_sft      config.policy.reward = "rubric" with `experiment.sft_generator` (G_sft,
+                    the export of experiments.sft_generator)
     rubric_g0       config.policy.reward = "rubric" with the untrained generator G_0
     rubric_trained  the same with `experiment.trained_generator` (a Hugging Face directory,
                     e.g. the export/generator of a generator-only run on the anchor lists)
@@ -45,6 +49,7 @@ def get_config(arg: str = ""):
         seeds="0,1,2",          # config.seed of each repeat (data order, sampling, init)
         policy_steps=20,        # policy GRPO steps per run
         trained_generator="",   # model.generator of the rubric_trained arm (an HF directory)
+        sft_generator="",       # model.generator of the rubric_sft arm (G_sft's export)
         heldout_rows=0,         # held-out prompts answered (0 = all of heldout.jsonl)
         eval_samples=0,         # held-out answers per prompt at the temperature (0 = greedy only)
         eval_batch=32,          # held-out prompts per sampler call
@@ -103,9 +108,10 @@ def arm_config(c, arm: str):
     """The loop config of one arm (configs/checks_policy.py).
 
     Raises:
-        ValueError: an unknown arm, or rubric_trained without experiment.trained_generator.
+        ValueError: an unknown arm, or rubric_trained / rubric_sft without its generator
+            directory (experiment.trained_generator / sft_generator).
     """
-    from drubric_jax.checks import GOLD_REWARD
+    from drubric_jax.checks.gold import GOLD_REWARD, ORACLE_REWARD
     from drubric_jax.evaluation.checks_policy import ARMS
     from drubric_jax.rl import rule_rewards
 
@@ -113,11 +119,13 @@ def arm_config(c, arm: str):
         raise ValueError(f"config.experiment.arms: {arm!r} is not one of {sorted(ARMS)}")
     cfg = c.copy_and_resolve_references()
     cfg.rounds.policy_steps = int(c.experiment.policy_steps)
-    cfg.policy.reward = GOLD_REWARD if arm == "gold" else rule_rewards.RUBRIC
-    if arm == "rubric_trained":
-        path = c.experiment.trained_generator
+    cfg.policy.reward = {"gold": GOLD_REWARD, "oracle": ORACLE_REWARD}.get(
+        arm, rule_rewards.RUBRIC)
+    field = {"rubric_trained": "trained_generator", "rubric_sft": "sft_generator"}.get(arm)
+    if field:
+        path = c.experiment[field]
         if not path or not os.path.isdir(path):
-            raise ValueError("config.experiment.trained_generator: the rubric_trained arm needs "
-                             f"a Hugging Face directory of a trained generator, got {path!r}")
+            raise ValueError(f"config.experiment.{field}: the {arm} arm needs a Hugging Face "
+                             f"directory of a generator, got {path!r}")
         cfg.model.generator = os.path.abspath(path)
     return cfg

@@ -40,7 +40,7 @@ def get_config(arg: str = ""):
         heldout_prompts=os.path.join(d, "heldout.jsonl"),  # never paired (refused)
         heldout_anchors=os.path.join(d, HELDOUT_ANCHORS),  # held-out recovery is measured here
         heldout_anchors_build=heldout_anchors_build(d),
-        train_rows=0,          # anchor rows paired (0 = all)
+        train_rows=64,         # anchor rows paired, the first of the file (0 = all)
         pairs_per_prompt=1,    # pairs per training prompt, each with its own response order
         epochs=2,              # passes over the pairs; held-out recovery after each
         batch=1,               # pairs per update

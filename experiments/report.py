@@ -16,6 +16,8 @@ files in it (nothing is copied from a previous results/):
                   curves of every arm and seed (`evaluation.checks_policy.summarize`)
     sensitivity   summary.json with "settings": each setting's held-out generator values
                   and policy gold scores (`evaluation.sensitivity.summarize`)
+    checks_sft    summary.json of experiments.sft_generator: held-out recovery at each
+                  evaluation, recomputed from recovery.jsonl (`evaluation.checks_sft`)
     eval_policy   report.json with "winrate" / "humaneval" (its statistics)
     ifeval        report.json of experiments.eval_ifeval ("metrics" and "not_scored"; with
                   its paired comparison to a baseline when it has one)
@@ -42,7 +44,7 @@ def _read(path: str):
 
 
 KINDS = ("grpo_learns", "ablation", "coevolution", "checks_policy", "sensitivity",
-         "eval_policy", "evaluator", "ifeval")
+         "eval_policy", "evaluator", "ifeval", "checks_sft")
 
 
 def kind_of(run_dir: str) -> str:
@@ -138,6 +140,16 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
                                       s.get("n_bootstrap", 1000), s["seed"])
         text = sensitivity.markdown(fresh, s["command"], s.get("wall_s", {}),
                                     s.get("overrides", {}), s["seed"])
+        command = s["command"]
+    elif kind == "checks_sft":
+        from drubric_jax.evaluation import checks_sft
+        from drubric_jax.rounds.sft_stage import RECOVERY_FILE
+
+        s = _read(os.path.join(run_dir, "summary.json"))
+        with open(os.path.join(run_dir, RECOVERY_FILE), encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        fresh = checks_sft.summaries(rows, s["n_bootstrap"], s["seed"])
+        text = checks_sft.markdown(fresh, s["command"], s["setup"], s.get("wall_s", {}))
         command = s["command"]
     elif kind == "eval_policy":
         from drubric_jax.evaluation import policy_eval

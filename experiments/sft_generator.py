@@ -47,8 +47,14 @@ def main(argv):
              f"held-out lists at temperature {s.eval_temperature} (0 = greedy) on "
              f"{os.path.basename(s.heldout_anchors)}; seed {c.seed}.")
     command = shlex.join(["python", "-m", "experiments.sft_generator"] + sys.argv[1:])
-    text = checks_sft.markdown(summary["evals"], command, setup,
-                               run_logging.wall_times(workdir))
+    evals = checks_sft.summaries(summary["evals"], int(s.n_bootstrap), int(c.seed))
+    wall = run_logging.wall_times(workdir)
+    run_logging.write_json(os.path.join(workdir, "summary.json"), {
+        "kind": "checks_sft", "command": command, "setup": setup, "wall_s": wall,
+        "n_bootstrap": int(s.n_bootstrap), "seed": int(c.seed),
+        **{k: summary[k] for k in ("examples", "steps", "epochs", "batch", "input_bucket",
+                                   "target_bucket")}, "evals": evals})
+    text = checks_sft.markdown(evals, command, setup, wall)
     with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text, flush=True)

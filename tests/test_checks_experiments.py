@@ -14,6 +14,7 @@ from drubric_jax.data.schema import AnchorList, anchor_from_record, record_from_
 from drubric_jax.evaluation import ablation
 from drubric_jax.evaluation import checks_policy as cp
 from drubric_jax.evaluation import checks_policy_report as cpr
+from drubric_jax.evaluation.intervals import resample_weights
 from drubric_jax.evaluator.check_rubrics import item_text
 from helpers import assert_percentile_ci, run_module, write_checks_world
 
@@ -152,9 +153,13 @@ def test_checks_policy_config_validates_for_every_arm():
         c = checks_policy.get_config(arg)
         assert c.verifier.kind == "checks" and c.rounds.generator_steps == 0
         c.experiment.trained_generator = os.path.dirname(os.path.abspath(__file__))
+        c.experiment.sft_generator = c.experiment.trained_generator
         for a in cp.ARMS:
             config_check.validate(arm_config(c, a), device_count=devices, process_count=1)
     assert arm_config(c, "gold").policy.reward == "checks_gold"
+    assert arm_config(c, "oracle").policy.reward == "checks_oracle"
+    sft_arm = arm_config(c, "rubric_sft")
+    assert sft_arm.policy.reward == "rubric" and sft_arm.model.generator == c.experiment.sft_generator
     c.experiment.trained_generator = ""
     with pytest.raises(ValueError, match="trained_generator"):
         arm_config(c, "rubric_trained")
@@ -360,3 +365,19 @@ def test_coevolution_across_seeds_table_and_spread():
     assert "exploitation" not in text  # only the headlines the runs have
     with pytest.raises(ValueError, match="two or more"):
         co.across_seeds({"s0": run(0.1, [0.0, 0.2], 0)})
+
+
+def test_share_of_gold_by_hand():
+    """The share is sum(arm - P_0) / sum(gold - P_0); its CI comes from the same prompt
+    resamples for both sums; a gold gain of 0 gives no share."""
+    p0 = np.array([0.0, 0.5, 0.0, 1.0])
+    gold = np.array([1.0, 1.0, 0.5, 1.0])   # gains 1, 0.5, 0.5, 0: sum 2
+    arm = np.array([0.5, 0.5, 0.5, 1.0])    # gains 0.5, 0, 0.5, 0: sum 1
+    s = cp.share_of_gold(arm, gold, p0, n_boot=200, seed=0)
+    assert s["share"] == pytest.approx(0.5) and s["prompts"] == 4
+    w = resample_weights(4, 200, 0)
+    den = w @ (gold - p0)
+    reps = (w @ (arm - p0))[den > 0] / den[den > 0]
+    assert s["ci"] == pytest.approx(list(np.quantile(reps, [0.025, 0.975])))
+    assert s["kept"] == pytest.approx(np.mean(den > 0))
+    assert np.isnan(cp.share_of_gold(arm, p0, p0, 50, 0)["share"])

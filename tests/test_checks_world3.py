@@ -231,14 +231,20 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     rec = [json.loads(x) for x in (work / "recovery.jsonl").read_text().splitlines()]
     assert [(r["step"], r["epoch"]) for r in rec] == [(0, 0), (2, 1)]
     assert rec[1]["ids"] == ["heldout/2", "heldout/3"]
-    for r in rec:
-        f1 = r["summary"]["constraint_f1"]
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["kind"] == "checks_sft" and [e["step"] for e in summary["evals"]] == [0, 2]
+    for r, e in zip(rec, summary["evals"]):
+        f1 = e["summary"]["constraint_f1"]
         assert f1["ci"][0] <= f1["mean"] <= f1["ci"][1]
         assert f1["mean"] == pytest.approx(np.mean(r["per_row"]["constraint_f1"]))
+        assert r["means"]["constraint_f1"] == pytest.approx(f1["mean"])
     steps = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all(np.isfinite(s["nll"]) for s in steps)
     assert (work / "export" / "generator" / "config.json").exists()
     assert "| 2 | 1 |" in out and "| 2 | 1 |" in (work / "results.md").read_text()
+    res = tmp_path / "results"
+    run_module("experiments.report", str(work), f"--out={res}", timeout=120)
+    assert (res / "checks_sft-g_sft.md").read_text() == (work / "results.md").read_text()
     stamp = (work / "recovery.jsonl").stat().st_mtime_ns
     run_module(*args, timeout=600)
     assert (work / "recovery.jsonl").stat().st_mtime_ns == stamp

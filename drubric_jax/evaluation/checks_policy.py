@@ -24,11 +24,14 @@ from typing import Sequence
 
 import numpy as np
 
-from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from drubric_jax.evaluation.intervals import percentile_interval, ratio, resample_weights
 
 # arm -> what the policy is rewarded with (configs/checks_policy.py sets the run fields).
 ARMS = {
     "gold": "the gold score g(x, y) (rule reward checks_gold; the upper bound)",
+    "oracle": "the rubric score of the oracle generator's list: the prompt's true checks, "
+              "equal weights (rule reward checks_oracle; any rubric reward's upper bound)",
+    "rubric_sft": "the rubric score of the warm-started generator G_sft's checks",
     "rubric_g0": "the rubric score of the untrained generator G_0's checks",
     "rubric_trained": "the rubric score of a generator trained on the anchor lists",
 }
@@ -165,6 +168,29 @@ def paired_difference(after: Sequence[float], before: Sequence[float], n_boot: i
             "ci": percentile_interval(w @ (a - b) / a.size, level), "prompts": int(a.size)}
 
 
+def share_of_gold(arm: Sequence[float], gold: Sequence[float], p0: Sequence[float],
+                  n_boot: int, seed: int, level: float = 0.95) -> dict:
+    """An arm's held-out gain over P_0 as a share of the gold arm's gain on the same prompts:
+    sum(arm - p0) / sum(gold - p0), with a paired percentile-bootstrap CI (one set of
+    replicate weights over prompts for both sums). A replicate whose gold gain is <= 0 has
+    no share and is left out; "kept" is the fraction of replicates that have one (below
+    1 - level / 2 the interval says little: the gold arm's own gain is within chance).
+
+    Returns:
+        {"share", "ci": [lo, hi], "kept", "prompts"}; nan share when the gold gain is <= 0.
+    """
+    a, g, b = (np.asarray(x, np.float64) for x in (arm, gold, p0))
+    keep = np.isfinite(a) & np.isfinite(g) & np.isfinite(b)
+    num, den = (a - b)[keep], (g - b)[keep]
+    nan = float("nan")
+    if num.size == 0:
+        return {"share": nan, "ci": [nan, nan], "kept": 0.0, "prompts": 0}
+    w = resample_weights(num.size, n_boot, seed)
+    reps = ratio(w @ num, w @ den)
+    return {"share": float(ratio(num.sum(), den.sum())), "ci": percentile_interval(reps, level),
+            "kept": float(np.mean(np.isfinite(reps))), "prompts": int(num.size)}
+
+
 def seed_spread(values: Sequence[float]) -> dict:
     """{"mean", "sd" (ddof 1; nan for one seed), "min", "max", "seeds"} of per-seed values."""
     v = np.asarray([x for x in values if np.isfinite(x)], np.float64)
@@ -246,7 +272,8 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
         "train_proxy_first", "train_proxy_last"}}, "across_seeds": seed_spread of the
         held-out differences, "after_across_seeds": seed_spread of the held-out means,
         "pooled" (and "pooled_sampled" where sampled scores exist): paired difference of
-        each prompt's score averaged over the seeds against P_0's}},
+        each prompt's score averaged over the seeds against P_0's, and for an arm other
+        than gold when gold ran: "share_of_gold" {seed or "pooled": `share_of_gold`}}},
         "versus": {"A - B": {s: paired difference of the two arms' held-out scores}},
         "window"}. Train first / last: the mean of the first / last `window` steps.
 
@@ -300,6 +327,18 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
             "across_seeds": seed_spread([v["heldout"]["difference"] for v in per_seed.values()]),
             "after_across_seeds": seed_spread([v["heldout"]["after"] for v in per_seed.values()]),
             **pooled_over_seeds(arm, per_seed, after, sampled_after, p0, n_boot, seed)}
+    # Each rubric arm's gain as a share of the gold arm's, per seed both ran and pooled.
+    if "gold" in out["arms"]:
+        for arm in (a for a in arms if a != "gold"):
+            both = [s for s in seeds if (arm, s) in after and ("gold", s) in after]
+            shares = {str(s): share_of_gold(after[(arm, s)], after[("gold", s)], p0["gold"],
+                                            n_boot, seed) for s in both}
+            if len(both) > 1:
+                shares["pooled"] = share_of_gold(
+                    np.mean([after[(arm, s)] for s in both], axis=0),
+                    np.mean([after[("gold", s)] for s in both], axis=0), p0["gold"], n_boot,
+                    seed)
+            out["arms"][arm]["share_of_gold"] = shares
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
             out["versus"][f"{b} - {a}"] = {str(s): paired_difference(

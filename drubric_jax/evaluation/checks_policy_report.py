@@ -58,6 +58,16 @@ def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
                      f"{x['min']:+.3f} | {x['max']:+.3f} | {pooled[0]} | {pooled[1]} |")
     lines += ["", "Pooled: each held-out prompt's score averaged over the seeds, paired "
               "against P_0 (the CI resamples prompts)."]
+    if any("share_of_gold" in a for a in arms.values()):
+        lines += ["", "## Each arm's gain as a share of the gold arm's (greedy, paired, 95% CI "
+                  "over prompts)", "", "| arm | seed | share of gold's gain [95% CI] | "
+                  "replicates with a gold gain > 0 |", "|---|---|---|---|"]
+        for arm, a in arms.items():
+            for s, d in a.get("share_of_gold", {}).items():
+                lines.append(f"| {arm} | {s} | {d['share']:+.2f} [{d['ci'][0]:+.2f}, "
+                             f"{d['ci'][1]:+.2f}] | {d['kept']:.2f} |")
+        lines += ["", "A share is sum(arm - P_0) / sum(gold - P_0) over the same prompts; where "
+                  "the gold arm's own gain is within chance, so is every share."]
     if summary["versus"]:
         lines += ["", "## Arm against arm on the held-out prompts (paired, 95% CI over prompts)",
                   "", "| difference | seed | value [95% CI] |", "|---|---|---|"]

@@ -21,7 +21,7 @@
                  true checks written as rubric items of equal weight (`ORACLE_WEIGHT`),
                  judged by their checkers (strict). The upper bound of any rubric reward in
                  the checks world (checks world III); on its always-valid lists it equals
-                 checks_gold, through the rubric path (item texts, verdicts, Eq. 12).
+                 checks_gold, computed through the rubric path (verdicts, then Eq. 12).
 A rule reward is a host function (prompt item, response text) -> float; the policy phase
 turns the K rewards of a prompt into advantages exactly as it does rubric scores (Eq. 21,
 `phases.rule_policy_rollout`). A non-finite value marks the row unscorable (METHOD 11).
@@ -90,24 +90,23 @@ ORACLE_WEIGHT = 5  # every item of the oracle's list: "essential" (the generator
 
 
 def oracle_list(true_checks) -> tuple[list, np.ndarray]:
-    """The oracle generator's rubric list for a prompt: its true checks as item texts
-    (`check_rubrics.item_text`, what a generator of checks emits) and their weights.
+    """The oracle generator's rubric list for a prompt: its true checks as items and their
+    weights.
 
     Args:
         true_checks: T(x), {"check", "args"} mappings (validated, `checks.true_checks_of`).
 
     Returns:
-        (M item texts, int32[M] weights, all ORACLE_WEIGHT).
+        (M (check, args) items, int32[M] weights, all ORACLE_WEIGHT).
     """
-    from drubric_jax.evaluator.check_rubrics import item_text
-
-    texts = [item_text(t["check"], t["args"]) for t in true_checks]
-    return texts, np.full(len(texts), ORACLE_WEIGHT, np.int32)
+    items = [(t["check"], t["args"]) for t in true_checks]
+    return items, np.full(len(items), ORACLE_WEIGHT, np.int32)
 
 
 def checks_oracle_reward(item, response: str) -> float:
-    """The `checks_oracle` rule (module docstring): Eq. 12 of `oracle_list`'s items, each
-    read back from its text and judged by its checker (strict, `checks.verdict`).
+    """The `checks_oracle` rule (module docstring): Eq. 12 (`rewards.rubric_scores`, the
+    rubric reward's own function) of `oracle_list`'s items, each judged by its checker
+    (strict, `checks.verdict`: the verdict `evaluator.checks_verifier` gives an item).
 
     Returns:
         float in [0, 1].
@@ -116,14 +115,13 @@ def checks_oracle_reward(item, response: str) -> float:
         ValueError: the row has no valid `meta["checks"]` (as `checks_gold_reward`).
     """
     from drubric_jax import checks
-    from drubric_jax.evaluator.check_rubrics import item_of_text
     from drubric_jax.rl.rewards import rubric_scores
 
     where = f"prompt row {getattr(item, 'id', None)!r} ({getattr(item, 'source', '?')})"
-    texts, weights = oracle_list(checks.true_checks_of(getattr(item, "meta", None), where))
-    verdicts = np.array([[checks.verdict(*item_of_text(t), response) for t in texts]],
+    items, weights = oracle_list(checks.true_checks_of(getattr(item, "meta", None), where))
+    verdicts = np.array([[checks.verdict(c, a, response) for c, a in items]],
                         np.float32)                                                # [K=1, M]
-    scores, _ = rubric_scores(verdicts, weights, np.ones(len(texts), bool))
+    scores, _ = rubric_scores(verdicts, weights, np.ones(len(items), bool))
     return float(np.asarray(scores)[0])
 
 

@@ -7,14 +7,15 @@ first teaches it the checks world's task by maximum likelihood (`rl.sft`) on pai
 checks as the constrained JSON it emits) (`checks.sft_data`). The rubric-reward
 experiments then start from its export.
 
-    run_sft(config, workdir) -> summary dict
+    run_sft(config, workdir) -> dict of the stage and its evaluations
+    heldout_recovery(...)   constraint recovery of one list per held-out row
 
 Writes in `workdir`:
     checkpoints/            the LoRA adapters and their AdamW moments, and the stage's
                             position (`rounds.checkpoint`); a rerun resumes from the last
     metrics.jsonl           one row per update (nll, token_accuracy, grad_norm, seconds)
-    recovery.jsonl          one row per held-out evaluation: step 0, then after each epoch
-                            (`evaluation.checks_sft`)
+    recovery.jsonl          one row per held-out evaluation (`heldout_recovery`): step 0,
+                            then after each epoch
     export/generator/       the adapters merged into the base, a Hugging Face directory
                             (`model.generator` of the experiments that start from G_sft)
 
@@ -39,6 +40,57 @@ import numpy as np
 
 SFT_ROLE_KEY = 3  # folded into the seed for the adapters' init (the loop's roles use 0..2)
 RECOVERY_FILE = "recovery.jsonl"
+STATS = ("constraint_f1", "constraint_f1_check_id", "constraint_precision",
+         "constraint_recall", "exact", "valid")
+"""Per-row values of `heldout_recovery`, in report order."""
+
+
+def heldout_recovery(generator, params, rows, key: jax.Array,
+                     temperature: float = 0.0) -> dict:
+    """One list per held-out row from `generator`, and how well it recovers the row's true
+    checks (METHOD 13, `checks.recovery.constraint_prf`).
+
+    Args:
+        generator: an `evaluator.rubric_generator.RubricGenerator` of checks
+            (`rows_per_call` bounds the rows decoded at once).
+        params: its params (adapters attached for a LoRA trainee).
+        rows: U records with `.id`, `.prompt`, `.responses` (P_0's K answers), `.history`
+            and `.meta["checks"]` (a held-out anchors file of make_checks_anchors).
+        key: PRNG key of the response orders (and of the samples when temperature > 0).
+        temperature: 0 = greedy.
+
+    Returns:
+        {stat: float64[U] for stat in STATS, "ids": U row ids, "lists": U lists of the
+        kept (check, args) items}: constraint_f1 / _precision / _recall with arguments
+        matched, constraint_f1_check_id on ids alone (an invalid list scores 0, METHOD 11),
+        "exact" 1.0 where F1 = 1, "valid" where the list parsed with >= 1 kept item.
+
+    Raises:
+        ValueError: no rows, or a row without valid true checks (names it).
+    """
+    from drubric_jax.checks.gold import true_checks_of
+    from drubric_jax.checks.recovery import constraint_prf
+    from drubric_jax.evaluator.check_rubrics import item_of_text
+    from drubric_jax.evaluator.rubric_generator import RubricInput
+
+    if not rows:
+        raise ValueError("no held-out rows to evaluate")
+    truth = [true_checks_of(r.meta, f"held-out row {r.id!r}") for r in rows]
+    rb = generator.generate_batch(
+        params, key, [RubricInput(r.prompt, tuple(r.responses), tuple(r.history or ()))
+                      for r in rows], num_lists=1, temperature=float(temperature))
+    mask = np.asarray(rb.item_mask, bool)
+    out = {k: [] for k in STATS}
+    lists = []
+    for u, t in enumerate(truth):
+        items = [item_of_text(x) for x, on in zip(rb.texts[u][0], mask[u, 0]) if on]
+        p, r, f = constraint_prf(items, t)
+        for k, v in zip(STATS, (f, constraint_prf(items, t, ids_only=True)[2], p, r,
+                                float(f == 1.0), float(rb.list_valid[u, 0]))):
+            out[k].append(float(v))
+        lists.append(items)
+    return {**{k: np.asarray(v, np.float64) for k, v in out.items()},
+            "ids": [r.id for r in rows], "lists": lists}
 
 
 def _examples(config, tokenizer, generator):
@@ -80,8 +132,10 @@ def run_sft(config, workdir: str) -> dict:
     """Trains (or resumes) G_sft and evaluates it on held-out prompts (module docstring).
 
     Returns:
-        {"examples", "steps", "epochs", "evals": the recovery rows, "export": the
-        directory, "input_bucket", "target_bucket"}.
+        {"examples", "steps", "epochs", "batch", "evals": the recovery rows (step, epoch,
+        train_nll, means, per_row, ids, lists, seconds), "export": the directory,
+        "input_bucket", "target_bucket"}. The CIs are the report's
+        (`evaluation.checks_sft.summarize`).
 
     Raises:
         FileNotFoundError: a missing data file (names the config field and the commands
@@ -90,7 +144,6 @@ def run_sft(config, workdir: str) -> dict:
     from tqdm import tqdm
 
     from drubric_jax import models
-    from drubric_jax.evaluation import checks_sft
     from drubric_jax.evaluator.rubric_formats import get_format
     from drubric_jax.evaluator.rubric_generator import RubricGenerator
     from drubric_jax.models import lora
@@ -99,8 +152,7 @@ def run_sft(config, workdir: str) -> dict:
     from drubric_jax.rl.train_config import TrainConfig
     from drubric_jax.rl.train_step import TrainState, trainable_init
     from drubric_jax.rounds.checkpoint import Checkpointer
-    from drubric_jax.rounds.run_logging import (MetricsWriter, add_wall_time, read_metrics,
-                                                write_json)
+    from drubric_jax.rounds.run_logging import MetricsWriter, add_wall_time, read_metrics
 
     s, g = config.sft, config.generator
     for field in ("train_anchors", "heldout_prompts", "heldout_anchors"):
@@ -173,12 +225,12 @@ def run_sft(config, workdir: str) -> dict:
             return
         t0 = time.perf_counter()
         params = lora.attach(base, state.params)
-        per_row = checks_sft.heldout_recovery(generator, params, eval_rows, eval_key,
-                                              float(s.eval_temperature))
+        per_row = heldout_recovery(generator, params, eval_rows, eval_key,
+                                   float(s.eval_temperature))
         row = {"step": step, "epoch": epoch,
                "train_nll": float(np.mean(epoch_nll)) if epoch_nll else None,
-               "summary": checks_sft.summarize(per_row, int(s.n_bootstrap), int(config.seed)),
-               "per_row": {k: np.asarray(per_row[k]).tolist() for k in checks_sft.STATS},
+               "means": {k: float(np.mean(per_row[k])) for k in STATS},
+               "per_row": {k: np.asarray(per_row[k]).tolist() for k in STATS},
                "ids": per_row["ids"],
                "lists": [[[c, a] for c, a in lst] for lst in per_row["lists"]],
                "seconds": time.perf_counter() - t0}
@@ -227,10 +279,6 @@ def run_sft(config, workdir: str) -> dict:
                       tokenizer, bos_id=tokenizer.bos_token_id or 0,
                       eos_id=tokenizer.eos_token_id or 0)
     add_wall_time(workdir, "G_sft", time.perf_counter() - t_start)
-    summary = {"kind": "checks_sft", "examples": len(examples), "steps": total,
-               "epochs": int(s.epochs), "batch": batch, "input_bucket": p_bucket,
-               "target_bucket": n_bucket, "export": export,
-               "evals": [{k: e[k] for k in ("step", "epoch", "train_nll", "summary", "seconds")}
-                         for e in sorted(evals, key=lambda e: e["step"])]}
-    write_json(os.path.join(workdir, "summary.json"), summary)
-    return summary
+    return {"examples": len(examples), "steps": total, "epochs": int(s.epochs), "batch": batch,
+            "input_bucket": p_bucket, "target_bucket": n_bucket, "export": export,
+            "evals": sorted(evals, key=lambda e: e["step"])}
