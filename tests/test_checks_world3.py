@@ -60,8 +60,7 @@ def test_oracle_rubric_reward_equals_gold():
     # The check is not vacuous: the draws cover failing, partial and full scores.
     assert {0.0, 1.0} <= seen and len(seen) >= 4
     # Registered as a rule, and the data check requires true checks under it too.
-    assert rule_rewards.from_config(types.SimpleNamespace(reward="checks_oracle")) is \
-        rule_rewards.checks_oracle_reward
+    assert rule_rewards.make_rule("checks_oracle") is rule_rewards.checks_oracle_reward
     with pytest.raises(ValueError, match="meta.checks"):
         rule_rewards.checks_oracle_reward(types.SimpleNamespace(id="y", source="t", meta={}), "")
 

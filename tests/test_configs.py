@@ -161,8 +161,9 @@ def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
     config.policy.train.kl_estimator = "k1"
     config.policy.train.eps = 1e-6
     rows = config.policy.prompts_per_step * config.policy.num_responses  # a step's rows
-    tc = TrainConfig.from_config(config.policy.train, "policy.train", rows=rows,
-                                 temperature=1.0)
+    from drubric_jax.rounds.settings import train_config
+
+    tc = train_config(config.policy.train, "policy.train", rows=rows, temperature=1.0)
     assert (tc.kl_estimator, tc.eps) == ("k1", 1e-6)
     config.policy.train.kl_estimator = "k9"
     with pytest.raises(config_check.ConfigError, match="config.policy.train.kl_estimator"):

@@ -2,7 +2,6 @@
 a bootstrap CI over prompt groups), by hand."""
 import json
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -20,18 +19,17 @@ def test_word_limit_reward_values():
         rule_rewards.word_limit_reward(0)
 
 
-def test_exact_match_reward_and_from_config():
+def test_exact_match_reward_and_make_rule():
     class Item:
         reference = " Paris "
 
     assert rule_rewards.exact_match_reward(Item(), "paris") == 1.0
     assert rule_rewards.exact_match_reward(Item(), "Paris, France") == 0.0
     assert rule_rewards.exact_match_reward(object(), "") == 0.0  # no reference: 0
-    p = ml_collections.ConfigDict({"reward": "word_limit", "reward_max_words": 2})
-    assert rule_rewards.from_config(p)(None, "a b c d") == 0.5
-    p.reward = "rubric"
+    options = rule_rewards.RuleOptions(max_words=2)
+    assert rule_rewards.make_rule("word_limit", options)(None, "a b c d") == 0.5
     with pytest.raises(ValueError, match="config.policy.reward='rubric'"):
-        rule_rewards.from_config(p)
+        rule_rewards.make_rule("rubric", options)
 
 
 _TRUE_CHECKS = [{"check": "punctuation:no_comma", "args": {}},
@@ -44,9 +42,8 @@ def test_checks_gold_reward_by_hand_and_its_missing_field_errors(write_jsonl):
     from drubric_jax import checks, data
 
     item = data.PromptItem(id="w/1", source="t:w", prompt="x", meta={"checks": _TRUE_CHECKS})
-    p = ml_collections.ConfigDict({"reward": "checks_gold", "reward_max_words": 2})
     assert checks.GOLD_REWARD == "checks_gold" in rule_rewards.reward_names()  # a config value
-    rule = rule_rewards.from_config(p)
+    rule = rule_rewards.make_rule("checks_gold")
     assert rule(item, "a cat and a dog") == 1.0  # no comma, lowercase, both keywords
     assert rule(item, "A cat, a dog") == pytest.approx(1 / 3)  # keywords only
     assert rule(item, "a cat, no other pet") == pytest.approx(1 / 3)  # lowercase only

@@ -79,16 +79,26 @@ def test_a_weighted_sum_of_any_number_of_rewards():
 
 
 def test_variant_weights():
-    """full reads each row's config field (disc_weight, lam = lambda of Eq. 17); the METHOD
-    6 ablations keep one reward at weight 1 and the rest at 0; static trains no generator."""
+    """full reads each row's config field (disc_weight, lam = lambda of Eq. 17), once, in
+    `rounds.settings`; the METHOD 6 ablations keep one reward at weight 1 and the rest at
+    0; static trains no generator."""
+    from drubric_jax.rounds import settings
+
     gen_cfg = ml_collections.ConfigDict({"disc_weight": 0.75, "lam": 2.0})
-    assert generator_rewards.reward_weights(gen_cfg, "full") == {"disc": 0.75, "anchor": 2.0}
-    assert generator_rewards.reward_weights(gen_cfg, "disc_only") == {"disc": 1.0,
+    config = ml_collections.ConfigDict({"generator": gen_cfg, "variant": "full"})
+    assert settings.generator_reward_weights(config) == {"disc": 0.75, "anchor": 2.0}
+    config.variant = "static"
+    assert settings.generator_reward_weights(config) is None
+    weights = {"disc": 0.75, "anchor": 2.0}
+    assert generator_rewards.variant_weights(weights, "full") == weights
+    assert generator_rewards.variant_weights(weights, "disc_only") == {"disc": 1.0,
                                                                        "anchor": 0.0}
-    assert generator_rewards.reward_weights(gen_cfg, "anchor_only") == {"disc": 0.0,
+    assert generator_rewards.variant_weights(weights, "anchor_only") == {"disc": 0.0,
                                                                          "anchor": 1.0}
     with pytest.raises(ValueError, match="static"):
-        generator_rewards.reward_weights(gen_cfg, "static")
+        generator_rewards.variant_weights(weights, "static")
+    with pytest.raises(ValueError, match="anchor"):
+        generator_rewards.variant_weights({"disc": 1.0}, "full")
 
 
 def test_registered_rewards_are_eq13_and_eq15_per_input():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from drubric_jax.rl import generator_rewards, rewards
-from drubric_jax.rounds import heldout, loop, phases
+from drubric_jax.rounds import heldout, loop, phases, settings
 from drubric_jax.rounds.context import Timer
 from drubric_jax.types import RubricBatch, Rollout
 from helpers import StubVerifier, p_yes_of, tiny_config
@@ -125,7 +125,8 @@ def run(tmp_path_factory):
 def _ctx(run, variant, mode="hard"):
     config = tiny_config(variant)
     config.verifier.verdict = mode
-    return dataclasses.replace(run.ctx, config=config, generator=StubGenerator())
+    return dataclasses.replace(run.ctx, config=config, settings=settings.read(config),
+                               generator=StubGenerator())
 
 
 @pytest.mark.parametrize("mode", ["hard", "soft"])
@@ -218,7 +219,8 @@ def test_flat_group_fraction_counts_groups_whose_advantage_is_zero(run):
     assert step.metrics["r_disc"] == 0.0
     assert np.all(step.advantages == 0)
     assert step.metrics["flat_group_fraction"] == 1.0
-    full = dataclasses.replace(ctx, config=_ctx(run, "full", "soft").config)
+    other = _ctx(run, "full", "soft")
+    full = dataclasses.replace(ctx, config=other.config, settings=other.settings)
     step = phases.generator_rollout(full, jax.random.PRNGKey(1), run.data.train_anchors[:1])
     assert np.any(step.advantages != 0) and step.metrics["flat_group_fraction"] == 0.0
     assert step.metrics["r_anchor_std"] > 0 and step.metrics["r_disc_std"] == 0.0
@@ -324,10 +326,11 @@ def test_a_third_generator_reward_is_one_function_and_a_weight(run, monkeypatch)
         return jnp.sum(rewards.valid_items(inputs.weights, inputs.item_mask), axis=-1,
                        dtype=jnp.float32)                                    # [B, G]
 
+    ctx = _ctx(run, "full", "soft")
     monkeypatch.setitem(generator_rewards.GENERATOR_REWARDS, "toy",
                         generator_rewards.GeneratorReward(valid_items_per_list, "toy_weight"))
-    ctx = _ctx(run, "full", "soft")
     ctx.config.generator.toy_weight = 0.5
+    ctx = dataclasses.replace(ctx, settings=settings.read(ctx.config))  # read once, again
     three = phases.generator_rollout(ctx, key, anchors)
     g = ctx.config.generator.num_lists
     toy = [sum(w > 0 for w in WEIGHTS[j % 4]) for j in range(g)]  # the stub's lists
@@ -340,6 +343,7 @@ def test_a_third_generator_reward_is_one_function_and_a_weight(run, monkeypatch)
     assert three.metrics["r_toy"] == np.mean(toy) and three.metrics["r_toy_std"] > 0
     assert {k: three.metrics[k] for k in two["full"].metrics} == two["full"].metrics
     ctx.config.variant = "disc_only"
+    ctx = dataclasses.replace(ctx, settings=settings.read(ctx.config))
     ablation = phases.generator_rollout(ctx, key, anchors)
     np.testing.assert_array_equal(ablation.advantages, two["disc_only"].advantages)
 

@@ -7,7 +7,7 @@ and used end to end at the smallest scale:
   initialises and runs a tiny model, and exports and loads back bit for bit; the same for
   a toy family module (the `llama` one renamed) in `models.registry.FAMILIES`;
 - add a rule reward: a row of `rl.rule_rewards.RULES`, accepted by `config_check.validate`
-  and scoring a response through `rule_rewards.from_config`.
+  and scoring a response through the run's settings (`rounds.settings.read`).
 """
 import json
 import types
@@ -23,6 +23,7 @@ from drubric_jax.models import llama, registry, weights
 from drubric_jax.models.config import TINY_QWEN3
 from drubric_jax.models.export import hf_config_dict
 from drubric_jax.rl import grpo, rule_rewards
+from drubric_jax.rounds import settings
 from drubric_jax.types import ConfigError
 from tolerances import close
 
@@ -122,13 +123,14 @@ def _yes_fraction(item, response: str) -> float:
 
 def test_recipe_rule_reward(monkeypatch):
     """A row in RULES: `--config.policy.reward=<name>` passes the config check and
-    `rule_rewards.from_config` gives the rule, which scores a response."""
+    the run's settings (`rounds.settings.read`, the config read once) hold the rule,
+    which scores a response."""
     config = smollm2_cpu.get_config("")
     config.policy.reward = "yes_fraction"
     with pytest.raises(ConfigError, match="config.policy.reward"):
         config_check.validate(config, device_count=1, process_count=1)
-    monkeypatch.setitem(rule_rewards.RULES, "yes_fraction", lambda policy: _yes_fraction)
+    monkeypatch.setitem(rule_rewards.RULES, "yes_fraction", lambda options: _yes_fraction)
     config_check.validate(config, device_count=1, process_count=1)
-    rule = rule_rewards.from_config(config.policy)
+    rule = settings.read(config).rule
     assert rule(None, "yes no yes yes") == 0.75
     assert rule(None, "") == 0.0

@@ -47,7 +47,8 @@ from drubric_jax.models.attention import AUTO_BLOCKWISE_MIN_SCORES
 from drubric_jax.models.config import PRESETS, SMOLLM2_135M, ModelConfig
 from drubric_jax.models.default import DEFAULT_MODEL
 from drubric_jax.rounds.roles import LoadedModel, trainee_config
-from drubric_jax.rl.train_config import TrainConfig, make_optimizer
+from drubric_jax.rounds.settings import train_config
+from drubric_jax.rl.train_config import make_optimizer
 
 GB = 1e9
 ATTENTIONS = ("auto", "dense", "blockwise")
@@ -175,8 +176,8 @@ class RoleModels:
         # `roles.trainee_config` on a params-less LoadedModel: the config a run builds.
         trainee = {r: trainee_config(LoadedModel(sources[r], base[sources[r]], {}, None), config)
                    for r in rows}
-        train = {r: TrainConfig.from_config(config[r].train, f"{r}.train", rows=n,
-                                            temperature=temp) for r, (n, temp) in rows.items()}
+        train = {r: train_config(config[r].train, f"{r}.train", rows=n, temperature=temp)
+                 for r, (n, temp) in rows.items()}
         return cls(sources, base, trainee, train)
 
     def optimizer(self, role: str):

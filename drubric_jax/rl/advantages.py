@@ -176,7 +176,7 @@ def generator_advantages(rewards: dict, weights: dict, mask=None):
     Each reward is group-normalised on its own (never sum-then-normalise); a flat reward
     contributes 0 and leaves the others intact (case-17). The paper's objective is
     {disc: 1, anchor: lambda} (A_disc + lambda A_anchor); the objective ablations of METHOD
-    6 set the weight of one of them to 0 (`rl.generator_rewards.reward_weights`).
+    6 set the weight of one of them to 0 (`rl.generator_rewards.variant_weights`).
 
     Args:
         rewards: {name: float[..., G]}, the rewards of the G rubric lists of each group

@@ -14,8 +14,8 @@ generator's advantage is the weighted sum of the rewards' group-normalised advan
     anchor  R_anchor, Eq. 15 on the anchor list, the METHOD   weight config.generator.lam
             11 floor for an invalid list                      (lambda of Eq. 17)
 
-`reward_weights` gives each reward's weight under the run's variant (METHOD 6): `full`
-reads the config weights (the paper: 1 and lambda = 1); the objective ablations keep one
+`variant_weights` gives each reward's weight under the run's variant (METHOD 6): `full`
+keeps the config's weights (the paper: 1 and lambda = 1; `rounds.settings` reads them); the objective ablations keep one
 reward at weight 1 and set every other to 0 (`ABLATION_KEEPS`). A new reward is one
 function, one row here and its weight field in configs/base.py (docs/CONVENTIONS.md).
 
@@ -100,24 +100,33 @@ ABLATION_KEEPS = {"disc_only": "disc", "anchor_only": "anchor"}
 """The METHOD 6 objective ablations: variant -> the one reward it keeps (weight 1)."""
 
 
-def reward_weights(generator_config, variant: str) -> dict:
+TRAINED_VARIANTS = ("full",) + tuple(ABLATION_KEEPS)
+"""The variants whose generator trains on these rewards (METHOD 6; "static" does not)."""
+
+
+def variant_weights(weights, variant: str) -> dict:
     """{name: w_n} of every registered reward under `variant` (METHOD 6).
 
     Args:
-        generator_config: `config.generator` (each row's `weight_field` is read from it).
-        variant: `config.variant`; "full" reads the config weights, an `ABLATION_KEEPS`
-            variant weights its reward 1 and every other 0.
+        weights: {name: w_n} of the full objective, one per registry row (the run reads
+            them from each row's `weight_field` of config.generator, once:
+            `rounds.settings`).
+        variant: "full" keeps `weights`; an `ABLATION_KEEPS` variant weights its reward 1
+            and every other 0.
 
     Raises:
-        ValueError: a variant that trains no generator ("static") or an unknown one.
+        ValueError: a variant that trains no generator ("static") or an unknown one; a
+            registry reward without a weight.
     """
     if variant in ABLATION_KEEPS:
         return {name: float(name == ABLATION_KEEPS[variant]) for name in GENERATOR_REWARDS}
     if variant != "full":
         raise ValueError(f"variant {variant!r} trains no generator (full, "
                          f"{', '.join(ABLATION_KEEPS)} do)")
-    return {name: float(generator_config[row.weight_field])
-            for name, row in GENERATOR_REWARDS.items()}
+    missing = [n for n in GENERATOR_REWARDS if n not in weights]
+    if missing:
+        raise ValueError(f"no weight for the generator reward(s) {missing}")
+    return {name: float(weights[name]) for name in GENERATOR_REWARDS}
 
 
 def generator_rewards(inputs: RewardInputs) -> dict:

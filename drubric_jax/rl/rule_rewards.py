@@ -26,12 +26,14 @@ A rule reward is a host function (prompt item, response text) -> float; the poli
 turns the K rewards of a prompt into advantages exactly as it does rubric scores (Eq. 21,
 `phases.rule_policy_rollout`). A non-finite value marks the row unscorable (METHOD 11).
 
-`RULES` is the registry: name -> a function of `config.policy` that returns the rule.
-Adding a rule = its function here and a row in `RULES` (docs/CONVENTIONS.md); `from_config`
-and `config_check.validate` read the table when called.
+`RULES` is the registry: name -> a function of `RuleOptions` that returns the rule.
+Adding a rule = its function here, a row in `RULES` and, if it has a parameter, a field of
+`RuleOptions` read in `rounds.settings` (docs/CONVENTIONS.md); `make_rule` and
+`config_check.validate` read the table when called.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
@@ -125,12 +127,23 @@ def checks_oracle_reward(item, response: str) -> float:
     return float(np.asarray(scores)[0])
 
 
-# name -> (config.policy -> the rule); the values of config.policy.reward besides RUBRIC.
-RULES: dict[str, Callable[[object], Rule]] = {
-    "word_limit": lambda policy: word_limit_reward(int(policy.reward_max_words)),
-    "exact_match": lambda policy: exact_match_reward,
-    "checks_gold": lambda policy: checks_gold_reward,  # = checks.GOLD_REWARD
-    "checks_oracle": lambda policy: checks_oracle_reward,
+@dataclasses.dataclass(frozen=True)
+class RuleOptions:
+    """The rules' parameters (read from config.policy once, `rounds.settings`).
+
+    Attributes:
+        max_words: N of `word_limit` (`config.policy.reward_max_words`), >= 1.
+    """
+
+    max_words: int = 32
+
+
+# name -> (RuleOptions -> the rule); the values of config.policy.reward besides RUBRIC.
+RULES: dict[str, Callable[[RuleOptions], Rule]] = {
+    "word_limit": lambda o: word_limit_reward(int(o.max_words)),
+    "exact_match": lambda o: exact_match_reward,
+    "checks_gold": lambda o: checks_gold_reward,  # = checks.GOLD_REWARD
+    "checks_oracle": lambda o: checks_oracle_reward,  # = checks.ORACLE_REWARD
 }
 
 
@@ -139,15 +152,13 @@ def reward_names() -> tuple:
     return (RUBRIC,) + tuple(RULES)
 
 
-def from_config(policy_config) -> Rule:
-    """The rule of `config.policy` (`reward`, and the fields its row in `RULES` reads, e.g.
-    `reward_max_words`).
+def make_rule(name: str, options: RuleOptions = RuleOptions()) -> Rule:
+    """The rule reward `name` with `options`.
 
     Raises:
-        ValueError: `reward` is not a rule (names the field and the choices).
+        ValueError: `name` is not a rule (names config.policy.reward and the choices).
     """
-    name = policy_config.reward
     if name not in RULES:
         raise ValueError(f"config.policy.reward={name!r} is not a rule reward "
                          f"(one of {tuple(RULES)})")
-    return RULES[name](policy_config)
+    return RULES[name](options)

@@ -2,10 +2,10 @@
 optimizer that follows from it (METHOD section 4: the paper's learning rates 1e-6 for the
 policy and 5e-6 for the generator, beta = 0.01).
 
-`TrainConfig.from_config(node, field, ...)` is the one conversion from a config node
+`rounds.settings.train_config(node, field, ...)` is the one conversion from a config node
 (`configs/base.py: trainer_config`, whose defaults are this dataclass's) to this
-dataclass; every check lives in `TRAINER_RULES`, so a bad value is reported with its config
-field whichever way the dataclass is built.
+dataclass, read once per run; every check lives in `TRAINER_RULES`, so a bad value is
+reported with its config field whichever way the dataclass is built.
 """
 from __future__ import annotations
 
@@ -97,25 +97,6 @@ class TrainConfig:
 
     def __post_init__(self):
         check_trainer(dataclasses.asdict(self), "TrainConfig")
-
-    @classmethod
-    def from_config(cls, node, field: str, *, rows: int, temperature: float) -> "TrainConfig":
-        """The TrainConfig of config node `node` (at dotted path `field`, e.g. "policy.train").
-
-        Args:
-            node: ConfigDict with the fields of `configs/base.py: trainer_config`.
-            field: its dotted path, used in error messages.
-            rows: R, rows (responses or rubric lists) of one step; micro_batch_size 0
-                means all of them.
-            temperature: the sampler's temperature for this trainee.
-
-        Raises:
-            types.ConfigError: a bad field, named "config.<field>.<name>".
-        """
-        values = {f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node}
-        check_trainer(values, f"config.{field}", rows=rows)
-        values["micro_batch_size"] = values.get("micro_batch_size") or rows
-        return cls(**values, temperature=float(temperature))
 
     @property
     def scoring_temperature(self) -> float:

@@ -22,6 +22,8 @@ from drubric_jax.evaluator.budgets import memory_budgets
 from drubric_jax.evaluator.rubric_formats import get_format
 from drubric_jax.evaluator.verifier import Verifier
 from drubric_jax.rounds.roles import Roles
+from drubric_jax.rounds.settings import RunSettings
+from drubric_jax.rounds.settings import read as read_settings
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.types import Rollout
 
@@ -70,10 +72,15 @@ class Context:
     policy_stop_ids: np.ndarray
     policy_pad_id: int
     true_checks: dict = dataclasses.field(default_factory=dict)
+    # The config read once into what rl/ takes (`rounds.settings.read`); `build` sets it.
+    # A context made with another config (tests: dataclasses.replace) passes its own.
+    settings: Optional[RunSettings] = None
 
     @classmethod
-    def build(cls, config, roles: Roles, mesh, prompts=()) -> "Context":
-        """The context of a run; `prompts`: its `PromptItem`s (read for `true_checks`)."""
+    def build(cls, config, roles: Roles, mesh, prompts=(),
+              settings: Optional[RunSettings] = None) -> "Context":
+        """The context of a run; `prompts`: its `PromptItem`s (read for `true_checks`);
+        `settings`: `rounds.settings.read(config)` (read here when not given)."""
         gen_cfg, ver_cfg = config.generator, config.verifier
         gen = None if roles.generator is None else roles.generator.model
         stop = tok_lib.stop_ids(roles.policy.model.tokenizer)
@@ -98,7 +105,8 @@ class Context:
             per_row_keys=config.per_row_keys,
             fmt=get_format(kind, tuple(gen_cfg.get("check_pool", ()))),
             keep_prompt=bool(gen_cfg.get("keep_prompt", False)))
-        return cls(config, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks)
+        return cls(config, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks,
+                   settings or read_settings(config))
 
 
 def verifier_budgets(cfg, fraction: float) -> dict:

@@ -45,7 +45,6 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from drubric_jax.rl import rule_rewards
 from drubric_jax.rounds import (compilation, context, gold_curve, heldout, hostmem, phases,
                                 run_logging)
 from drubric_jax.models import export_hf_dir
@@ -91,11 +90,11 @@ def _rollout(run: Run, role: Role, key) -> phases.PhaseStep:
     """One rollout of `role`'s phase on the next batch of its iterator."""
     if role is Role.GENERATOR:
         return phases.generator_rollout(run.ctx, key, next(run.anchor_iter))
-    if run.config.policy.reward == rule_rewards.RUBRIC:
+    if run.ctx.settings.rule is None:  # config.policy.reward = rubric
         return phases.policy_rollout(run.ctx, key, next(run.prompt_iter))
-    # Plain GRPO on a rule reward (config.policy.reward).
+    # Plain GRPO on a rule reward (config.policy.reward, read once: `rounds.settings`).
     return phases.rule_policy_rollout(run.ctx, key, next(run.prompt_iter),
-                                      rule_rewards.from_config(run.config.policy))
+                                      run.ctx.settings.rule)
 
 
 def _policy_rollout_with_redraws(run: Run, key) -> tuple[phases.PhaseStep, int]:

@@ -205,7 +205,7 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     ids = np.repeat(np.arange(b, dtype=np.int32), g)
     adv, _ = adv_lib.generator_advantages_by_id(
         {name: r.reshape(-1) for name, r in values.items()},
-        generator_rewards.reward_weights(gen_cfg, config.variant), ids, b)
+        ctx.settings.generator_weights, ids, b)
     adv = np.asarray(adv)  # [B * G], every input's lists
     metrics = dict(
         **generator_reward_metrics(values, ids, b),

@@ -55,6 +55,8 @@ from drubric_jax.models import lora
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.models.rollout import rollout_copy
 from drubric_jax.rl.train_config import TrainConfig
+from drubric_jax.rounds.settings import RunSettings
+from drubric_jax.rounds.settings import read as read_settings
 from drubric_jax.types import Role
 
 
@@ -290,22 +292,18 @@ class Roles:
         hostmem.release_free_memory()
 
 
-def build_roles(config: ml_collections.ConfigDict, mesh) -> Roles:
-    """Loads every model source once and builds the roles of `config` on `mesh`.
+def build_roles(config: ml_collections.ConfigDict, mesh,
+                run_settings: Optional[RunSettings] = None) -> Roles:
+    """Loads every model source once and builds the roles of `config` on `mesh`, each
+    trainee with its TrainConfig of `run_settings` (`rounds.settings.read(config)` when not
+    given).
 
     Raises:
         config_check.ConfigError: a bad trainer field (named).
     """
+    run_settings = run_settings or read_settings(config)
     loaded = load_models(config, mesh)
-    p, g = config.policy, config.generator
-    # R of a step: B*K responses (policy), B*G rubric lists (generator). Log-probs are scored
-    # at each trainee's own sampling temperature (METHOD 11).
-    policy_tc = TrainConfig.from_config(p.train, "policy.train",
-                                        rows=p.prompts_per_step * p.num_responses,
-                                        temperature=p.temperature)
-    generator_tc = TrainConfig.from_config(g.train, "generator.train",
-                                           rows=g.anchors_per_step * g.num_lists,
-                                           temperature=g.temperature)
+    policy_tc, generator_tc = run_settings.policy_train, run_settings.generator_train
 
     def build(role: Role, source: str, train_config: TrainConfig):
         # A role that never trains gets no master copy and no AdamW moments (`trains`).

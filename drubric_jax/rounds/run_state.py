@@ -26,7 +26,7 @@ from etils import epath
 
 from drubric_jax import config_check, data, parallel
 from drubric_jax.rounds import checkpoint as ckpt_lib
-from drubric_jax.rounds import compilation, context, gold_curve, hostmem, run_logging
+from drubric_jax.rounds import compilation, context, gold_curve, hostmem, run_logging, settings
 from drubric_jax.rounds.roles import build_roles, check_model_sources
 from drubric_jax.types import Role
 
@@ -105,10 +105,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
     mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])
-    roles = build_roles(c, mesh)
+    run_settings = settings.read(c)  # the config read once into what rl/ takes
+    roles = build_roles(c, mesh, run_settings)
     return Run(
         config=c, workdir=workdir, data=loaded,
-        ctx=context.Context.build(c, roles, mesh, loaded.prompts),
+        ctx=context.Context.build(c, roles, mesh, loaded.prompts, run_settings),
         # None when the run reads no anchor list (`data.loading.uses_anchors`: no generator
         # trains and no held-out Delta_gap, e.g. the gold arm).
         anchor_iter=None if not loaded.train_anchors else data.EpochIterator(
