@@ -16,7 +16,6 @@ from drubric_jax import models, parallel
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
 from drubric_jax.evaluator.rubric_formats import KINDS as VERIFIER_KINDS
 from drubric_jax.rl.generator_rewards import GENERATOR_REWARDS
-from drubric_jax.data.loading import uses_anchors
 from drubric_jax.rl import rule_rewards
 from drubric_jax.rl.train_config import DTYPES, check_trainer
 from drubric_jax.types import ConfigError, require as _require  # noqa: F401
@@ -51,6 +50,15 @@ def mesh_row_shards(config: ml_collections.ConfigDict, device_count: int) -> int
     """data x fsdp of the mesh `config.mesh` builds on `device_count` devices."""
     sizes = mesh_axis_sizes(config, device_count)
     return sizes["data"] * sizes["fsdp"]
+
+
+def uses_anchors(config) -> bool:
+    """Whether a run reads anchor lists: its generator trains (generator steps, a variant
+    other than static, generator_rounds != 0) or it evaluates Delta_gap on held-out lists."""
+    r = config.rounds
+    trains = (r.generator_steps > 0 and config.variant != "static"
+              and r.get("generator_rounds", -1) != 0)
+    return bool(trains or r.heldout_eval)
 
 
 def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = None,

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from drubric_jax.rounds.settings import data_spec
 from drubric_jax.evaluation import ablation
 from helpers import assert_percentile_ci, run_module
 
@@ -100,7 +101,7 @@ def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     assert set(s["generators"]) == {"zero_shot", "full", "disc_only", "anchor_only"}
     assert set(s["comparisons"]) == {"full - disc_only", "full - anchor_only"}
     c = cfg_lib.get_config("tiny")
-    loaded = data.load_data(c)
+    loaded = data.load_data(data_spec(c))
     assert s["heldout_ids"] == [a.id for a in loaded.heldout_anchors]
     assert s["n_lists"] == c.data.heldout_anchor_rows
     assert not {a.id for a in loaded.train_anchors} & set(s["heldout_ids"])

@@ -202,3 +202,32 @@ def test_files_and_classes_stay_small(limit_lines, limit_class):
                 long_classes.append((f"{name}.{node.name}", node.end_lineno - node.lineno + 1))
     assert not long_files, f"files over {limit_lines} lines: {long_files}"
     assert not long_classes, f"classes over {limit_class} lines: {long_classes}"
+
+
+def test_layers_below_rounds_never_take_the_run_config():
+    """The run config is read once (`rounds.settings`): no module below `rounds/` other
+    than the validation (`config_check`) imports ml_collections or has a `config`
+    parameter, so none takes the ConfigDict (`rounds.settings.read` hands them values)."""
+    below = {name for name, rank in RANK.items() if rank < RANK["rounds"]} - {"config_check"}
+    offenders, params = [], []
+    for m, path in _modules().items():
+        if _top(m) not in below:
+            continue
+        text = path.read_text(encoding="utf-8")
+        if "ml_collections" in text:
+            offenders.append(m)
+        # Nor a parameter named `config` (a ConfigDict passed duck-typed).
+        params += [(m, node.name) for node in ast.walk(ast.parse(text))
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and "config" in {a.arg for a in node.args.args + node.args.kwonlyargs}]
+    assert not offenders, offenders
+    assert not params, params
+
+
+def test_true_check_rewards_agree():
+    """rounds.settings names the true-check rewards without importing the checkers; the
+    names are checks.gold's."""
+    from drubric_jax.checks.gold import TRUE_CHECK_REWARDS
+    from drubric_jax.rounds import settings
+
+    assert settings.TRUE_CHECK_REWARDS == TRUE_CHECK_REWARDS

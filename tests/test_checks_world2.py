@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from drubric_jax.rounds.settings import data_spec
 from drubric_jax.checks import fit, pool, validate, world
 from drubric_jax.checks.schema import check_lines
 from drubric_jax.data.schema import PromptItem
@@ -179,7 +180,7 @@ def test_world_v2_run_stops_before_its_files_exist(tmp_path):
     assert c.data.checks_world_version == 2 and c.data.refuse_cut_constraints
     with pytest.raises(FileNotFoundError, match=r"make_checks_data --version=2 "
                                                 r"--out=.*/w"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))
     c1 = get_config(f"world=checks,world_version=1,checks_dir={tmp_path}/w1")
     assert c1.data.checks_world_version == 1 and not c1.data.refuse_cut_constraints
     assert c1.lora.rank == 0 and c1.policy.max_prompt_tokens == 128

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from configs.base import base_config
+from drubric_jax.rounds.settings import data_spec
 from drubric_jax import data
 
 
@@ -53,7 +54,7 @@ def test_hf_prompts_keep_the_nectar_source(write_jsonl, monkeypatch):
     _fake_datasets(monkeypatch, [_nectar_row(i) for i in range(3)])
     anchors = write_jsonl([_anchor_row(i) for i in range(3)], name="anchors.jsonl")
     c = _custom_config([anchors], ["hf:fake/Nectar"])
-    loaded = data.load_data(c)
+    loaded = data.load_data(data_spec(c))
     train, heldout, prompts = loaded.train_anchors, loaded.heldout_anchors, loaded.prompts
     assert len(train) == 2 and len(heldout) == 1
     assert [p.id for p in prompts] == [f"fake/Nectar/train/{i}" for i in range(3)]
@@ -76,7 +77,7 @@ def test_duplicate_prompts_are_counted_logged_and_named_in_the_batch_error(
     c = _custom_config([anchors], [prompts])
     assert c.policy.prompts_per_step == 2
     with caplog.at_level("INFO"), pytest.raises(ValueError) as e:
-        data.load_data(c)
+        data.load_data(data_spec(c))
     msg = str(e.value)
     assert msg.startswith("prompts: 1 rows left over 1 host(s) cannot fill one batch of "
                           "config.policy.prompts_per_step=2"), msg
@@ -92,11 +93,11 @@ def test_too_few_anchors_error_names_files_filters_and_fields(write_jsonl):
                           name="prompts.jsonl")
     c = _custom_config([anchors], [prompts])
     c.generator.anchors_per_step = 1
-    loaded = data.load_data(c)
+    loaded = data.load_data(data_spec(c))
     train, heldout = loaded.train_anchors, loaded.heldout_anchors
     assert len(train) == 1 and len(heldout) == 1
     with pytest.raises(ValueError) as e:
-        data.load_data(c, num_hosts=2)
+        data.load_data(data_spec(c), num_hosts=2)
     msg = str(e.value)
     assert msg.startswith("anchors: 1 rows left after config.data.heldout_anchor_rows=1 held "
                           "out over 2 host(s) cannot fill one batch of "
@@ -119,10 +120,10 @@ def test_policy_filter_applies_to_ranked_prompts_when_the_paper_filters_are_aske
     anchors = write_jsonl([_anchor_row(i, n=7) for i in range(3)], name="anchors.jsonl")
     prompts = write_jsonl(rows, name="prompts.jsonl")
     off = _custom_config([anchors], [prompts], min_responses=4)
-    assert [p.id for p in data.load_data(off).prompts] == ["r/0", "r/1", "r/2", "p/3"]
+    assert [p.id for p in data.load_data(data_spec(off)).prompts] == ["r/0", "r/1", "r/2", "p/3"]
     paper = _custom_config([anchors], [prompts], min_responses=4, min_prompt_chars=50,
                            min_top_response_chars=50)
-    assert [p.id for p in data.load_data(paper).prompts] == ["r/0", "p/3"]
+    assert [p.id for p in data.load_data(data_spec(paper)).prompts] == ["r/0", "p/3"]
     stats = {}
     data.prompts_from_jsonl(prompts, filters=data.PolicyFilterConfig(4, 50, 50), stats=stats)
     assert stats == {"kept": 2, "short_prompt": 1, "bad_top_response": 1}
@@ -133,7 +134,7 @@ def test_policy_filter_applies_to_ranked_prompts_when_the_paper_filters_are_aske
     _fake_datasets(monkeypatch, nectar)
     paper.data.prompt_paths = ("hf:fake/Nectar",)
     paper.data.min_responses = 7
-    assert [p.id for p in data.load_data(paper).prompts] == ["fake/Nectar/train/0",
+    assert [p.id for p in data.load_data(data_spec(paper)).prompts] == ["fake/Nectar/train/0",
                                                         "fake/Nectar/train/2"]
 
 
@@ -141,27 +142,27 @@ def test_fingerprint_hashes_the_rows_used_not_the_paths(write_jsonl, tmp_path):
     anchors = write_jsonl([_anchor_row(i) for i in range(4)], name="anchors.jsonl")
     prompts = write_jsonl([_prompt_row(i, f"Question {i}?") for i in range(3)],
                           name="prompts.jsonl")
-    fp = data.load_data(_custom_config([anchors], [prompts])).fingerprint
+    fp = data.load_data(data_spec(_custom_config([anchors], [prompts]))).fingerprint
     assert [(f["kind"], f["path"], f["rows"]) for f in fp["files"]] == [
         ("anchors", str(anchors), 4), ("prompts", str(prompts), 3)]
     assert fp["rows"] == {"anchors": 4, "prompts": 3}
     assert json.loads(json.dumps(fp)) == fp
-    again = data.load_data(_custom_config([anchors], [prompts], heldout_anchor_rows=2))
+    again = data.load_data(data_spec(_custom_config([anchors], [prompts], heldout_anchor_rows=2)))
     assert again.fingerprint == fp  # the held-out split is config, not data
     moved = tmp_path / "moved"
     moved.mkdir()
     copies = [moved / p.name for p in (anchors, prompts)]
     for src, dst in zip((anchors, prompts), copies):
         dst.write_bytes(src.read_bytes())
-    assert data.load_data(_custom_config([copies[0]], [copies[1]])).fingerprint["sha256"] == (
+    assert data.load_data(data_spec(_custom_config([copies[0]], [copies[1]]))).fingerprint["sha256"] == (
         fp["sha256"])
-    capped = data.load_data(_custom_config([anchors], [prompts], max_prompt_rows=2))
+    capped = data.load_data(data_spec(_custom_config([anchors], [prompts], max_prompt_rows=2)))
     assert capped.fingerprint["sha256"] != fp["sha256"]
     assert capped.fingerprint["files"][0] == fp["files"][0]
     edited = _prompt_row(2, "Question 2, edited?")
     write_jsonl([_prompt_row(0, "Question 0?"), _prompt_row(1, "Question 1?"), edited],
                 name="prompts.jsonl")
-    changed = data.load_data(_custom_config([anchors], [prompts])).fingerprint
+    changed = data.load_data(data_spec(_custom_config([anchors], [prompts]))).fingerprint
     assert changed["files"][1]["sha256"] != fp["files"][1]["sha256"]
     assert changed["files"][0] == fp["files"][0] and changed["sha256"] != fp["sha256"]
 
@@ -181,29 +182,29 @@ def test_check_data_sources_names_the_config_field_and_file(write_jsonl, tmp_pat
     prompts = write_jsonl([_prompt_row(i, f"Question {i}?") for i in range(3)],
                           name="prompts.jsonl")
     c = _custom_config([anchors, "hf:fake/Nectar"], [prompts])
-    assert data.check_data_sources(c) == {str(anchors): 3, str(prompts): 3}  # hf: skipped
+    assert data.check_data_sources(data_spec(c)) == {str(anchors): 3, str(prompts): 3}  # hf: skipped
     missing = tmp_path / "missing.jsonl"
     c.data.prompt_paths = (str(prompts), str(missing))
     with pytest.raises(FileNotFoundError, match=r"^config\.data\.prompt_paths\[1\]: no such "
                                                 r"file .*missing\.jsonl$"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))
     bad = write_jsonl([_prompt_row(0, "ok?"), dict(_prompt_row(1, "x"), prompt=5)],
                       name="bad.jsonl")
     c.data.prompt_paths = (str(bad),)
     with pytest.raises(ValueError, match=r"^config\.data\.prompt_paths\[0\]: .*bad\.jsonl:2: "
                                          r"field 'prompt' must be a string"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))
     c.data.prompt_paths = (str(prompts),)
     c.data.anchor_paths = (str(prompts),)  # prompt-only rows cannot be anchors
     with pytest.raises(ValueError, match=r"^config\.data\.anchor_paths\[0\]: .*prompts\.jsonl "
                                          r"has no ranked rows"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))
 
 
 def test_check_data_sources_demo_and_shared(tmp_path):
     c = base_config()
-    assert sorted(data.check_data_sources(c).values()) == [24, 32]
+    assert sorted(data.check_data_sources(data_spec(c)).values()) == [24, 32]
     c.data.name, c.data.shared_dir = "shared", str(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"config\.data\.name=shared needs .*"
                                                 r"\(set config\.data\.shared_dir\)"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))

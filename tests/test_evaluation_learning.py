@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from drubric_jax.rounds.settings import data_spec
 from drubric_jax.rl import rule_rewards
 from drubric_jax.evaluation import learning
 from drubric_jax.rounds.run_logging import MetricsWriter
@@ -64,11 +65,11 @@ def test_checks_gold_reward_by_hand_and_its_missing_field_errors(write_jsonl):
     c = base_config()
     c.data.name, c.data.prompt_paths = "custom", (str(prompts),)
     c.data.anchor_paths = ()
-    assert data.check_data_sources(c) == {str(prompts): 2}  # rubric reward: meta not read
+    assert data.check_data_sources(data_spec(c)) == {str(prompts): 2}  # rubric reward: meta not read
     c.policy.reward = "checks_gold"
     with pytest.raises(ValueError, match=r"prompt_paths\[0\]: .*p\.jsonl:2: row 'p/1' .*field "
                                          r"'meta.checks' is missing"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))
 
 
 def test_first_last_difference_by_hand():

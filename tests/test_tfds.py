@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from configs.base import base_config
+from drubric_jax.rounds.settings import data_spec
 from drubric_jax import data
 from drubric_jax.data.tfds_build import build_tfds, expand_jsonl_entries
 from drubric_jax.data.tfds_source import parse_tfds_spec, records_from_tfds
@@ -116,10 +117,10 @@ def _run_config(anchors, prompts, **fields):
 def test_data_fingerprint_from_tfds_equals_the_jsonl_one(tfds, jsonl_files, tmp_path):
     data_dir = str(tmp_path / "tfds")
     build_tfds(jsonl_files, "tiny_rows", data_dir)
-    from_jsonl = data.load_data(_run_config(*jsonl_files))
+    from_jsonl = data.load_data(data_spec(_run_config(*jsonl_files)))
     tfds_config = _run_config("tfds:tiny_rows:anchors", "tfds:tiny_rows:prompts",
                               tfds_data_dir=data_dir)
-    from_tfds = data.load_data(tfds_config)
+    from_tfds = data.load_data(data_spec(tfds_config))
     fj, ft = from_jsonl.fingerprint, from_tfds.fingerprint
     # The content hash ignores paths: equal; the files list names each source.
     assert ft["sha256"] == fj["sha256"] and ft["rows"] == fj["rows"]
@@ -131,7 +132,7 @@ def test_data_fingerprint_from_tfds_equals_the_jsonl_one(tfds, jsonl_files, tmp_
     assert from_tfds.heldout_anchors == from_jsonl.heldout_anchors
     assert from_tfds.prompts == from_jsonl.prompts
     assert len(from_tfds.prompts) == len(PROMPT_ROWS) - 1  # the duplicate dropped as in JSONL
-    assert data.check_data_sources(tfds_config) == {"tfds:tiny_rows:anchors": len(ANCHOR_ROWS),
+    assert data.check_data_sources(data_spec(tfds_config)) == {"tfds:tiny_rows:anchors": len(ANCHOR_ROWS),
                                                     "tfds:tiny_rows:prompts": len(PROMPT_ROWS)}
 
 
@@ -140,7 +141,7 @@ def test_errors_name_the_dataset_file_and_field(tfds, jsonl_files, write_jsonl, 
     c = _run_config("tfds:absent", "tfds:absent:prompts", tfds_data_dir=data_dir)
     with pytest.raises(FileNotFoundError, match=r"config\.data\.anchor_paths\[0\]: "
                        r"tfds:absent: no TFDS dataset 'absent' with split 'train'.*build_tfds"):
-        data.check_data_sources(c)
+        data.check_data_sources(data_spec(c))
     build_tfds(jsonl_files, "tiny_rows", data_dir)
     with pytest.raises(FileNotFoundError, match=r"split 'test'.*Unknown split"):
         records_from_tfds("tfds:tiny_rows:test", data_dir)

@@ -15,7 +15,7 @@ Pure Python + numpy (METHOD = ../shared/docs/METHOD.md). One job per module:
 - `tfds_source`: "tfds:NAME[:SPLIT]" data entries, read with `tfds.data_source` (no
   TensorFlow): `records_from_tfds`, the example <-> Record mapping.
 - `tfds_build`: `build_tfds`, JSONL files into a TFDS dataset (experiments/build_tfds.py).
-- `loading`: config.data -> `LoadedData` (train anchors, held-out anchors, prompts,
+- `loading`: a `DataSpec` (what a run config says of its data) -> `LoadedData` (train anchors, held-out anchors, prompts,
   fingerprint): `load_data`; `check_data_sources`, the fast check before weights load.
 - `fingerprint`: `data_fingerprint`, paths, row counts and a content hash of the rows
   a run used (to refuse resuming a workdir with other data).
@@ -32,7 +32,7 @@ from drubric_jax.data.filters import (APPENDIX_B_FILTERS, AnchorFilterConfig,
                                       is_useful, policy_prompt_drop_reason)
 from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import EpochIterator, host_shard, shuffled_order
-from drubric_jax.data.loading import (LoadedData, check_data_sources, load_data,
+from drubric_jax.data.loading import (DataSpec, LoadedData, check_data_sources, load_data,
                                       resolve_data_paths)
 from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, Record,
                                      anchor_from_record, gold_ranks, jsonl_line, write_json,

@@ -1,6 +1,10 @@
-"""What a run reads: config.data -> LoadedData (train anchors, held-out anchors, prompts).
+"""What a run reads: a `DataSpec` -> LoadedData (train anchors, held-out anchors, prompts).
 
-`resolve_data_paths` maps config.data.name (demo / shared / custom) to files;
+A `DataSpec` is what this layer reads of a run config, read once per run
+(`rounds.settings.data_spec`): the data layer never takes the ConfigDict. Its fields keep
+the config's names (`config.data.<field>`; the batch sizes and seed of the run), and errors
+name those config fields. `resolve_data_paths` maps config.data.name (demo / shared /
+custom) to files;
 `load_data` reads them with the readers of `sources`, caps anchor lists at
 config.data.max_responses, splits off the held-out anchors of Delta_gap (Eq. 2) and
 fingerprints the rows it used. `check_data_sources` is the fast check, before any model
@@ -48,7 +52,7 @@ def _cap_anchor(a: AnchorList, max_responses: int) -> AnchorList:
                                gold_ranks=[a.gold_ranks[i] for i in idx])
 
 
-def resolve_data_paths(config) -> tuple[list, list]:
+def resolve_data_paths(d: DataSpec) -> tuple[list, list]:
     """(anchor paths, prompt paths) for config.data.name.
 
     demo: the packaged demo set. shared: ../shared/data (RM-Bench chat + AlpacaEval
@@ -57,7 +61,6 @@ def resolve_data_paths(config) -> tuple[list, list]:
     Raises:
         FileNotFoundError: shared data requested but not found.
     """
-    d = config.data
     if d.name == "demo":
         return [str(demo_anchor_path())], [str(demo_prompt_path())]
     if d.name == "shared":
@@ -76,6 +79,46 @@ def resolve_data_paths(config) -> tuple[list, list]:
     return list(d.anchor_paths), list(d.prompt_paths)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """What the data layer reads of a run config (`rounds.settings.data_spec` reads it once).
+
+    Attributes (config.data.<name> unless said):
+      name: demo | shared | custom.  anchor_paths, prompt_paths: tuple[str] (custom).
+      shared_dir: root of ../shared ("" = beside the repository).
+      tfds_data_dir: TFDS data_dir of "tfds:" entries ("" = TFDS's default).
+      min_responses, max_responses, min_prompt_chars, min_top_response_chars,
+      max_anchor_rows, max_prompt_rows, heldout_anchor_rows: as configs/base.py says.
+      seed: config.seed (the held-out split's shuffle).
+      anchors_per_step, prompts_per_step: config.generator.anchors_per_step and
+        config.policy.prompts_per_step (one batch per host must fill).
+      reads_anchors: the run reads anchor lists (`config_check.uses_anchors`).
+      true_checks_reward: config.policy.reward when it reads each prompt's true checks
+        (`checks.TRUE_CHECK_REWARDS`), else "".
+      checks_build: config.data.checks_build (the commands that write a checks world's
+        files, printed when one is missing; "" outside the checks world).
+    """
+
+    name: str
+    anchor_paths: tuple = ()
+    prompt_paths: tuple = ()
+    shared_dir: str = ""
+    tfds_data_dir: str = ""
+    min_responses: int = 2
+    max_responses: int = 8
+    min_prompt_chars: int = 0
+    min_top_response_chars: int = 0
+    max_anchor_rows: int = 0
+    max_prompt_rows: int = 0
+    heldout_anchor_rows: int = 0
+    seed: int = 0
+    anchors_per_step: int = 1
+    prompts_per_step: int = 1
+    reads_anchors: bool = True
+    true_checks_reward: str = ""
+    checks_build: str = ""
+
+
 class _FileRows(NamedTuple):
     """What one data file gave: the rows used and the count of every outcome."""
 
@@ -88,9 +131,9 @@ class _FileRows(NamedTuple):
         return f"{self.path} ({counts}; {len(self.rows)} used)"
 
 
-def _tfds_dir(d) -> str:
-    """config.data.tfds_data_dir ("" = TFDS's default; configs without the field: "")."""
-    return getattr(d, "tfds_data_dir", "") or ""
+def _tfds_dir(d: DataSpec) -> str:
+    """config.data.tfds_data_dir ("" = TFDS's default)."""
+    return d.tfds_data_dir or ""
 
 
 def _read_anchors(d, paths: Sequence[str]) -> list:
@@ -155,25 +198,17 @@ def _read_prompts(d, paths: Sequence[str]) -> list:
     return out
 
 
-# A dotted path into a ConfigDict ("policy.prompts_per_step").
-def _field(config, dotted: str):
-    for key in dotted.split("."):
-        config = config[key]
-    return config
-
-
-def _check_fills_batch(config, kind: str, rows: int, files: list, batch_field: str,
-                       cap_field: str, num_hosts: int, note: str = "") -> None:
+def _check_fills_batch(kind: str, rows: int, files: list, batch_field: str, batch: int,
+                       cap_field: str, cap: int, num_hosts: int, note: str = "") -> None:
     """Raises ValueError naming the files, config fields and counts when `rows` cannot fill
     one batch per host (the EpochIterator would fail later without saying why)."""
-    batch = _field(config, batch_field)
     # The test `EpochIterator` makes, done early with the files and fields named.
     if rows // num_hosts < batch:
         read = "; ".join(f.describe() for f in files) or "no files"
         raise ValueError(
             f"{kind}: {rows} rows left{note} over {num_hosts} host(s) cannot fill one batch "
             f"of config.{batch_field}={batch}; read {read}; "
-            f"config.{cap_field}={_field(config, cap_field)} (0 = all)")
+            f"config.{cap_field}={cap} (0 = all)")
 
 
 @dataclasses.dataclass
@@ -193,8 +228,8 @@ class LoadedData:
     fingerprint: dict
 
 
-def load_data(config, num_hosts: int = 1) -> LoadedData:
-    """Train anchors, held-out anchors and prompts, deterministic from config.seed.
+def load_data(d: DataSpec, num_hosts: int = 1) -> LoadedData:
+    """Train anchors, held-out anchors and prompts, deterministic from the run's seed.
 
     Anchor lists come from JSONL files ("hf:<dataset id>" entries go through
     `anchor_lists_from_hf`, network needed; "tfds:NAME[:SPLIT]" entries read a TFDS split
@@ -208,7 +243,7 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
     `PolicyFilterConfig`).
 
     Args:
-      config: run config (configs/base.py layout).
+      d: the run's DataSpec (`rounds.settings.data_spec(config)`).
       num_hosts: processes that split every batch (jax.process_count()).
 
     Returns:
@@ -222,32 +257,30 @@ def load_data(config, num_hosts: int = 1) -> LoadedData:
       FileNotFoundError / ValueError: as `resolve_data_paths` and `load_jsonl` (and
         `records_from_tfds` for "tfds:" entries).
     """
-    d = config.data
-    anchor_paths, prompt_paths = resolve_data_paths(config)
+    anchor_paths, prompt_paths = resolve_data_paths(d)
     anchor_files = _read_anchors(d, anchor_paths)
     anchors = [a for f in anchor_files for a in f.rows]
     # A seeded shuffle across files: the held-out split is the same on every host and rerun.
-    order = shuffled_order(len(anchors), config.seed)
+    order = shuffled_order(len(anchors), d.seed)
     anchors = [anchors[i] for i in order]
     heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
-    if anchor_paths or uses_anchors(config):  # a run that reads no anchor list needs none
-        _check_fills_batch(config, "anchors", len(train), anchor_files,
-                           "generator.anchors_per_step", "data.max_anchor_rows", num_hosts,
-                           f" after config.data.heldout_anchor_rows={d.heldout_anchor_rows} "
-                           "held out")
+    if anchor_paths or d.reads_anchors:  # a run that reads no anchor list needs none
+        _check_fills_batch("anchors", len(train), anchor_files, "generator.anchors_per_step",
+                           d.anchors_per_step, "data.max_anchor_rows", d.max_anchor_rows,
+                           num_hosts, f" after config.data.heldout_anchor_rows="
+                           f"{d.heldout_anchor_rows} held out")
     prompt_files = _read_prompts(d, prompt_paths)
     prompts = [p for f in prompt_files for p in f.rows]
-    _check_fills_batch(config, "prompts", len(prompts), prompt_files, "policy.prompts_per_step",
-                       "data.max_prompt_rows", num_hosts)
+    _check_fills_batch("prompts", len(prompts), prompt_files, "policy.prompts_per_step",
+                       d.prompts_per_step, "data.max_prompt_rows", d.max_prompt_rows, num_hosts)
     fingerprint = data_fingerprint([("anchors", f.path, f.rows) for f in anchor_files]
                                    + [("prompts", f.path, f.rows) for f in prompt_files])
     return LoadedData(train, heldout, prompts, fingerprint)
 
 
-def _configured_files(config) -> list:
+def _configured_files(d: DataSpec) -> list:
     """[(kind, config field that names the file, path)] of every configured data entry."""
-    d = config.data
-    anchors, prompts = resolve_data_paths(config)
+    anchors, prompts = resolve_data_paths(d)
     if d.name == "custom":
         return ([("anchors", f"config.data.anchor_paths[{i}]", p) for i, p in enumerate(anchors)]
                 + [("prompts", f"config.data.prompt_paths[{i}]", p)
@@ -258,22 +291,13 @@ def _configured_files(config) -> list:
     return [("anchors", field, p) for p in anchors] + [("prompts", field, p) for p in prompts]
 
 
-def uses_anchors(config) -> bool:
-    """Whether a run reads anchor lists: its generator trains (generator steps, a variant
-    other than static, generator_rounds != 0) or it evaluates Delta_gap on held-out lists."""
-    r = config.rounds
-    trains = (r.generator_steps > 0 and config.variant != "static"
-              and r.get("generator_rounds", -1) != 0)
-    return bool(trains or r.heldout_eval)
-
-
 class MissingDataFile(FileNotFoundError):
     """A configured data file does not exist (`check_data_sources`); the message names the
     config field, the path and, for the checks world, the commands that write it. Commands
     print it without a traceback (experiments/run.py)."""
 
 
-def check_data_sources(config) -> dict:
+def check_data_sources(d: DataSpec) -> dict:
     """Checks that every configured data file exists and parses; loads no model.
 
     Fast enough to run before the weights load (experiments/run.py does). Every row is
@@ -282,13 +306,14 @@ def check_data_sources(config) -> dict:
     `load_data`.
 
     Args:
-      config: run config (configs/base.py layout).
+      d: the run's DataSpec (`rounds.settings.data_spec(config)`).
 
     Returns:
       dict {path: rows in the file} of the JSONL files (and TFDS splits) checked.
 
-    With `config.policy.reward=checks_gold` (or checks_oracle) every prompt row must carry
-    valid true checks in `meta["checks"]` (`checks.true_checks_of`).
+    Under a reward that reads the true checks (`d.true_checks_reward`: checks_gold,
+    checks_oracle) every prompt row must carry valid ones in `meta["checks"]`
+    (`checks.true_checks_of`).
 
     Raises:
       MissingDataFile (a FileNotFoundError): a missing file, "<config field>: no such file
@@ -301,23 +326,23 @@ def check_data_sources(config) -> dict:
         row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
     """
     rows = {}
-    # checks.TRUE_CHECK_REWARDS; the checkers (seconds to import) load only when one is used.
-    reward = getattr(getattr(config, "policy", None), "reward", None)
-    gold_rule = reward in ("checks_gold", "checks_oracle")
+    # The checkers (seconds to import) load only when a reward reads the true checks.
+    reward = d.true_checks_reward
+    gold_rule = bool(reward)
     if gold_rule:
         from drubric_jax import checks
-    for kind, field, path in _configured_files(config):
+    for kind, field, path in _configured_files(d):
         if path.startswith("hf:"):
             continue
         try:
-            records = (records_from_tfds(path, _tfds_dir(config.data)) if is_tfds_spec(path)
+            records = (records_from_tfds(path, _tfds_dir(d)) if is_tfds_spec(path)
                        else load_jsonl(path))
         except FileNotFoundError as e:
             if is_tfds_spec(path):  # the message names the dataset, data_dir and the build
                 raise MissingDataFile(f"{field}: {e}") from None
             # The checks world's files are built by commands: name them (a run started
             # before they exist stops here, before any weights load).
-            build = getattr(config.data, "checks_build", "") if hasattr(config, "data") else ""
+            build = d.checks_build
             hint = ("\nBuild the checks world's files first (from the repository root):\n  "
                     + build.replace("\n", "\n  ") if build else "")
             # from None: the message already names the config field and the path.

@@ -90,13 +90,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     c = config
     check_model_sources(c)  # every model path exists: seconds, not after a load
-    data.check_data_sources(c)  # every file exists and parses, before any weights load
+    run_settings = settings.read(c)  # the config read once into what rl/ and data/ take
+    data.check_data_sources(run_settings.data)  # every file parses, before any weights load
     # The config this invocation runs with, overrides included (a resumed run rewrites it);
     # after the checks, so a run refused for its data writes no config.json.
     _write_json(epath.Path(workdir) / "config.json", json.loads(config.to_json_best_effort()))
     # Every process reads whole global batches (the iterators' defaults, host 0 of 1): the
     # rows of a batch are a global value, as `parallel.put` expects.
-    loaded = data.load_data(c)
+    loaded = data.load_data(run_settings.data)
     # World v2 (data.refuse_cut_constraints): no row whose constraints a role's input
     # budget would cut; checked with the tokenizer alone, before any weights load.
     check_config_rows(c, loaded.prompts, [a for a in loaded.train_anchors],
@@ -105,12 +106,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
     mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
                               jax.devices()[:c.mesh.num_devices or None])
-    run_settings = settings.read(c)  # the config read once into what rl/ takes
     roles = build_roles(c, mesh, run_settings)
     return Run(
         config=c, workdir=workdir, data=loaded,
         ctx=context.Context.build(c, roles, mesh, loaded.prompts, run_settings),
-        # None when the run reads no anchor list (`data.loading.uses_anchors`: no generator
+        # None when the run reads no anchor list (`config_check.uses_anchors`: no generator
         # trains and no held-out Delta_gap, e.g. the gold arm).
         anchor_iter=None if not loaded.train_anchors else data.EpochIterator(
             loaded.train_anchors, c.generator.anchors_per_step, c.seed, name="anchors"),

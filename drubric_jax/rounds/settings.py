@@ -1,14 +1,16 @@
 """The run config read once, into the typed settings the layers below `rounds/` take.
 
-`rl/` never reads a ConfigDict: each trainee's `TrainConfig`, the policy's rule reward and
-the generator's reward weights are read here, once per run (`read`, called where the run
+`rl/` and `data/` never read a ConfigDict: each trainee's `TrainConfig`, the policy's rule
+reward, the generator's reward weights and the data spec are read here, once per run (`read`, called where the run
 is set up, after `config_check.validate`), and passed down as plain values.
 
     RunSettings         policy_train, generator_train (TrainConfig), policy_reward (its
                         name), rule (the rule reward, None for the rubric reward),
                         generator_weights ({reward name: w_n} under config.variant, None
-                        when no generator trains on rewards: variant "static")
+                        when no generator trains on rewards: variant "static"), data (the
+                        `data.DataSpec`)
     train_config(...)   one trainee's TrainConfig from its config node (`config.<role>.train`)
+    data_spec(config)   what the data layer reads (`data.load_data`, `check_data_sources`)
     read(config)        RunSettings of a run config
 
 Errors name the config field ("config.policy.train.learning_rate ...").
@@ -18,8 +20,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional
 
+from drubric_jax.config_check import uses_anchors
+from drubric_jax.data.loading import DataSpec
 from drubric_jax.rl import generator_rewards, rule_rewards
 from drubric_jax.rl.train_config import TrainConfig, check_trainer
+
+# The policy rewards that read each prompt row's true checks (`checks.TRUE_CHECK_REWARDS`;
+# named here so that reading a config does not import the checkers).
+TRUE_CHECK_REWARDS = ("checks_gold", "checks_oracle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +39,7 @@ class RunSettings:
     policy_reward: str
     rule: Optional[rule_rewards.Rule]
     generator_weights: Optional[Mapping[str, float]]
+    data: DataSpec
 
 
 def train_config(node, field: str, *, rows: int, temperature: float) -> TrainConfig:
@@ -63,6 +72,27 @@ def generator_reward_weights(config) -> Optional[dict]:
     return generator_rewards.variant_weights(weights, config.variant)
 
 
+def data_spec(config) -> DataSpec:
+    """The `data.DataSpec` of a run config (configs/base.py layout): config.data's fields,
+    the seed, both batch sizes, whether the run reads anchor lists, the reward that reads
+    true checks, the checks world's build commands."""
+    d = config.data
+    reward = str(config.policy.reward)
+    return DataSpec(
+        name=d.name, anchor_paths=tuple(d.anchor_paths), prompt_paths=tuple(d.prompt_paths),
+        shared_dir=d.get("shared_dir", "") or "", tfds_data_dir=d.get("tfds_data_dir", "") or "",
+        min_responses=int(d.min_responses), max_responses=int(d.max_responses),
+        min_prompt_chars=int(d.min_prompt_chars),
+        min_top_response_chars=int(d.min_top_response_chars),
+        max_anchor_rows=int(d.max_anchor_rows), max_prompt_rows=int(d.max_prompt_rows),
+        heldout_anchor_rows=int(d.heldout_anchor_rows), seed=int(config.seed),
+        anchors_per_step=int(config.generator.anchors_per_step),
+        prompts_per_step=int(config.policy.prompts_per_step),
+        reads_anchors=uses_anchors(config),
+        true_checks_reward=reward if reward in TRUE_CHECK_REWARDS else "",
+        checks_build=d.get("checks_build", "") or "")
+
+
 def read(config) -> RunSettings:
     """RunSettings of a run config (configs/base.py layout).
 
@@ -82,4 +112,4 @@ def read(config) -> RunSettings:
                                      rows=g.anchors_per_step * g.num_lists,
                                      temperature=g.temperature),
         policy_reward=str(p.reward), rule=rule,
-        generator_weights=generator_reward_weights(config))
+        generator_weights=generator_reward_weights(config), data=data_spec(config))
