@@ -240,6 +240,8 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     steps = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all(np.isfinite(s["nll"]) for s in steps)
     assert (work / "export" / "generator" / "config.json").exists()
+    assert json.loads((work / "export" / "generator" / "sft_step.json").read_text()) == {
+        "step": 2}
     assert "| 2 | 1 |" in out and "| 2 | 1 |" in (work / "results.md").read_text()
     res = tmp_path / "results"
     run_module("experiments.report", str(work), f"--out={res}", timeout=120)
@@ -248,6 +250,13 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     run_module(*args, timeout=600)
     assert (work / "recovery.jsonl").stat().st_mtime_ns == stamp
     assert len((work / "metrics.jsonl").read_text().splitlines()) == 2
+    # One more epoch resumes from the checkpoint: 2 more updates, one more evaluation, and
+    # the export rewritten with the last update's adapters.
+    run_module(*args, "--config.sft.epochs=2", timeout=600)
+    rec = [json.loads(x) for x in (work / "recovery.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["epoch"]) for r in rec] == [(0, 0), (2, 1), (4, 2)]
+    assert json.loads((work / "export" / "generator" / "sft_step.json").read_text()) == {
+        "step": 4}
     # A missing world file stops at once, naming the command that builds it.
     os.remove(world / "heldout_anchors.jsonl")
     with pytest.raises(AssertionError, match="make_checks_anchors"):

@@ -17,7 +17,8 @@ Writes in `workdir`:
     recovery.jsonl          one row per held-out evaluation (`heldout_recovery`): step 0,
                             then after each epoch
     export/generator/       the adapters merged into the base, a Hugging Face directory
-                            (`model.generator` of the experiments that start from G_sft)
+                            (`model.generator` of the experiments that start from G_sft),
+                            and sft_step.json: the update it holds
 
 Every random choice flows from `config.seed`: the pairs' response orders, the adapters'
 init, the epoch order (`numpy.random.default_rng((seed, epoch))`), the evaluation key.
@@ -40,6 +41,7 @@ import numpy as np
 
 SFT_ROLE_KEY = 3  # folded into the seed for the adapters' init (the loop's roles use 0..2)
 RECOVERY_FILE = "recovery.jsonl"
+EXPORT_STEP_FILE = "sft_step.json"  # in the export: the update whose adapters it holds
 STATS = ("constraint_f1", "constraint_f1_check_id", "constraint_precision",
          "constraint_recall", "exact", "valid")
 """Per-row values of `heldout_recovery`, in report order."""
@@ -273,11 +275,19 @@ def run_sft(config, workdir: str) -> dict:
         writer.close()
         ckpt.close()
     export = os.path.join(workdir, "export", "generator")
-    if not os.path.exists(os.path.join(export, "config.json")):
+    # The export holds the last update's adapters: a stage extended by more epochs rewrites it.
+    marker = os.path.join(export, EXPORT_STEP_FILE)
+    exported = None
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            exported = json.load(f).get("step")
+    if exported != done:
         merged = lora.merge(base, state.params, tcfg)  # float32, adapters folded in
         export_hf_dir(merged, tcfg.replace(lora_rank=0, param_dtype="float32"), export,
                       tokenizer, bos_id=tokenizer.bos_token_id or 0,
                       eos_id=tokenizer.eos_token_id or 0)
+        with open(marker, "w", encoding="utf-8") as f:
+            json.dump({"step": done}, f)
     add_wall_time(workdir, "G_sft", time.perf_counter() - t_start)
     return {"examples": len(examples), "steps": total, "epochs": int(s.epochs), "batch": batch,
             "input_bucket": p_bucket, "target_bucket": n_bucket, "export": export,
