@@ -316,6 +316,8 @@ def test_bad_data_and_model_paths_fail_before_any_weights_load(tmp_path, monkeyp
     c.data.name, c.data.anchor_paths, c.data.prompt_paths = "custom", (str(bad),), (str(bad),)
     with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         loop.run(c, str(tmp_path / "b"))
+    # A refused run leaves no workdir behind (nothing was written).
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_offloaded_optimizer_state_survives_phase_switch_and_checkpoint(tmp_path):

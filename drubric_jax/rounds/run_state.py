@@ -87,11 +87,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     compilation.enable_persistent_cache(config.compile.cache_dir)
     # Each step's seconds_compile metric reads this clock.
     compilation.CompileClock.install()
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     c = config
     check_model_sources(c)  # every model path exists: seconds, not after a load
     run_settings = settings.read(c)  # the config read once into what rl/ and data/ take
     data.check_data_sources(run_settings.data)  # every file parses, before any weights load
+    # Only now: a run refused for its models or data leaves no empty workdir behind.
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     # The config this invocation runs with, overrides included (a resumed run rewrites it);
     # after the checks, so a run refused for its data writes no config.json.
     _write_json(epath.Path(workdir) / "config.json", json.loads(config.to_json_best_effort()))
