@@ -12,7 +12,7 @@ Arms (`drubric_jax.evaluation.checks_policy.ARMS`), each from P_0 with the same 
     oracle          config.policy.reward = "checks_oracle": Eq. 12 of the prompt's true
                     checks as a rubric list of equal weights (the rubric reward's upper bound)
     rubric_sft      config.policy.reward = "rubric" with `experiment.sft_generator` (G_sft,
-                    the export of experiments.sft_generator)
+                    the export of experiments.sft_generator), its lists greedy
     rubric_g0       config.policy.reward = "rubric" with the untrained generator G_0
     rubric_trained  the same with `experiment.trained_generator` (a Hugging Face directory,
                     e.g. the export/generator of a generator-only run on the anchor lists)
@@ -128,4 +128,9 @@ def arm_config(c, arm: str):
             raise ValueError(f"config.experiment.{field}: the {arm} arm needs a Hugging Face "
                              f"directory of a generator, got {path!r}")
         cfg.model.generator = os.path.abspath(path)
+    if arm == "rubric_sft":
+        # G_sft writes its lists greedily, as its held-out recovery was measured
+        # (configs/sft_generator.py sft.eval_temperature); temperature 1 is for the untrained
+        # G_0, whose greedy lists copy the prompt's format line (configs/smollm2_cpu.py).
+        cfg.policy.rubric_temperature = 0.0
     return cfg

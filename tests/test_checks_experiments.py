@@ -160,6 +160,7 @@ def test_checks_policy_config_validates_for_every_arm():
     assert arm_config(c, "oracle").policy.reward == "checks_oracle"
     sft_arm = arm_config(c, "rubric_sft")
     assert sft_arm.policy.reward == "rubric" and sft_arm.model.generator == c.experiment.sft_generator
+    assert sft_arm.policy.rubric_temperature == 0.0
     c.experiment.trained_generator = ""
     with pytest.raises(ValueError, match="trained_generator"):
         arm_config(c, "rubric_trained")
