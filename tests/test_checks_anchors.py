@@ -63,6 +63,7 @@ def test_sampled_rows_parse_rank_by_gold_and_resume_byte_for_byte(
     full = tmp_path / "full.jsonl"
     stats = mca.write_anchors(src, str(full), cfg, params, smollm2_tokenizer, **_KW)
     assert stats["written"] + stats["too_few"] == 3 and stats["skipped_done"] == 0
+    assert stats["seconds_per_prompt"] == round(stats["seconds"] / 3, 2)
     rows = data.load_jsonl(full)
     assert [r.id for r in rows] == [p["id"] for p in _PROMPTS][:len(rows)] and len(rows) >= 2
     for r, p in zip(rows, _PROMPTS):
@@ -84,9 +85,9 @@ def test_sampled_rows_parse_rank_by_gold_and_resume_byte_for_byte(
         again = mca.write_anchors(src, str(part), cfg, params, smollm2_tokenizer, **_KW)
         assert again["skipped_done"] == cut
         assert part.read_bytes() == full.read_bytes()
-    # Nothing left to do: nothing decoded, nothing written.
-    assert mca.write_anchors(src, str(full), cfg, params, smollm2_tokenizer,
-                             **_KW)["written"] == 0
+    # Nothing left to do: nothing decoded, nothing written, no time per prompt.
+    idle = mca.write_anchors(src, str(full), cfg, params, smollm2_tokenizer, **_KW)
+    assert idle["written"] == 0 and idle["seconds_per_prompt"] is None
     with pytest.raises(ValueError, match="meta.sampling"):
         mca.write_anchors(src, str(full), cfg, params, smollm2_tokenizer,
                           **dict(_KW, temperature=0.5))

@@ -76,7 +76,8 @@ def write_anchors(prompts_path: str, out_path: str, cfg, params, tokenizer, *, k
         k: responses per prompt (K >= 2); batch: prompts per `sampling.generate` call.
 
     Returns:
-        {"written", "skipped_done", "too_few", "seconds"} of this call.
+        {"written", "skipped_done", "too_few", "seconds", "seconds_per_prompt" (None when
+        nothing was sampled)} of this call.
 
     Raises:
         ValueError: a prompt row without valid meta.checks (file, line, row, field), k < 2,
@@ -130,6 +131,10 @@ def write_anchors(prompts_path: str, out_path: str, cfg, params, tokenizer, *, k
                 stats["written"] += 1
             logging.info("anchors: %d / %d prompts", min(lo + batch, len(rows)), len(rows))
     stats["seconds"] = round(time.time() - t0, 1)
+    # Per prompt sampled in this call (written or too few): what a resume or a larger
+    # --limit will cost per prompt.
+    sampled = stats["written"] + stats["too_few"]
+    stats["seconds_per_prompt"] = round(stats["seconds"] / sampled, 2) if sampled else None
     return stats
 
 
