@@ -261,3 +261,22 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     os.remove(world / "heldout_anchors.jsonl")
     with pytest.raises(AssertionError, match="make_checks_anchors"):
         run_module(*args[:2], f"--workdir={tmp_path / 'other'}", timeout=300)
+
+
+def test_sft_config_validates_and_names_the_field():
+    from configs import sft_generator
+    from drubric_jax.rounds.sft_stage import check_sft_config
+    from drubric_jax.types import ConfigError
+
+    c = sft_generator.get_config("")
+    check_sft_config(c.sft)
+    assert c.generator.check_pool and c.data.checks_world_version == 2
+    c.sft.epochs = 0
+    with pytest.raises(ConfigError, match="config.sft.epochs"):
+        check_sft_config(c.sft)
+    c = sft_generator.get_config("tiny")
+    c.sft.eval_temperature = -1.0
+    with pytest.raises(ConfigError, match="config.sft.eval_temperature"):
+        check_sft_config(c.sft)
+    with pytest.raises(ValueError, match="world_version=2"):
+        sft_generator.get_config("world_version=1")

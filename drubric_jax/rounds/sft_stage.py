@@ -126,6 +126,25 @@ def _examples(config, tokenizer, generator):
     return examples, inputs, targets, eval_rows
 
 
+def check_sft_config(s) -> None:
+    """Validates `config.sft` before any file or weight is read.
+
+    Raises:
+        types.ConfigError: "config.sft.<field>: <what a good value is>".
+    """
+    from drubric_jax.types import require
+
+    for field in ("epochs", "batch", "pairs_per_prompt", "checkpoint_every", "eval_batch",
+                  "n_bootstrap", "logits_chunk"):
+        require(int(s[field]) >= 1, f"config.sft.{field}", f"must be >= 1, got {s[field]}")
+    for field in ("train_rows", "eval_rows", "warmup_steps"):
+        require(int(s[field]) >= 0, f"config.sft.{field}", f"must be >= 0, got {s[field]}")
+    require(float(s.learning_rate) > 0, "config.sft.learning_rate",
+            f"must be > 0, got {s.learning_rate}")
+    require(float(s.eval_temperature) >= 0, "config.sft.eval_temperature",
+            f"must be >= 0 (0 = greedy), got {s.eval_temperature}")
+
+
 def _bucket(n: int, multiple: int) -> int:
     return int(math.ceil(n / multiple) * multiple)
 
@@ -140,6 +159,7 @@ def run_sft(config, workdir: str) -> dict:
         (`evaluation.checks_sft.summarize`).
 
     Raises:
+        types.ConfigError: a bad config.sft field (`check_sft_config`).
         FileNotFoundError: a missing data file (names the config field and the commands
             that build it); ValueError: as `checks.sft_data.sft_examples` and the config.
     """
@@ -157,6 +177,7 @@ def run_sft(config, workdir: str) -> dict:
     from drubric_jax.rounds.run_logging import MetricsWriter, add_wall_time, read_metrics
 
     s, g = config.sft, config.generator
+    check_sft_config(s)
     for field in ("train_anchors", "heldout_prompts", "heldout_anchors"):
         if not os.path.exists(s[field]):
             build = config.data.get("checks_build", "")
