@@ -35,6 +35,7 @@ ARMS = {
     "rubric_g0": "the rubric score of the untrained generator G_0's checks",
     "rubric_trained": "the rubric score of a generator trained on the anchor lists",
 }
+REWARD_IS_GOLD = ("gold", "oracle")  # arms whose training reward is the gold score itself
 P0_FILE = "p0_heldout.json"      # P_0's held-out answers and gold scores, in the workdir
 HELDOUT_FILE = "heldout.json"     # a trained policy's, in its run directory
 
@@ -306,7 +307,10 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
             after[(arm, s)] = h["gold"]
             if "gold_sampled" in h:
                 sampled_after[(arm, s)] = h["gold_sampled"]
-            curves = training_curves(os.path.join(d, "metrics.jsonl"), arm == "gold")
+            # The gold and oracle arms log their reward, which is the gold score (for the
+            # oracle: Eq. 12 of the true checks, equal weights), as policy_reward.
+            curves = training_curves(os.path.join(d, "metrics.jsonl"),
+                                     arm in REWARD_IS_GOLD)
             w = min(window, max(1, len(curves["gold"]) // 2))
             sampled = ({"heldout_sampled": paired_difference(
                 h["gold_sampled"], p0["gold_sampled"], n_boot, seed)}
