@@ -61,8 +61,9 @@ def kind_of(run_dir: str) -> str:
     kind = summary.get("kind") or report.get("kind") or _legacy_kind(summary, report)
     if kind not in KINDS:
         raise ValueError(f"{run_dir}: no summary.json (grpo_learns, ablation, coevolution, "
-                         "checks_policy, sensitivity) or report.json (eval_policy, evaluator "
-                         f"benchmark, eval_ifeval) of a known experiment (kind {kind!r})")
+                         "checks_policy, sensitivity, sft_generator) or report.json "
+                         "(eval_policy, evaluator benchmark, eval_ifeval) of a known "
+                         f"experiment (kind {kind!r})")
     return kind
 
 
