@@ -28,9 +28,15 @@ run: $(STAMP)
 sample: $(STAMP)
 	$(PY) -m experiments.sample --prompt "What is the capital of France?"
 
+# Test files run on TEST_WORKERS processes (pytest-xdist), a whole file to one process so
+# a module's shared fixtures (one baseline run) are built once. 2 fits the project's 2-core
+# machine; each process peaks near 5 GB, so raise it only with the memory to match
+# (make test TEST_WORKERS=4). TEST_WORKERS=0 runs everything in this one process.
+TEST_WORKERS ?= 2
+
 # pytest exit code 5 (no test collected) is reported and turned into a failure.
 define pytest_run
-	$(PY) -m pytest -q $(1) tests; rc=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(1) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 endef

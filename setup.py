@@ -42,8 +42,9 @@ setup(
     extras_require={
         # torch: only the reference models of parity tests (tests/test_qwen3_moe.py runs
         # transformers' Qwen3MoeForCausalLM); never imported by the package.
-        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "jsonschema>=4.20,<5",
-                 "torch==2.13.0"],
+        # pytest-xdist: `make test` runs its files on TEST_WORKERS processes (Makefile).
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4", "hypothesis>=6.100,<7",
+                 "jsonschema>=4.20,<5", "torch==2.13.0"],
         # Optional peer comparison in experiments/bench_sampler.py (CPU torch build).
         "bench": ["torch==2.13.0", "accelerate>=1.0,<2"],
         # "tfds:NAME[:SPLIT]" data entries and experiments/build_tfds.py

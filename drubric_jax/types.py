@@ -9,7 +9,8 @@ Axis legend (docs/CONVENTIONS.md; every module uses these letters):
     R  rows of a flat batch: one sequence (a response or a rubric list) each
     T  tokens of a training row (prompt bucket P + completion N)
     P  prompt tokens (left-padded bucket)       N  new (completion) tokens
-    S  KV-cache slots    V  vocabulary    D  model width    L  layers
+    S  KV-cache slots (positions) of a row      E  decode slots of the rollout engine
+    V  vocabulary        D  model width         L  layers
     H  query heads       Hkv  key/value heads               Dh head dim
 
 Data flow of a phase (METHOD section 5): the sampler returns a `Rollout` (R rows with their

@@ -23,6 +23,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from drubric_jax.rounds import run_logging  # noqa: E402
@@ -30,7 +31,6 @@ from drubric_jax.rounds import run_logging  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/ablation.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the variants' runs.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (any constant)
@@ -69,7 +69,6 @@ def main(argv):
     from drubric_jax.rounds import run_logging
     from drubric_jax.evaluation import ablation
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
     variants = [v.strip() for v in e.variants.split(",") if v.strip()]
@@ -134,4 +133,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

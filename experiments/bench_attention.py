@@ -24,6 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from drubric_jax.models import attention
 from experiments.bench_common import emit
@@ -73,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

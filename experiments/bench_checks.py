@@ -19,6 +19,7 @@ import statistics
 import time
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from experiments import bench_common
 
@@ -82,4 +83,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from experiments.bench_common import emit, median_seconds, timed
 
@@ -183,4 +184,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

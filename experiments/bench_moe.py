@@ -40,6 +40,7 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 
 from experiments.bench_common import emit  # noqa: E402
 
@@ -73,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

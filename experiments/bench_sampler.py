@@ -20,6 +20,7 @@ import os
 import time
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from experiments import bench_common as bench
 from experiments.bench_common import emit
@@ -290,4 +291,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

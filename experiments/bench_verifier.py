@@ -27,6 +27,7 @@ import subprocess
 import sys
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from experiments.bench_common import emit, peak_rss_mb, timed
 
@@ -148,4 +149,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

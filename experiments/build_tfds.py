@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 
 def define_flags():
@@ -56,4 +57,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from drubric_jax.checks import pool as pool_lib
 from drubric_jax.evaluation.checks_calibration import (SAMPLES_FILE, TABLE_JSON, TABLE_MD,
@@ -114,4 +115,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

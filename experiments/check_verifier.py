@@ -18,6 +18,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "verifier model source")
 _DATA = flags.DEFINE_string("data", "", "shared-schema JSONL whose references / responses are "
@@ -75,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

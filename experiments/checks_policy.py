@@ -20,13 +20,13 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/checks_policy.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the runs.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 _SUMMARIZE_ONLY = flags.DEFINE_bool(
     "summarize_only", False, "Train and evaluate nothing: summarize the (arm, seed) runs "
     "already evaluated in the workdir (an arm over the seeds it has).")
@@ -43,7 +43,6 @@ def main(argv):
     from configs.checks_policy import arm_config
     from configs.checks_world import CHECKS_FILES
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
     os.makedirs(workdir, exist_ok=True)
@@ -108,4 +107,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent of the sweep's runs.")
 _OUT = flags.DEFINE_string("out", None, "Markdown file to write (and print).")
@@ -98,4 +99,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

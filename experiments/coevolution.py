@@ -21,6 +21,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags, logging  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from drubric_jax.rounds import run_logging  # noqa: E402
@@ -28,7 +29,6 @@ from drubric_jax.rounds import run_logging  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/coevolution.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the stages' runs.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 SAMPLE_KEY, LIST_KEY, ANSWER_KEY = 31, 37, 41  # fold_in constants of the evaluation keys
@@ -192,7 +192,6 @@ def main(argv):
     from drubric_jax.rounds import loop
     from drubric_jax.evaluation import coevolution as co
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
     if c.rounds.num_rounds != 2:
@@ -240,4 +239,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -81,6 +81,7 @@ import time
 import traceback
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from experiments import device_measure as dm
 from experiments.device_phases import PHASES
@@ -259,4 +260,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -14,6 +14,7 @@ import shlex
 import sys
 
 from absl import app, flags, logging
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval_evaluator.py",
@@ -35,4 +36,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -32,6 +32,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
                              "'smollm2-135m-instruct', a .gguf path or a Hugging Face directory")
@@ -136,4 +137,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -20,6 +20,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from drubric_jax.rounds import run_logging  # noqa: E402
@@ -27,7 +28,6 @@ from drubric_jax.rounds import run_logging  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/grpo_learns.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the parts' runs.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -37,7 +37,6 @@ def main(argv):
     from drubric_jax.rl import rule_rewards
     from drubric_jax.evaluation import learning
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
     summary_path = os.path.join(workdir, "summary.json")
@@ -69,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -38,6 +38,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 
 from drubric_jax.evaluation.checks_anchors import gold_summary, write_anchors  # noqa: E402
 
@@ -73,4 +74,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

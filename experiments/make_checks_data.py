@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 from drubric_jax.checks.world_data import (DEFAULT_MAX_BASE_CHARS, DEFAULT_SOURCES,
                                            V2_CALIBRATION, V2_MAX_BASE_CHARS, make)
@@ -95,4 +96,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

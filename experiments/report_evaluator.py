@@ -11,6 +11,7 @@ import json
 import os
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "", "markdown path (default: <first RUN_DIR>/results.md); "
                            "the plot goes beside it with the suffix .png")
@@ -34,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

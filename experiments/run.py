@@ -21,6 +21,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags, logging  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
@@ -35,7 +36,6 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process (default: d
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_s", 100, "seconds without a heartbeat after which the other "
     "processes of a multi-process run stop with an error (a host died)")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -46,7 +46,6 @@ def main(argv):
     from drubric_jax.rounds import loop
     from drubric_jax.rounds import run_logging
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     if _DISTRIBUTED.value:
         jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                    _PROCESS_ID.value,
@@ -63,4 +62,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

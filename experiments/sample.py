@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from absl import app, flags, logging  # noqa: E402
+from experiments import cli  # noqa: E402
 
 _PROMPT = flags.DEFINE_string("prompt", None, "user message", required=True)
 _SYSTEM = flags.DEFINE_string("system", None, "optional system message (else the template's)")
@@ -59,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -18,6 +18,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from drubric_jax.rounds import run_logging  # noqa: E402
@@ -25,7 +26,6 @@ from drubric_jax.rounds import run_logging  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/sensitivity.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent directory of the settings' runs.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 EVAL_KEY = 7_919  # fold_in of the seed's key for the held-out rubric sampling (as ablation's)
@@ -66,7 +66,6 @@ def main(argv):
     from drubric_jax.evaluation import sensitivity
     from drubric_jax.rounds import loop, run_logging
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
     os.makedirs(workdir, exist_ok=True)
@@ -110,4 +109,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -16,12 +16,12 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from absl import app, flags  # noqa: E402
+from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/sft_generator.py[:switches]",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The stage's directory.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -31,7 +31,6 @@ def main(argv):
     from drubric_jax.rounds import run_logging
     from drubric_jax.rounds.sft_stage import run_sft
 
-    run_logging.quiet_third_party_logs(not _VERBOSE.value)
     c, workdir = _CONFIG.value, _WORKDIR.value
     try:
         summary = run_sft(c, workdir)
@@ -61,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from absl import app, flags
+from experiments import cli  # noqa: E402
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file with get_sweep(), e.g. "
                               "configs/smollm2_cpu.py:tiny (the ':' argument is passed on).")
@@ -76,4 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

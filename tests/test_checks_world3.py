@@ -280,3 +280,25 @@ def test_sft_config_validates_and_names_the_field():
         check_sft_config(c.sft)
     with pytest.raises(ValueError, match="world_version=2"):
         sft_generator.get_config("world_version=1")
+
+
+def test_list_recovery_keeps_the_masked_items_and_scores_them_by_hand():
+    """`check_rubrics.list_recovery`, the loop the held-out F1 of G_sft and of the ablation
+    share: masked-out items are dropped; with arguments 1 of 2 kept items matches 1 of 2
+    true checks (P = R = F1 = 1/2); on ids alone both match (F1 = 1); nothing kept
+    scores 0 (METHOD 11)."""
+    from drubric_jax.evaluator.check_rubrics import item_text, list_recovery
+
+    words = "length_constraints:number_words"
+    texts = [item_text(words, {"relation": "less than", "num_words": 50}),
+             item_text("detectable_format:title", {}),
+             item_text("punctuation:no_comma", {})]
+    truth = [{"check": words, "args": {"relation": "less than", "num_words": 60}},
+             {"check": "detectable_format:title", "args": {}}]
+    items, prf = list_recovery(texts, [True, True, False], truth)
+    assert items == [(words, {"relation": "less than", "num_words": 50}),
+                     ("detectable_format:title", {})]
+    assert prf == (0.5, 0.5, 0.5, 1.0)
+    assert list_recovery(texts, [False] * 3, truth) == ([], (0.0, 0.0, 0.0, 0.0))
+    with pytest.raises(ValueError):
+        list_recovery(texts, [True] * 3, [])

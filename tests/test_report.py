@@ -1,12 +1,14 @@
 """`python -m experiments.report` over run directories of different kinds in one command
 (the results are recomputed from each directory's files)."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 
 from drubric_jax.evaluation import coevolution as co
 from drubric_jax.evaluation import policy_eval
-from helpers import run_module
+from helpers import REPO, run_module
 
 
 def _coevolution_dir(d):
@@ -67,3 +69,15 @@ def test_report_renders_several_kinds_in_one_command(tmp_path):
     assert f"| `{tmp_path / 'ife'}` | (not recorded) |" in index
     assert "- command: (not recorded)" in (out / "ifeval-ife.md").read_text()
     assert "``" not in index
+
+
+def test_help_exits_0_and_a_wrong_directory_is_one_line(tmp_path):
+    """The entry points' shared `experiments.cli.run`: `--help` prints the usage text and
+    exits 0 (absl alone exits 1); report's wrong RUN_DIR is an error line, not usage."""
+    out = run_module("experiments.report", "--help", timeout=120)
+    assert "RUN_DIR" in out and "--out" in out
+    proc = subprocess.run([sys.executable, "-m", "experiments.report", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and "no summary.json" in proc.stderr
+    assert "Regenerates" not in proc.stdout + proc.stderr  # no usage text

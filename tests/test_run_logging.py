@@ -20,6 +20,32 @@ def test_third_party_info_is_dropped_ours_and_warnings_pass():
     assert f.filter(_record(ours, logging.INFO))
 
 
+def test_ifevals_undetected_language_error_is_dropped_and_its_verdict_kept():
+    """The language checkers of IFEval (if_verifiable) log an ERROR for a text langdetect
+    cannot read and count it as followed; the filter drops that line, not the verdict, and
+    not another ERROR of the same file."""
+    from if_verifiable.ifeval import instructions
+
+    records, unfiltered = [], []
+    handler, plain = logging.Handler(), logging.Handler()
+    handler.emit, plain.emit = records.append, unfiltered.append
+    handler.addFilter(run_logging.ThirdPartyFilter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.addHandler(plain)
+    try:
+        checker = instructions.ResponseLanguageChecker("x")
+        checker.build_description(language="de")
+        assert checker.check_following("123 456")  # undetectable: followed, by IFEval's rule
+    finally:
+        root.removeHandler(handler)
+        root.removeHandler(plain)
+    assert records == [] and len(unfiltered) == 1 and unfiltered[0].levelno == logging.ERROR
+    other = logging.LogRecord("root", logging.ERROR, instructions.__file__, 1, "other %s",
+                              ("x",), None)
+    assert run_logging.ThirdPartyFilter().filter(other)
+
+
 def test_quiet_third_party_logs_installs_once_and_can_be_removed():
     from absl import logging as absl_logging
 

@@ -65,21 +65,16 @@ def constraint_per_anchor(texts, item_mask, true_checks) -> dict:
     Raises:
         ValueError: an anchor list whose prompt has no true checks (its index).
     """
-    from drubric_jax.checks.recovery import constraint_prf
-    from drubric_jax.evaluator.check_rubrics import item_of_text
+    from drubric_jax.evaluator.check_rubrics import list_recovery
 
     out = {k: [] for k in ("constraint_precision", "constraint_recall", "constraint_f1",
                            "constraint_f1_check_id")}
     for u, truth in enumerate(true_checks):
         if not truth:
             raise ValueError(f"held-out anchor list {u}: its prompt has no true checks")
-        prf, ids = [], []
-        for g, lst in enumerate(texts[u]):
-            items = [item_of_text(t) for t, on in zip(lst, item_mask[u][g]) if on]
-            prf.append(constraint_prf(items, truth))
-            ids.append(constraint_prf(items, truth, ids_only=True)[2])
-        p, r, f = np.mean(np.asarray(prf, np.float64), axis=0)
-        for k, v in zip(out, (p, r, f, np.mean(ids))):
+        prf = [list_recovery(lst, item_mask[u][g], truth)[1]
+               for g, lst in enumerate(texts[u])]
+        for k, v in zip(out, np.mean(np.asarray(prf, np.float64), axis=0)):
             out[k].append(float(v))
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 

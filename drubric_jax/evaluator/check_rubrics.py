@@ -22,7 +22,7 @@ import json
 from typing import Optional
 
 from drubric_jax import checks
-from drubric_jax.checks.recovery import match_key
+from drubric_jax.checks.recovery import constraint_prf, match_key
 from drubric_jax.checks.schema import check_lines, items_json_schema
 from drubric_jax.text import rubric_format
 from drubric_jax.text.check_prompts import checks_generator_messages
@@ -49,6 +49,28 @@ def item_of_text(text: str) -> tuple[str, dict]:
         return obj["check"], obj["args"]
     except (ValueError, TypeError, KeyError) as e:
         raise checks.InvalidCheck(None, "text", f"not a check item text: {text!r}") from e
+
+
+def list_recovery(texts, kept, true_checks) -> tuple[list, tuple[float, float, float, float]]:
+    """The kept items of one generated list of checks, and how well they recover the prompt's
+    true checks (METHOD 13; the one loop the held-out evaluations share).
+
+    Args:
+        texts: the list's M item texts (`RubricBatch.texts[u][g]`).
+        kept: M bools, the items kept (`RubricBatch.item_mask[u, g]`); an invalid list keeps
+            none and scores 0 (METHOD 11).
+        true_checks: T(x), (check, args) pairs or {"check", "args"} mappings (non-empty).
+
+    Returns:
+        (items, (precision, recall, f1, f1 on check ids alone)): items are the kept
+        (check, args) pairs; the four floats are `checks.recovery.constraint_prf`'s.
+
+    Raises:
+        ValueError: `true_checks` is empty.
+    """
+    items = [item_of_text(t) for t, on in zip(texts, kept) if on]
+    p, r, f = constraint_prf(items, true_checks)
+    return items, (p, r, f, constraint_prf(items, true_checks, ids_only=True)[2])
 
 
 def display(text: str) -> str:

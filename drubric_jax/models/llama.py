@@ -46,7 +46,7 @@ from jax.sharding import PartitionSpec as P
 from drubric_jax import parallel
 from drubric_jax.models import hf_config, lora
 from drubric_jax.models.attention import attend
-from drubric_jax.models.cache import KVCache
+from drubric_jax.models.cache import KVCache, call_slots
 from drubric_jax.models.config import ModelConfig
 
 # The registry's row: `ModelConfig.family`, and the Hugging Face `model_type` and
@@ -318,7 +318,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     # so the S - T empty slots cost no attention (a third of it at P = 128, N = 64), and a
     # "cudnn" attention serves the pass (it cannot mask a cached call).
     fresh = cache.empty
-    attend_from = None if fresh else start
+    attend_from, next_index = call_slots(cache, t)
 
     def attended(k, v, k_all, v_all):
         # What the layer's queries attend over: this call's keys or the whole cache.
@@ -338,7 +338,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)
             k_new.append(kc)
             v_new.append(vc)
-        new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=start + t)
+        new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index,
+                            ring=cache.ring)
         return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
     def body(carry, xs):
@@ -359,7 +360,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
     (x, k_new, v_new), _ = jax.lax.scan(
         body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
-    new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=start + t)
+    new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index, ring=cache.ring)
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
 

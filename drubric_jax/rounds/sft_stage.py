@@ -71,8 +71,7 @@ def heldout_recovery(generator, params, rows, key: jax.Array,
         ValueError: no rows, or a row without valid true checks (names it).
     """
     from drubric_jax.checks.gold import true_checks_of
-    from drubric_jax.checks.recovery import constraint_prf
-    from drubric_jax.evaluator.check_rubrics import item_of_text
+    from drubric_jax.evaluator.check_rubrics import list_recovery
     from drubric_jax.evaluator.rubric_generator import RubricInput
 
     if not rows:
@@ -85,10 +84,9 @@ def heldout_recovery(generator, params, rows, key: jax.Array,
     out = {k: [] for k in STATS}
     lists = []
     for u, t in enumerate(truth):
-        items = [item_of_text(x) for x, on in zip(rb.texts[u][0], mask[u, 0]) if on]
-        p, r, f = constraint_prf(items, t)
-        for k, v in zip(STATS, (f, constraint_prf(items, t, ids_only=True)[2], p, r,
-                                float(f == 1.0), float(rb.list_valid[u, 0]))):
+        items, (p, r, f, f_ids) = list_recovery(rb.texts[u][0], mask[u, 0], t)
+        for k, v in zip(STATS, (f, f_ids, p, r, float(f == 1.0),
+                                float(rb.list_valid[u, 0]))):
             out[k].append(float(v))
         lists.append(items)
     return {**{k: np.asarray(v, np.float64) for k, v in out.items()},

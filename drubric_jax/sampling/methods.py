@@ -127,6 +127,15 @@ def _argmax(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x == top, ids, x.shape[-1]), axis=-1)
 
 
+def row_keys(key: jax.Array, row_ids: jax.Array) -> jax.Array:
+    """The key of each row's draw: fold_in(key, row_ids[b]) for int32[B] ids (a batch of B
+    keys, each a key of `key`'s kind). `key` may be one key, or B keys (one per row: the
+    rollout engine's rows are at different steps)."""
+    if jnp.ndim(key) > (1 if jnp.issubdtype(key.dtype, jnp.uint32) else 0):
+        return jax.vmap(jax.random.fold_in)(key, row_ids)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
+
+
 def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=None):
     """Draws one token per row.
 
@@ -136,7 +145,8 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=Non
         method: sampling method.
         row_ids: None: one draw over the [B, V] batch from `key` (a row's numbers depend on
             its position in the batch); int32[B]: row b draws from fold_in(key,
-            row_ids[b]) alone, whatever the batch around it.
+            row_ids[b]) alone, whatever the batch around it (`key` may then be B keys,
+            one per row: `row_keys`).
 
     Returns:
         (tokens int32[B], logprobs float32[B] of the token under softmax(logits / T) over
@@ -156,8 +166,8 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=Non
         if row_ids is None:
             tokens = jax.random.categorical(key, truncated, axis=-1)
         else:
-            keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
-            tokens = jax.vmap(lambda k, x: jax.random.categorical(k, x))(keys, truncated)
+            tokens = jax.vmap(lambda k, x: jax.random.categorical(k, x))(
+                row_keys(key, row_ids), truncated)
         temp = method.temperature
     # Over the full vocabulary at the sampling temperature, before top-k / top-p truncation.
     logp_all = jax.nn.log_softmax(safe / temp, axis=-1)

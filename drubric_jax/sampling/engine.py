@@ -1,0 +1,382 @@
+"""The rollout engine: continuous batching over E decode slots, one prefill per prompt.
+
+`generate` decodes a static batch: every row of a call waits for the call's longest row.
+The engine keeps E rows decoding at once; when a row stops (a stop id, or its N tokens),
+its slot takes the next pending row at once, so a step's work goes to rows still writing.
+
+How a slot turns over without a recompile or a per-row cache index:
+- The KV cache is a ring of S = P_max + N positions per slot with one write index for
+  every slot, as in `generate` (`models.KVCache`). Keys carry their RoPE rotation and
+  attention reads a validity mask, so where in the ring a token sits does not change what
+  a query attends over.
+- A row inserted when the index is i gets its prompt's keys in positions [i - P_max, i)
+  (mod S, right-aligned, the bucket's left padding invalid) and writes its new tokens from
+  i on: P_max + N positions, so nothing of the row is overwritten while it lives. Every
+  other position of the slot is cleared.
+- A prompt is prefilled once (its bucket's program) into a one-prompt store; each of its
+  rows is then copied from the store into a free slot (one program). Rows are placed in
+  order, so only the prompt at the head of the queue can be partly placed: one store.
+- Each row draws its step-t token from fold_in(fold_in(key, t), row_id), the key
+  `generate` gives row `row_id` at its step t, so a row's tokens do not depend on the slot
+  or on the rows around it. Its log-prob comes from the draw's own normalisation.
+- The device runs up to `steps_per_call` steps a call, and returns early when a slot frees
+  while rows wait; the host then reads E flags and inserts. Tokens go straight into the
+  [B, N] output on the device (row `out_row`), fetched once at the end.
+
+Programs: one decode program for (E, S, B, N, method), one insert program, and one
+prefill per prompt bucket.
+
+Not yet in the engine (issue "A rollout engine"): per-slot constrained decoding, several
+processes, the planner's terms and the loop's `sampler` choice; the static `generate`
+serves those. On one process's mesh the slots split over ("data", "fsdp").
+
+Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout (prompts x their
+samples), P prompt bucket, N max new tokens, S KV-cache slots (positions) of a row, V vocab.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax.sharding import NamedSharding, PartitionSpec
+
+from drubric_jax import models, parallel
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.sampling.buckets import bucket_length, left_pad
+from drubric_jax.sampling.methods import Greedy, Method, sample_logits
+from drubric_jax.types import Rollout
+
+
+@flax.struct.dataclass
+class PromptKV:
+    """One prefilled prompt, right-aligned in P_max positions (the engine's store).
+
+    Attributes:
+        k, v: [L, Hkv, P_max, Dh] keys (RoPE applied) and values, compute dtype.
+        valid: bool[P_max] real prompt tokens (the bucket's left padding and the positions
+            before the bucket are False).
+        logits: float32[V] next-token logits after the prompt.
+        position: int32[] RoPE position of the first new token.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    logits: jax.Array
+    position: jax.Array
+
+
+@flax.struct.dataclass
+class EngineState:
+    """The engine's device state.
+
+    Attributes:
+        cache: KVCache of E slots x S positions (a ring; `cache.index` in [0, S)), in the
+            decode form (`models.decode_cache`).
+        logits: float32[E, V] each slot's next-token logits.
+        positions: int32[E] RoPE position of each slot's next token.
+        steps: int32[E] tokens the slot's row has made.
+        live: bool[E] the slot holds a row still writing.
+        out_rows: int32[E] the output row of each slot's row.
+        draw_ids: int32[E] the row id of its draws (`sample_logits` row_ids).
+        tokens, logprobs, mask: [B, N] the rollout's outputs, filled as rows write.
+        done: bool[B] the row ended on a stop id (else it reached N: truncated).
+        invalid: bool[B] the row met a step with no valid logit.
+        key: the rollout's PRNG key.
+    """
+
+    cache: models.KVCache
+    logits: jax.Array
+    positions: jax.Array
+    steps: jax.Array
+    live: jax.Array
+    out_rows: jax.Array
+    draw_ids: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    done: jax.Array
+    invalid: jax.Array
+    key: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_prompt"))
+def prefill_prompt(params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array,
+                   max_prompt: int) -> PromptKV:
+    """Prefills one left-padded prompt (one program per bucket P) into the store's form.
+
+    Args:
+        params: stacked model params.  cfg: static model config.
+        tokens: int32[1, P] left-padded prompt.  token_mask: bool[1, P].
+        max_prompt: P_max >= P, the store's positions.
+
+    Returns:
+        PromptKV with the prompt's P positions last of P_max.
+    """
+    p = tokens.shape[1]
+    positions = models.positions_from_mask(token_mask)
+    hidden, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask,
+                                          models.init_cache(cfg, 1, p))
+    pad = max_prompt - p
+
+    def stored(x):  # [L, 1, Hkv, P, Dh] -> [L, Hkv, P_max, Dh]
+        return jnp.pad(x[:, 0], ((0, 0), (0, 0), (pad, 0), (0, 0)))
+
+    return PromptKV(k=stored(cache.k), v=stored(cache.v),
+                    valid=jnp.pad(token_mask[0], (pad, 0)),
+                    logits=models.logits_from_hidden(params, cfg, hidden[0, -1]),
+                    position=positions[0, -1] + 1)
+
+
+def state_shardings(state: EngineState, cfg: ModelConfig, mesh) -> EngineState:
+    """The engine state's layout on `mesh`: slots over ("data", "fsdp") as `generate`'s
+    rows, the cache's KV heads over "tensor" (when they divide), the [B, N] outputs, the
+    write index and the key replicated (a slot writes any output row)."""
+    rows = parallel.batch_sharding(mesh)
+    heads = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
+    every = NamedSharding(mesh, PartitionSpec())
+
+    def kv(x):  # [E, Hkv, S, Dh] a layer, or [L, E, Hkv, S, Dh]
+        lead = (None,) * (x.ndim - 4)
+        return NamedSharding(mesh, PartitionSpec(*lead, parallel.BATCH_AXES, heads))
+
+    cache = state.cache.replace(k=jax.tree.map(kv, state.cache.k),
+                                v=jax.tree.map(kv, state.cache.v), valid=rows, index=every)
+    return state.replace(cache=cache, logits=rows, positions=rows, steps=rows, live=rows,
+                         out_rows=rows, draw_ids=rows, tokens=every, logprobs=every,
+                         mask=every, done=every, invalid=every, key=every)
+
+
+def init_state(cfg: ModelConfig, num_slots: int, cache_positions: int, num_rows: int,
+               max_new_tokens: int, key: jax.Array, mesh=None) -> EngineState:
+    """An engine with E = `num_slots` empty slots of S = `cache_positions` positions and a
+    zero [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says."""
+    e, b, n = num_slots, num_rows, max_new_tokens
+    # A ring (`KVCache.ring`), never `empty`: a step attends over every valid position.
+    cache = models.decode_cache(models.init_cache(cfg, e, cache_positions)).replace(
+        empty=False, ring=True)
+    state = EngineState(
+        cache=cache, logits=jnp.zeros((e, cfg.vocab_size), jnp.float32),
+        positions=jnp.zeros((e,), jnp.int32), steps=jnp.zeros((e,), jnp.int32),
+        live=jnp.zeros((e,), bool), out_rows=jnp.zeros((e,), jnp.int32),
+        draw_ids=jnp.zeros((e,), jnp.int32), tokens=jnp.zeros((b, n), jnp.int32),
+        logprobs=jnp.zeros((b, n), jnp.float32), mask=jnp.zeros((b, n), bool),
+        done=jnp.zeros((b,), bool), invalid=jnp.zeros((b,), bool),
+        key=jnp.array(key, copy=True))  # a copy: the decode calls donate the state
+    if mesh is None:
+        return state
+    return jax.device_put(state, state_shardings(state, cfg, mesh))
+
+
+def _placed_row(layer: jax.Array, stored: jax.Array, slot, cells) -> jax.Array:
+    """`layer` ([E, Hkv, S, Dh], or [L, E, Hkv, S, Dh] stacked) with slot `slot` cleared and
+    `stored` ([Hkv, P_max, Dh], or [L, ...]) written at ring positions `cells` int32[P_max]."""
+    stacked = layer.ndim == 5
+    row_shape = layer.shape[:1] + layer.shape[2:] if stacked else layer.shape[1:]
+    row = jnp.zeros(row_shape, layer.dtype).at[..., cells, :].set(stored.astype(layer.dtype))
+    start = (0, slot, 0, 0, 0) if stacked else (slot, 0, 0, 0)
+    return jax.lax.dynamic_update_slice(layer, jnp.expand_dims(row, 1 if stacked else 0),
+                                        start)
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def insert(state: EngineState, prompt: PromptKV, slot: jax.Array, out_row: jax.Array,
+           draw_id: jax.Array) -> EngineState:
+    """Starts a row in `slot` (int32[]): the prompt's keys right-aligned before the ring's
+    write index, every other position of the slot cleared, and the row's output row
+    `out_row` and draw id `draw_id`. One program, whatever the slot, row or bucket.
+
+    Returns:
+        The state (donated buffers reused) with the slot live at step 0.
+    """
+    cache = state.cache
+    s = cache.valid.shape[1]
+    p_max = prompt.valid.shape[0]
+    cells = (cache.index - p_max + jnp.arange(p_max)) % s
+    if isinstance(cache.k, tuple):  # per-layer form: one [E, Hkv, S, Dh] array a layer
+        k = tuple(_placed_row(x, prompt.k[i], slot, cells) for i, x in enumerate(cache.k))
+        v = tuple(_placed_row(x, prompt.v[i], slot, cells) for i, x in enumerate(cache.v))
+    else:
+        k, v = (_placed_row(x, y, slot, cells) for x, y in ((cache.k, prompt.k),
+                                                             (cache.v, prompt.v)))
+    valid_row = jnp.zeros((s,), bool).at[cells].set(prompt.valid)
+    valid = jax.lax.dynamic_update_slice(cache.valid, valid_row[None], (slot, 0))
+    return state.replace(
+        cache=cache.replace(k=k, v=v, valid=valid),
+        logits=state.logits.at[slot].set(prompt.logits),
+        positions=state.positions.at[slot].set(prompt.position),
+        steps=state.steps.at[slot].set(0), live=state.live.at[slot].set(True),
+        out_rows=state.out_rows.at[slot].set(out_row),
+        draw_ids=state.draw_ids.at[slot].set(draw_id))
+
+
+def _step(params, cfg: ModelConfig, state: EngineState, method: Method, stop_ids,
+          pad_id: int) -> tuple[EngineState, jax.Array]:
+    """One token for every live slot, then one forward pass of all E slots.
+
+    Returns:
+        (state, freed bool[E]: slots whose row ended this step).
+    """
+    b, n = state.tokens.shape
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(state.key, state.steps)
+    tok, logp, bad = sample_logits(keys, state.logits, method, state.draw_ids)
+    live = state.live
+    emitted = live & ~bad
+    tok = jnp.where(emitted, tok, pad_id)
+    ended = live & (jnp.isin(tok, stop_ids) | bad)
+    freed = ended | (live & (state.steps + 1 >= n))
+    # Rows of empty slots write to row B: dropped.
+    rows = jnp.where(live, state.out_rows, b)
+    steps = jnp.minimum(state.steps, n - 1)
+    hidden, cache = models.forward_hidden(params, cfg, tok[:, None], state.positions[:, None],
+                                          emitted[:, None], state.cache)
+    state = state.replace(
+        cache=cache,
+        logits=models.logits_from_hidden(params, cfg, hidden[:, 0]),
+        positions=state.positions + 1, steps=state.steps + live, live=live & ~freed,
+        tokens=state.tokens.at[rows, steps].set(tok, mode="drop"),
+        logprobs=state.logprobs.at[rows, steps].set(jnp.where(emitted, logp, 0.0),
+                                                    mode="drop"),
+        mask=state.mask.at[rows, steps].set(emitted, mode="drop"),
+        # A row's last write is at the step it ends (its slot is then not live).
+        done=state.done.at[rows].set(ended, mode="drop"),
+        invalid=state.invalid.at[rows].set(live & bad, mode="drop"))
+    return state, freed
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id", "max_steps"),
+                   donate_argnums=(2,))
+def decode_steps(params, cfg: ModelConfig, state: EngineState, method: Method,
+                 stop_ids: jax.Array, pad_id: int, max_steps: int,
+                 refill: jax.Array) -> tuple[EngineState, jax.Array]:
+    """Runs up to `max_steps` engine steps (`lax.while_loop`); stops early when no slot is
+    live, or when `refill` (bool[]: rows are waiting) and a slot has freed.
+
+    Args:
+        params: the weights in the decode form (`decode.decode_params`).
+        state: donated.  stop_ids: int32[...] ids that end a row.
+
+    Returns:
+        (state, steps run int32[]).
+    """
+    def cond(carry):
+        s, i, freed = carry
+        return (i < max_steps) & jnp.any(s.live) & ~(refill & jnp.any(freed))
+
+    def body(carry):
+        s, i, freed = carry
+        s, now = _step(params, cfg, s, method, stop_ids, pad_id)
+        return s, i + 1, freed | now
+
+    e = state.live.shape[0]
+    state, steps, _ = jax.lax.while_loop(
+        cond, body, (state, jnp.zeros((), jnp.int32), jnp.zeros((e,), bool)))
+    return state, steps
+
+
+def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
+                    key: jax.Array, max_new_tokens: int, num_slots: int,
+                    stop_ids: Sequence[int], method: Method = Greedy(),
+                    pad_id: Optional[int] = None, row_ids: Optional[Sequence[int]] = None,
+                    min_bucket: int = 16, steps_per_call: int = 64,
+                    stats: Optional[dict] = None, mesh=None) -> Rollout:
+    """Samples continuations of B token-id prompts with the engine (module docstring).
+
+    Consecutive rows with the same prompt (a prompt's K samples) share one prefill.
+
+    Args:
+        params, cfg: the model (stacked params; the decode copy is made here, once).
+        prompts: B lists of token ids, each non-empty.
+        key: PRNG key.  max_new_tokens: N.  method: Greedy / Temperature / TopK / TopP.
+        num_slots: E, rows decoding at once (the KV cache holds E x (P_max + N) positions).
+        stop_ids: ids that end a row.  pad_id: filler after the stop (default stop_ids[0]).
+        row_ids: B distinct ids >= 0 of the rows' draws (default 0..B-1): row b's tokens
+            are those `generate(..., row_ids=...)` gives it, up to float rounding of the
+            attention sums (its keys sit in other cache positions).
+        min_bucket: smallest prompt bucket.
+        steps_per_call: most decode steps one device call runs before the host looks.
+        stats: optional dict, filled with "prefills" (prompt prefills run), "inserts",
+            "calls" (decode calls) and "steps" (decode steps run).
+        mesh: optional mesh (params on it, `models.param_shardings`): the slots split over
+            ("data", "fsdp"), the KV heads over "tensor" (`state_shardings`). One process
+            only, for now.
+
+    Returns:
+        Rollout of the B rows in the order given (host numpy), with the prompts left-padded
+        to the bucket of the longest, as `generate` returns them.
+
+    Raises:
+        ValueError: no prompts, an empty prompt, empty stop_ids, num_slots < 1,
+            steps_per_call < 1, row_ids not one id >= 0 per prompt; on a mesh, num_slots
+            not a multiple of data x fsdp, or several processes.
+    """
+    if mesh is not None:
+        if jax.process_count() > 1:
+            raise ValueError("the rollout engine runs in one process for now; use "
+                             "sampling.generate_chunked across processes")
+        if num_slots % parallel.row_shards(mesh):
+            raise ValueError(f"num_slots ({num_slots}) must be a multiple of data x fsdp "
+                             f"({parallel.row_shards(mesh)})")
+    stop = np.asarray(list(stop_ids), np.int32)
+    if stop.size == 0:
+        raise ValueError("stop_ids must not be empty")
+    if not prompts or min(len(p) for p in prompts) == 0:
+        raise ValueError("generate_engine needs prompts, each with at least one token")
+    if num_slots < 1 or steps_per_call < 1:
+        raise ValueError(f"num_slots ({num_slots}) and steps_per_call ({steps_per_call}) "
+                         "must be >= 1")
+    b = len(prompts)
+    ids = list(range(b)) if row_ids is None else [int(i) for i in row_ids]
+    if len(ids) != b or min(ids) < 0:
+        raise ValueError(f"row_ids must give one id >= 0 per prompt: {len(ids)} ids for "
+                         f"{b} prompts")
+    pad = int(stop[0] if pad_id is None else pad_id)
+    p_max = bucket_length(max(len(p) for p in prompts), min_bucket)
+    from drubric_jax.sampling.decode import decode_params  # the one weight copy a rollout
+
+    loop_params = decode_params(params, cfg)
+    state = init_state(cfg, num_slots, p_max + max_new_tokens, b, max_new_tokens, key, mesh)
+    stop_arr = jnp.asarray(stop)
+    counts = {"prefills": 0, "inserts": 0, "calls": 0, "steps": 0}
+    free = list(range(num_slots))
+    live = np.zeros(num_slots, bool)
+    stored, stored_prompt = None, None
+    nxt = 0
+    while nxt < b or live.any():
+        while free and nxt < b:
+            prompt = tuple(prompts[nxt])
+            if prompt != stored_prompt:  # a new prompt: its one prefill
+                length = bucket_length(len(prompt), min_bucket)
+                tokens, mask = left_pad([prompt], length, pad)
+                stored = prefill_prompt(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                                        p_max)
+                stored_prompt = prompt
+                counts["prefills"] += 1
+            slot = free.pop(0)
+            state = insert(state, stored, jnp.int32(slot), jnp.int32(nxt),
+                           jnp.int32(ids[nxt]))
+            live[slot] = True
+            counts["inserts"] += 1
+            nxt += 1
+        state, steps = decode_steps(loop_params, cfg, state, method, stop_arr, pad,
+                                    steps_per_call, jnp.asarray(nxt < b))
+        counts["calls"] += 1
+        counts["steps"] += int(steps)
+        now = np.array(state.live)
+        free += [int(s) for s in np.flatnonzero(live & ~now)]
+        live = now
+    tokens, logprobs, mask, done, invalid = jax.device_get(
+        (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
+    if stats is not None:
+        stats.update(counts)
+    prompt_tokens, prompt_mask = left_pad(prompts, p_max, pad)
+    return Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+                   tokens=np.where(mask, tokens, pad).astype(np.int32),
+                   logprobs=np.asarray(logprobs), mask=np.asarray(mask),
+                   lengths=mask.sum(-1).astype(np.int32), truncated=~done,
+                   invalid=np.asarray(invalid), group_ids=np.arange(b, dtype=np.int32))

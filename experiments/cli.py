@@ -1,0 +1,41 @@
+"""What every entry point shares around absl: `run(main)` and the `--verbose` flag.
+
+    from experiments import cli
+    if __name__ == "__main__":
+        cli.run(main)
+"""
+import sys
+
+from absl import app, flags
+
+VERBOSE = flags.DEFINE_bool("verbose", False, "Also show other libraries' INFO logs (Orbax, "
+                            "JAX's backend probes).")
+
+# absl's help flags: after printing the usage text absl exits with status 1.
+_HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def run(main) -> None:
+    """`absl.app.run(main)`, with two differences a user sees.
+
+    - Before `main` starts, other packages' INFO lines are dropped from the console
+      (`run_logging.quiet_third_party_logs`; `--verbose` keeps them).
+    - A help flag exits with status 0 after the usage text: asking for help is not an
+      error (absl exits with 1).
+
+    Raises:
+        SystemExit: as `app.run` does; status 0 where the command line asked for help.
+    """
+    def quiet_main(argv):
+        from drubric_jax.rounds import run_logging
+
+        run_logging.quiet_third_party_logs(not VERBOSE.value)
+        return main(argv)
+
+    try:
+        app.run(quiet_main)
+    except SystemExit as e:
+        # Only absl's own help exit is changed; main never ran (flags parse first).
+        if e.code == 1 and any(a.split("=")[0] in _HELP_FLAGS for a in sys.argv[1:]):
+            raise SystemExit(0) from None
+        raise

@@ -1,0 +1,212 @@
+"""The rollout engine (drubric_jax/sampling/engine.py): continuous batching over decode
+slots gives each row what `generate` gives it alone, with one prefill per prompt."""
+import jax
+import numpy as np
+import pytest
+
+from drubric_jax import sampling
+from drubric_jax.sampling import engine
+from tolerances import logprob_atol
+
+N = 10
+# Prompts in three buckets (16, 32, 64 with min_bucket 16).
+LENGTHS = (3, 20, 40, 7, 18, 33)
+
+
+def _prompts(cfg, lengths=LENGTHS, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, cfg.vocab_size, size=n).tolist() for n in lengths]
+
+
+def _alone(params, cfg, prompts, ids, **kw):
+    """Each row by `generate` alone (a batch of one: no other row shapes its decode)."""
+    return [sampling.generate(params, cfg, [p], row_ids=[i], **kw) for p, i in zip(prompts, ids)]
+
+
+def _stops_at_varied_steps(params, cfg, prompts, ids, **kw):
+    """Two stop ids, from the rows as `generate` writes them without stops: row 0's first
+    token (row 0 stops on it), and the first token of another row at a step in [2, N - 2]
+    that row has not written before, where it has not met the first stop yet (that row
+    stops mid-way)."""
+    free = _alone(params, cfg, prompts, ids, **dict(kw, stop_ids=[cfg.vocab_size - 1]))
+    rows = [a.tokens[0].tolist() for a in free]
+    stops = [rows[0][0]]
+    for row in rows[1:]:
+        for j in range(2, N - 1):
+            if row[j] not in row[:j] and stops[0] not in row[:j + 1]:
+                return stops + [row[j]]
+    raise AssertionError(f"no row stops mid-way for these seeds: {rows}")
+
+
+def _assert_rows_equal(got, alone, vocab):
+    for r, want in enumerate(alone):
+        np.testing.assert_array_equal(got.tokens[r], want.tokens[0], err_msg=f"row {r}")
+        np.testing.assert_array_equal(got.mask[r], want.mask[0], err_msg=f"row {r}")
+        np.testing.assert_array_equal(got.truncated[r], want.truncated[0])
+        np.testing.assert_allclose(got.logprobs[r], want.logprobs[0], rtol=0,
+                                   atol=logprob_atol(want.logprobs[0], vocab))
+
+
+def _model_and_prompts(request, method):
+    """Sampled: the tiny random model. Greedy: its untied-head variant TINY_QWEN3 (with
+    tied embeddings a random model's greedy rows repeat one token, so no row would stop
+    mid-way)."""
+    if not isinstance(method, sampling.Greedy):
+        cfg, params = request.getfixturevalue("tiny_model")
+    else:
+        from drubric_jax.models import config, init_params
+
+        cfg = config.TINY_QWEN3
+        params = init_params(cfg, jax.random.PRNGKey(0))
+    return cfg, params, _prompts(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", [sampling.Greedy(), sampling.Temperature(1.0)],
+                         ids=["greedy", "sampled"])
+def test_engine_rows_equal_generate(request, method):
+    """Each row's tokens, mask and truncation equal `generate`'s for that row alone (its
+    row_ids draws), and its log-probs agree within float32 rounding (its keys sit in other
+    cache positions, so the attention sums run in another order). Rows stop at different
+    steps (one on its first token, one at N), prompts fall in several buckets, and 3 slots
+    serve 6 rows, so slots turn over mid-run; one decode and one insert program serve it."""
+    cfg, params, prompts = _model_and_prompts(request, method)
+    ids = [10 + 3 * r for r in range(len(prompts))]
+    kw = dict(key=jax.random.PRNGKey(2), max_new_tokens=N, method=method)
+    stops = _stops_at_varied_steps(params, cfg, prompts, ids, **kw)
+    alone = _alone(params, cfg, prompts, ids, stop_ids=stops, **kw)
+    lengths = [int(a.lengths[0]) for a in alone]
+    assert lengths[0] == 1 and any(1 < n < N for n in lengths) and N in lengths, lengths
+
+    compiles = (engine.decode_steps._cache_size(), engine.insert._cache_size())
+    stats = {}
+    got = engine.generate_engine(params, cfg, prompts, num_slots=3, row_ids=ids,
+                                 stop_ids=stops, steps_per_call=3, stats=stats, **kw)
+    _assert_rows_equal(got, alone, cfg.vocab_size)
+    assert stats["inserts"] == len(prompts) and stats["calls"] > 2
+    # Every slot turned over at least once, with no new program after the first.
+    assert engine.decode_steps._cache_size() - compiles[0] <= 1
+    assert engine.insert._cache_size() - compiles[1] <= 1
+    again = engine.generate_engine(params, cfg, prompts[::-1], num_slots=3, row_ids=ids[::-1],
+                                   stop_ids=stops, steps_per_call=3, **kw)
+    np.testing.assert_array_equal(again.tokens[::-1], got.tokens)
+    assert engine.decode_steps._cache_size() - compiles[0] <= 1
+    assert engine.insert._cache_size() - compiles[1] <= 1
+    # The rollout's prompts as `generate` returns them: left-padded to the longest's bucket.
+    assert got.prompt_tokens.shape == (len(prompts), sampling.bucket_length(
+        max(map(len, prompts)), 16))
+    np.testing.assert_array_equal(got.lengths, got.mask.sum(-1))
+
+
+def test_k_samples_share_one_prefill(tiny_model):
+    """A prompt's K consecutive rows are prefilled once: 4 prompts x K = 3 rows run 4
+    prefills, and every row equals `generate`'s (two rows of one prompt differ: their
+    draw ids differ)."""
+    cfg, params = tiny_model
+    base = _prompts(cfg, lengths=(5, 21, 9, 2), seed=1)
+    prompts = [p for p in base for _ in range(3)]
+    ids = list(range(len(prompts)))
+    kw = dict(key=jax.random.PRNGKey(5), max_new_tokens=6, method=sampling.Temperature(1.0),
+              stop_ids=[2])
+    stats = {}
+    got = engine.generate_engine(params, cfg, prompts, num_slots=5, row_ids=ids,
+                                 stats=stats, **kw)
+    assert stats["prefills"] == len(base) and stats["inserts"] == len(prompts)
+    _assert_rows_equal(got, _alone(params, cfg, prompts, ids, **kw), cfg.vocab_size)
+    assert (got.tokens[0] != got.tokens[1]).any()
+
+
+def test_engine_with_more_slots_than_rows_and_one_slot(tiny_model):
+    """E > B (idle slots) and E = 1 (every row waits for the one before) give the same
+    rows."""
+    cfg, params = tiny_model
+    prompts = _prompts(cfg, lengths=(4, 11), seed=2)
+    kw = dict(key=jax.random.PRNGKey(7), max_new_tokens=5, method=sampling.Temperature(0.7),
+              stop_ids=[2])
+    wide = engine.generate_engine(params, cfg, prompts, num_slots=4, **kw)
+    one = engine.generate_engine(params, cfg, prompts, num_slots=1, **kw)
+    np.testing.assert_array_equal(wide.tokens, one.tokens)
+    np.testing.assert_array_equal(wide.mask, one.mask)
+
+
+def test_engine_refuses_bad_arguments(tiny_model):
+    cfg, params = tiny_model
+    kw = dict(key=jax.random.PRNGKey(0), max_new_tokens=2)
+    for bad, match in [(dict(prompts=[], stop_ids=[2], num_slots=1), "prompts"),
+                       (dict(prompts=[[5], []], stop_ids=[2], num_slots=1), "prompts"),
+                       (dict(prompts=[[5]], stop_ids=[], num_slots=1), "stop_ids"),
+                       (dict(prompts=[[5]], stop_ids=[2], num_slots=0), "num_slots"),
+                       (dict(prompts=[[5], [6]], stop_ids=[2], num_slots=1, row_ids=[0]),
+                        "row_ids")]:
+        with pytest.raises(ValueError, match=match):
+            engine.generate_engine(params, cfg, **bad, **kw)
+
+
+def test_a_ring_cache_takes_one_token_into_a_written_cache(tiny_model):
+    """`KVCache.ring` (the engine's cache) refuses a multi-token call: a prefill's causal
+    order needs positions in order, which a ring does not keep."""
+    import jax.numpy as jnp
+
+    from drubric_jax import models
+
+    cfg, params = tiny_model
+    cache = models.init_cache(cfg, 1, 8).replace(empty=False, ring=True)
+    tokens = jnp.ones((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match="ring"):
+        models.forward_hidden(params, cfg, tokens, jnp.zeros((1, 2), jnp.int32),
+                              cache=cache)
+
+
+@pytest.mark.slow
+def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
+    """On a 2 x 2 x 2 mesh of fake devices (slots over data x fsdp = 4, KV heads over
+    tensor) the engine writes the one-device engine's rows, and its cache keeps that
+    layout through inserts and steps (no gather of the cache into one device)."""
+    from drubric_jax import models, parallel
+
+    cfg, params = tiny_model
+    mesh = parallel.make_mesh(2, 2, 2)
+    prompts = _prompts(cfg, lengths=(4, 19, 9, 30, 2), seed=3)
+    kw = dict(key=jax.random.PRNGKey(9), max_new_tokens=6, method=sampling.Temperature(1.0),
+              stop_ids=[2], num_slots=4)
+    one = engine.generate_engine(params, cfg, prompts, **kw)
+    sharded = jax.device_put(params, models.param_shardings(params, mesh))
+    seen = []
+    real_insert = engine.insert
+
+    def insert(state, *a):
+        seen.append(state.cache.valid.sharding)
+        return real_insert(state, *a)
+
+    monkeypatch.setattr(engine, "insert", insert)
+    got = engine.generate_engine(sharded, cfg, prompts, mesh=mesh, **kw)
+    np.testing.assert_array_equal(got.tokens, one.tokens)
+    np.testing.assert_array_equal(got.mask, one.mask)
+    np.testing.assert_allclose(got.logprobs, one.logprobs, rtol=0,
+                               atol=logprob_atol(one.logprobs, cfg.vocab_size))
+    rows = parallel.batch_sharding(mesh)
+    assert len(seen) == len(prompts)
+    assert all(s.is_equivalent_to(rows, 2) for s in seen), seen
+    with pytest.raises(ValueError, match="multiple"):
+        engine.generate_engine(sharded, cfg, prompts, mesh=mesh, **dict(kw, num_slots=3))
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_bench_engine_prints_both_samplers_and_their_ratio(smollm2_gguf):
+    """`experiments.bench_engine` at a toy size: one JSON line per sampler with its useful
+    tokens/s, and their paired ratio; the same row ids give both the same tokens."""
+    import json
+
+    from helpers import run_module
+
+    out = run_module("experiments.bench_engine", "--prompts=2", "--k=2", "--slots=2",
+                     "--new_tokens=6", "--reps=1", timeout=600)
+    rows = {r["impl"]: r for r in map(json.loads, out.splitlines()) if "impl" in r}
+    for name in ("engine", "static"):
+        r = rows[name]
+        assert r["rows"] == 4 and 0 < r["useful_tokens"] <= 4 * 6 and r["useful_tok_s"] > 0
+    assert rows["engine"]["prefills"] == 2 and rows["static"]["prefills"] == 4
+    assert rows["engine"]["useful_tokens"] == rows["static"]["useful_tokens"]
+    ratio = rows["engine_vs_static"]
+    assert ratio["same_tokens"] == 1.0 and len(ratio["speedup_per_round"]) == 1
