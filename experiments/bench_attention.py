@@ -23,7 +23,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 from drubric_jax.models import attention

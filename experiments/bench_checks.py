@@ -18,7 +18,7 @@ import multiprocessing as mp
 import statistics
 import time
 
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 from experiments import bench_common

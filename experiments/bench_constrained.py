@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 from experiments.bench_common import emit, median_seconds, timed

@@ -19,7 +19,7 @@ import importlib
 import os
 import time
 
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 from experiments import bench_common as bench

@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 from experiments.bench_common import emit, peak_rss_mb, timed

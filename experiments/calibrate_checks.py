@@ -26,7 +26,7 @@ import sys
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 from drubric_jax.checks import pool as pool_lib

@@ -17,7 +17,7 @@ import time
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from experiments import cli  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "verifier model source")

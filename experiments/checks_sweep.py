@@ -18,7 +18,7 @@ import json
 import os
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Parent of the sweep's runs.")

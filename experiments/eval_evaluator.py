@@ -13,7 +13,7 @@ described in drubric_jax/evaluation/benchmark.py; fields in configs/eval_evaluat
 import shlex
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from experiments import cli  # noqa: E402
 from ml_collections import config_flags
 

@@ -37,7 +37,7 @@ import os
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from experiments import cli  # noqa: E402
 
 from drubric_jax.evaluation.checks_anchors import gold_summary, write_anchors  # noqa: E402

@@ -20,7 +20,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -44,7 +44,6 @@ def main(argv):
     import jax
 
     from drubric_jax.rounds import loop
-    from drubric_jax.rounds import run_logging
 
     if _DISTRIBUTED.value:
         jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,

@@ -13,7 +13,7 @@ import os
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from experiments import cli  # noqa: E402
 
 _PROMPT = flags.DEFINE_string("prompt", None, "user message", required=True)

@@ -17,7 +17,7 @@ import time
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from experiments import cli  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 

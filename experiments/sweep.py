@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
 from experiments import cli  # noqa: E402
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file with get_sweep(), e.g. "
