@@ -161,6 +161,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.rubric_temperature = 0.0  # generator decoding when it scores the policy (0 = greedy)
     c.policy.heldout_temperature = 0.0  # generator decoding of the held-out evaluation lists
     c.policy.rollout_micro_batch = 0  # responses per sampler call (bounds the KV cache); 0 = all
+    # "static": batches of rollout_micro_batch rows, each decoded to its longest row
+    # (`sampling.generate_chunked`); "engine": rollout_micro_batch decode slots, a finished
+    # row's slot taking the next row, one prefill per prompt (`sampling.generate_engine`;
+    # one process; cache_segments does not apply).
+    c.policy.sampler = "static"
     # Decode segments of the KV cache (`sampling.cache_schedule`): the cache grows by chunks
     # so a step reads only the slots of its segment; 0 = auto (4 when max_new_tokens >= 4096
     # and >= half the prompt bucket, on CPU and GPU), 1 = one cache of P + N slots.

@@ -25,6 +25,7 @@ from drubric_jax.types import ConfigError, require as _require  # noqa: F401
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
 # demo: the packaged set; shared: ../shared/data; custom: config.data.*_paths.
 DATA_NAMES = ("demo", "shared", "custom")
+SAMPLERS = ("static", "engine")  # config.policy.sampler (rounds.phases.sample_responses)
 
 
 def mesh_axis_sizes(config: ml_collections.ConfigDict, device_count: int) -> dict:
@@ -130,6 +131,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
     need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
     need(p.heldout_temperature >= 0, "policy.heldout_temperature", "must be >= 0")
+    need(p.sampler in SAMPLERS, "policy.sampler", f"{p.sampler!r} not in {SAMPLERS}")
     rewards = rule_rewards.reward_names()
     need(p.reward in rewards, "policy.reward", f"{p.reward!r} not in {rewards}")
     need(p.reward_max_words >= 1, "policy.reward_max_words", "must be >= 1")

@@ -168,3 +168,7 @@ def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
     config.policy.train.kl_estimator = "k9"
     with pytest.raises(config_check.ConfigError, match="config.policy.train.kl_estimator"):
         config_check.validate(config, device_count=8, process_count=1)
+    config.policy.train.kl_estimator = "k3"
+    config.policy.sampler = "vllm"
+    with pytest.raises(config_check.ConfigError, match="config.policy.sampler"):
+        config_check.validate(config, device_count=8, process_count=1)

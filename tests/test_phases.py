@@ -17,7 +17,7 @@ import pytest
 from drubric_jax.rl import generator_rewards, rewards
 from drubric_jax.rounds import heldout, loop, phases, settings
 from drubric_jax.rounds.context import Timer
-from drubric_jax.types import RubricBatch, Rollout
+from drubric_jax.types import Role, RubricBatch, Rollout
 from helpers import StubVerifier, p_yes_of, tiny_config
 
 ADV_EPS, FLAT_RTOL = 1e-6, 1e-6
@@ -371,3 +371,37 @@ def test_anchor_list_values_equal_the_per_list_loop():
                                                            list_valid[i]))
         assert gap[i].tobytes() == want_gap.tobytes(), i
         assert r_anchor[i].tobytes() == want_r.tobytes(), i
+
+
+def test_policy_sampler_engine_gives_the_static_rows(run):
+    """config.policy.sampler = "engine" (`sampling.generate_engine`, 3 slots for 2 prompts x
+    K rows) samples the policy rows `generate_chunked` samples, with per-row draws
+    (config.per_row_keys): the same tokens, masks and group ids, in the same order, and
+    log-probs within float32 rounding."""
+    from tolerances import logprob_atol
+
+    items = run.data.prompts[:2]
+    k = run.ctx.config.policy.num_responses
+    got = {}
+    for sampler in ("static", "engine"):
+        config = tiny_config()
+        config.per_row_keys = True
+        config.policy.sampler = sampler
+        config.policy.rollout_micro_batch = 3
+        ctx = dataclasses.replace(run.ctx, config=config, settings=settings.read(config))
+        got[sampler] = phases.sample_responses(ctx, jax.random.PRNGKey(8),
+                                               [x.prompt for x in items],
+                                               [list(x.history) for x in items], k, Timer())
+    (static, static_texts), (engine, engine_texts) = got["static"], got["engine"]
+    np.testing.assert_array_equal(engine.tokens, static.tokens)
+    np.testing.assert_array_equal(engine.mask, static.mask)
+    np.testing.assert_array_equal(engine.group_ids, static.group_ids)
+    np.testing.assert_allclose(engine.logprobs, static.logprobs, rtol=0,
+                               atol=logprob_atol(static.logprobs,
+                                                 ctx.roles.rollout_cfg(Role.POLICY).vocab_size))
+    assert engine_texts == static_texts
+    # E: the micro-batch (0 = every row), rounded up to the mesh's data x fsdp row shards.
+    from drubric_jax import parallel
+
+    assert phases.engine_slots(3, 2 * k, None) == 3 and phases.engine_slots(0, 8, None) == 8
+    assert phases.engine_slots(3, 8, parallel.make_mesh(2, 2, 2)) == 4

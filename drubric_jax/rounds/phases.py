@@ -77,24 +77,37 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     block, rows = parallel.process_share(prompts, histories)
     ids = [policy_prompt_ids(model.tokenizer, x, h, pol_cfg.max_prompt_tokens)
            for x, h in zip(*rows)]
+    rows_ids = [i for i in ids for _ in range(k)]  # a prompt's K rows are consecutive
+    kw = dict(key=key, max_new_tokens=pol_cfg.max_new_tokens,
+              method=sampling.method_from_flags(pol_cfg.temperature, top_p=pol_cfg.top_p),
+              stop_ids=stop, pad_id=ctx.policy_pad_id, min_bucket=pol_cfg.min_prompt_bucket,
+              mesh=ctx.mesh,
+              # Row b*K + i of the step's batch draws by that id (config.per_row_keys).
+              row_ids=(list(range(block.start * k, (block.start + len(ids)) * k))
+                       if ctx.config.per_row_keys else None))
+    # The trainee's config: with LoRA its adapters act only under its lora scale (the
+    # source's config has none, and would sample from the base alone).
+    weights = ctx.roles.rollout_params(Role.POLICY, ctx.mesh) if params is None else params
+    cfg = ctx.roles.rollout_cfg(Role.POLICY)
     with timer("sampling"):
-        out = sampling.generate_chunked(
-            ctx.roles.rollout_params(Role.POLICY, ctx.mesh) if params is None else params,
-            # The trainee's config: with LoRA its adapters act only under its lora scale
-            # (the source's config has none, and would sample from the base alone).
-            ctx.roles.rollout_cfg(Role.POLICY),
-            [i for i in ids for _ in range(k)],
-            pol_cfg.rollout_micro_batch, key=key, max_new_tokens=pol_cfg.max_new_tokens,
-            method=sampling.method_from_flags(pol_cfg.temperature, top_p=pol_cfg.top_p),
-            stop_ids=stop, pad_id=ctx.policy_pad_id, min_bucket=pol_cfg.min_prompt_bucket,
-            mesh=ctx.mesh, cache_segments=pol_cfg.cache_segments,
-            # Row b*K + i of the step's batch draws by that id (config.per_row_keys).
-            row_ids=(list(range(block.start * k, (block.start + len(ids)) * k))
-                     if ctx.config.per_row_keys else None))
+        if pol_cfg.sampler == "engine":
+            out = sampling.generate_engine(weights, cfg, rows_ids, num_slots=engine_slots(
+                pol_cfg.rollout_micro_batch, len(rows_ids), ctx.mesh), **kw)
+        else:
+            out = sampling.generate_chunked(weights, cfg, rows_ids, pol_cfg.rollout_micro_batch,
+                                            cache_segments=pol_cfg.cache_segments, **kw)
     # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
     out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
     texts = decode(model.tokenizer, out, set(stop.tolist()))
     return out, parallel.gather_texts(texts)[:n * k]
+
+
+def engine_slots(micro_batch: int, rows: int, mesh) -> int:
+    """E of the rollout engine: `micro_batch` rows decoding at once (0 = every row), rounded
+    up to a multiple of the mesh's row shards (data x fsdp) so the slots split evenly."""
+    e = micro_batch if 0 < micro_batch < rows else rows
+    shards = 1 if mesh is None else parallel.row_shards(mesh)
+    return shards * -(-e // shards)
 
 
 def decode(tokenizer, rollout: Rollout, stop_ids) -> list:
