@@ -80,15 +80,15 @@ def test_engine_rows_equal_generate(request, method):
 
     compiles = (engine.decode_steps._cache_size(), engine.insert._cache_size())
     stats = {}
-    got = engine.generate_engine(params, cfg, prompts, num_slots=3, row_ids=ids,
+    got = sampling.generate_engine(params, cfg, prompts, num_slots=3, row_ids=ids,
                                  stop_ids=stops, steps_per_call=3, stats=stats, **kw)
     _assert_rows_equal(got, alone, cfg.vocab_size)
     assert stats["inserts"] == len(prompts) and stats["calls"] > 2
     # Every slot turned over at least once, with no new program after the first.
     assert engine.decode_steps._cache_size() - compiles[0] <= 1
     assert engine.insert._cache_size() - compiles[1] <= 1
-    again = engine.generate_engine(params, cfg, prompts[::-1], num_slots=3, row_ids=ids[::-1],
-                                   stop_ids=stops, steps_per_call=3, **kw)
+    again = sampling.generate_engine(params, cfg, prompts[::-1], num_slots=3,
+                                     row_ids=ids[::-1], stop_ids=stops, steps_per_call=3, **kw)
     np.testing.assert_array_equal(again.tokens[::-1], got.tokens)
     assert engine.decode_steps._cache_size() - compiles[0] <= 1
     assert engine.insert._cache_size() - compiles[1] <= 1
@@ -96,6 +96,93 @@ def test_engine_rows_equal_generate(request, method):
     assert got.prompt_tokens.shape == (len(prompts), sampling.bucket_length(
         max(map(len, prompts)), 16))
     np.testing.assert_array_equal(got.lengths, got.mask.sum(-1))
+
+
+class _RowRule:
+    """A per-row constraint that bites, for both samplers: at a row's even steps only the
+    lower half of the vocabulary is allowed; a row is complete (forced to stop) after
+    `limit` tokens. It depends on the row's own tokens only, so a row in a slot of the
+    engine and the same row in a `generate` batch see the same masks."""
+
+    def __init__(self, vocab: int, limit: int):
+        self.vocab, self.limit = vocab, limit
+
+    def reset(self, batch):
+        self.steps = np.zeros(batch, int)
+
+    def reset_rows(self, rows):
+        self.steps[list(rows)] = 0
+
+    def fill(self, bitmask, rows):
+        from drubric_jax.sampling.constrained import pack_bitmask
+
+        allowed = np.ones((len(self.steps), self.vocab), bool)
+        allowed[self.steps % 2 == 0, self.vocab // 2:] = False
+        bitmask[rows] = pack_bitmask(allowed)[rows]
+
+    def finished(self):
+        return self.steps >= self.limit
+
+    def advance(self, tokens, live):
+        self.steps[live] += 1
+
+
+@pytest.mark.slow
+def test_engine_constrained_rows_equal_generate(tiny_model):
+    """Under a constraint (one per slot, renewed at each insert; the host fills the masks
+    while the device runs the forward) every row equals `generate`'s under the same
+    constraint alone: tokens inside the allowed half at even steps, the forced stop after
+    `limit` tokens, log-probs of the unconstrained logits within float32 rounding."""
+    cfg, params = tiny_model
+    prompts = _prompts(cfg, lengths=(6, 25, 3, 14, 40), seed=4)
+    ids = [3, 1, 4, 1 + 5, 9]
+    kw = dict(key=jax.random.PRNGKey(6), max_new_tokens=8, method=sampling.Temperature(1.0),
+              stop_ids=[2])
+    got = sampling.generate_engine(params, cfg, prompts, num_slots=2, row_ids=ids,
+                                   constraint=_RowRule(cfg.vocab_size, 5), **kw)
+    alone = [sampling.generate(params, cfg, [p], row_ids=[i],
+                               constraint=_RowRule(cfg.vocab_size, 5), **kw)
+             for p, i in zip(prompts, ids)]
+    _assert_rows_equal(got, alone, cfg.vocab_size)
+    assert (got.lengths == 6).all() and (got.tokens[:, 5] == 2).all()  # forced stops
+    assert (got.tokens[:, 0:5:2] < cfg.vocab_size // 2).all()  # the constraint bit
+
+
+@pytest.mark.slow
+def test_engine_json_rows_equal_generate_and_parse(tiny_model, smollm2_tokenizer):
+    """With llguidance's JSON-schema constraint (`JsonSchemaConstraint`, one matcher per
+    slot, renewed at each insert) 2 slots serve 5 rows of a random-weight model: every row
+    is `generate`'s row alone under the same schema, and a complete document."""
+    import json
+
+    from drubric_jax.sampling.constrained import JsonSchemaConstraint
+    from drubric_jax.text import tokenizer as tok_lib
+    from drubric_jax.text.rubric_format import RUBRIC_JSON_SCHEMA
+
+    cfg, params = tiny_model
+    tok = smollm2_tokenizer
+    schema = RUBRIC_JSON_SCHEMA(1, 10)
+    # A bound as in test_sampling's JSON test: 12 + (11 + 6 * 10 + 12) + 2 bytes, + stop.
+    bound = 12 + (11 + 60 + 12) + 2 + 1
+    texts = ("Write a rubric as JSON.", "One rubric item, please, as JSON.", "JSON rubric")
+    prompts = [tok_lib.chat_ids(tok, [{"role": "user", "content": t}]) for t in texts]
+    prompts = prompts + prompts[:2]
+    ids = list(range(20, 25))
+    kw = dict(key=jax.random.PRNGKey(1), max_new_tokens=bound,
+              method=sampling.Temperature(1.0), stop_ids=tok_lib.stop_ids(tok).tolist())
+
+    def constraint():
+        return JsonSchemaConstraint(tok, schema, cfg.vocab_size, tok.eos_token_id)
+
+    got = sampling.generate_engine(params, cfg, prompts, num_slots=2, row_ids=ids,
+                                   constraint=constraint(), **kw)
+    alone = [sampling.generate(params, cfg, [p], row_ids=[i], constraint=constraint(), **kw)
+             for p, i in zip(prompts, ids)]
+    _assert_rows_equal(got, alone, cfg.vocab_size)
+    assert not got.truncated.any() and not got.invalid.any()
+    for row, mask in zip(got.tokens, got.mask):
+        doc = json.loads(tok.decode(row[mask][:-1].tolist(), skip_special_tokens=False))
+        assert len(doc["rubrics"]) == 1
 
 
 def test_k_samples_share_one_prefill(tiny_model):
@@ -109,7 +196,7 @@ def test_k_samples_share_one_prefill(tiny_model):
     kw = dict(key=jax.random.PRNGKey(5), max_new_tokens=6, method=sampling.Temperature(1.0),
               stop_ids=[2])
     stats = {}
-    got = engine.generate_engine(params, cfg, prompts, num_slots=5, row_ids=ids,
+    got = sampling.generate_engine(params, cfg, prompts, num_slots=5, row_ids=ids,
                                  stats=stats, **kw)
     assert stats["prefills"] == len(base) and stats["inserts"] == len(prompts)
     _assert_rows_equal(got, _alone(params, cfg, prompts, ids, **kw), cfg.vocab_size)
@@ -123,8 +210,8 @@ def test_engine_with_more_slots_than_rows_and_one_slot(tiny_model):
     prompts = _prompts(cfg, lengths=(4, 11), seed=2)
     kw = dict(key=jax.random.PRNGKey(7), max_new_tokens=5, method=sampling.Temperature(0.7),
               stop_ids=[2])
-    wide = engine.generate_engine(params, cfg, prompts, num_slots=4, **kw)
-    one = engine.generate_engine(params, cfg, prompts, num_slots=1, **kw)
+    wide = sampling.generate_engine(params, cfg, prompts, num_slots=4, **kw)
+    one = sampling.generate_engine(params, cfg, prompts, num_slots=1, **kw)
     np.testing.assert_array_equal(wide.tokens, one.tokens)
     np.testing.assert_array_equal(wide.mask, one.mask)
 
@@ -139,7 +226,7 @@ def test_engine_refuses_bad_arguments(tiny_model):
                        (dict(prompts=[[5], [6]], stop_ids=[2], num_slots=1, row_ids=[0]),
                         "row_ids")]:
         with pytest.raises(ValueError, match=match):
-            engine.generate_engine(params, cfg, **bad, **kw)
+            sampling.generate_engine(params, cfg, **bad, **kw)
 
 
 def test_a_ring_cache_takes_one_token_into_a_written_cache(tiny_model):
@@ -169,7 +256,7 @@ def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
     prompts = _prompts(cfg, lengths=(4, 19, 9, 30, 2), seed=3)
     kw = dict(key=jax.random.PRNGKey(9), max_new_tokens=6, method=sampling.Temperature(1.0),
               stop_ids=[2], num_slots=4)
-    one = engine.generate_engine(params, cfg, prompts, **kw)
+    one = sampling.generate_engine(params, cfg, prompts, **kw)
     sharded = jax.device_put(params, models.param_shardings(params, mesh))
     seen = []
     real_insert = engine.insert
@@ -179,7 +266,7 @@ def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
         return real_insert(state, *a)
 
     monkeypatch.setattr(engine, "insert", insert)
-    got = engine.generate_engine(sharded, cfg, prompts, mesh=mesh, **kw)
+    got = sampling.generate_engine(sharded, cfg, prompts, mesh=mesh, **kw)
     np.testing.assert_array_equal(got.tokens, one.tokens)
     np.testing.assert_array_equal(got.mask, one.mask)
     np.testing.assert_allclose(got.logprobs, one.logprobs, rtol=0,
@@ -188,7 +275,7 @@ def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
     assert len(seen) == len(prompts)
     assert all(s.is_equivalent_to(rows, 2) for s in seen), seen
     with pytest.raises(ValueError, match="multiple"):
-        engine.generate_engine(sharded, cfg, prompts, mesh=mesh, **dict(kw, num_slots=3))
+        sampling.generate_engine(sharded, cfg, prompts, mesh=mesh, **dict(kw, num_slots=3))
 
 
 @pytest.mark.slow

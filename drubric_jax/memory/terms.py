@@ -77,7 +77,7 @@ SAVED_WIDTHS = (6, 5, 4)
 SAVED_ATTENTION = 2
 FORWARD_WIDTHS = (4, 5, 3)
 SAMPLING_LOGITS = 8      # float32 [R, V]: the state's and the new logits, masked, tempered,
-#                          Gumbel-perturbed, two log-softmaxes (sample_logits, _token_logprobs)
+#                          Gumbel-perturbed, two log-softmaxes (sample_logits, token_logprobs)
 BATCH_BYTES = 2 * (4 + 1 + 1 + 4)  # tokens, masks, old log-probs per token, and their
 #                                    micro-batch reshuffle
 

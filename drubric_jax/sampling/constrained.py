@@ -207,6 +207,13 @@ class JsonSchemaConstraint:
         self.matchers = [self._llg.LLMatcher(self.lltok, self.grammar) for _ in range(batch)]
         self.fills = np.zeros(batch, np.int64)
 
+    def reset_rows(self, rows) -> None:
+        """Fresh matchers for the rows given (the rollout engine's slots that took a new
+        row, `engine.generate_engine`)."""
+        for i in rows:
+            self.matchers[i] = self._llg.LLMatcher(self.lltok, self.grammar)
+            self.fills[i] = 0
+
     def fill(self, bitmask: np.ndarray, rows: np.ndarray) -> None:
         """Writes into `bitmask: int32[B, W]` the next-token masks of the rows in
         `rows: bool[B]` whose grammar has not stopped, in parallel.

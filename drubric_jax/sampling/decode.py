@@ -118,7 +118,7 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         row_ids=row_ids)
 
 
-def _token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
     """float32[B] log softmax(logits / temperature)[tokens] over the full vocabulary."""
     # `temperature` is a scoring temperature: never 0 (greedy is scored at 1).
     logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
@@ -151,7 +151,7 @@ def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, all
         bad = bad & ~force_stop
     emitted = live & ~bad
     # Unconstrained logits: the log-prob the training forward pass computes (pi_old, METHOD 11).
-    logp = _token_logprobs(state.logits, tok, scoring_temperature(method))
+    logp = token_logprobs(state.logits, tok, scoring_temperature(method))
     tok = jnp.where(emitted, tok, pad_id)
     logp = jnp.where(emitted, logp, 0.0)
     stopped = live & (jnp.isin(tok, stop_ids) | bad)

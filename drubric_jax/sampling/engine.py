@@ -23,12 +23,17 @@ How a slot turns over without a recompile or a per-row cache index:
   while rows wait; the host then reads E flags and inserts. Tokens go straight into the
   [B, N] output on the device (row `out_row`), fetched once at the end.
 
-Programs: one decode program for (E, S, B, N, method), one insert program, and one
-prefill per prompt bucket.
+Programs: one decode program for (E, S, B, N, method) (or, under a constraint, a sample
+and a forward program), one insert program, and one prefill per prompt bucket. The host
+loop that drives them is `engine_host.generate_engine`.
 
-Not yet in the engine (issue "A rollout engine"): per-slot constrained decoding, several
-processes, the planner's terms and the loop's `sampler` choice; the static `generate`
-serves those. On one process's mesh the slots split over ("data", "fsdp").
+Under a host-side constraint (llguidance's JSON schema) each slot has its own matcher,
+renewed when a row is inserted, and the engine runs one step a call: the host fills the
+next masks while the device runs the forward (as `constrained.decode`).
+
+Not yet in the engine (issue "A rollout engine"): several processes, the planner's
+terms, the generator's sampler choice; the static `generate` serves those. On one
+process's mesh the slots split over ("data", "fsdp").
 
 Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout (prompts x their
 samples), P prompt bucket, N max new tokens, S KV-cache slots (positions) of a row, V vocab.
@@ -36,20 +41,18 @@ samples), P prompt bucket, N max new tokens, S KV-cache slots (positions) of a r
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax.sharding import NamedSharding, PartitionSpec
 
 from drubric_jax import models, parallel
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.sampling.buckets import bucket_length, left_pad
-from drubric_jax.sampling.methods import Greedy, Method, sample_logits
-from drubric_jax.types import Rollout
+from drubric_jax.sampling.constrained import unpack_bitmask
+from drubric_jax.sampling.decode import token_logprobs
+from drubric_jax.sampling.methods import Method, sample_logits, scoring_temperature
 
 
 @flax.struct.dataclass
@@ -215,16 +218,28 @@ def insert(state: EngineState, prompt: PromptKV, slot: jax.Array, out_row: jax.A
         draw_ids=state.draw_ids.at[slot].set(draw_id))
 
 
-def _step(params, cfg: ModelConfig, state: EngineState, method: Method, stop_ids,
-          pad_id: int) -> tuple[EngineState, jax.Array]:
-    """One token for every live slot, then one forward pass of all E slots.
+def _sample_rows(state: EngineState, method: Method, stop_ids, pad_id: int, allowed=None,
+                 force_stop=None) -> tuple:
+    """The sampling half of a step: one token for every live slot, recorded in its output
+    row; a slot whose row ends is freed.
+
+    Args:
+        allowed: None, or bool[E, V] the tokens each slot's constraint allows.
+        force_stop: None, or bool[E] slots whose constraint is complete: they emit
+            stop_ids[0].
 
     Returns:
-        (state, freed bool[E]: slots whose row ended this step).
+        (state, tok int32[E], emitted bool[E], freed bool[E]: slots whose row ended).
     """
     b, n = state.tokens.shape
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(state.key, state.steps)
-    tok, logp, bad = sample_logits(keys, state.logits, method, state.draw_ids)
+    logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
+    tok, logp, bad = sample_logits(keys, logits, method, state.draw_ids)
+    if force_stop is not None:
+        tok = jnp.where(force_stop, stop_ids[0], tok)
+        bad = bad & ~force_stop
+    if allowed is not None:  # the log-prob of the unconstrained logits (METHOD 11)
+        logp = token_logprobs(state.logits, tok, scoring_temperature(method))
     live = state.live
     emitted = live & ~bad
     tok = jnp.where(emitted, tok, pad_id)
@@ -233,12 +248,8 @@ def _step(params, cfg: ModelConfig, state: EngineState, method: Method, stop_ids
     # Rows of empty slots write to row B: dropped.
     rows = jnp.where(live, state.out_rows, b)
     steps = jnp.minimum(state.steps, n - 1)
-    hidden, cache = models.forward_hidden(params, cfg, tok[:, None], state.positions[:, None],
-                                          emitted[:, None], state.cache)
     state = state.replace(
-        cache=cache,
-        logits=models.logits_from_hidden(params, cfg, hidden[:, 0]),
-        positions=state.positions + 1, steps=state.steps + live, live=live & ~freed,
+        steps=state.steps + live, live=live & ~freed,
         tokens=state.tokens.at[rows, steps].set(tok, mode="drop"),
         logprobs=state.logprobs.at[rows, steps].set(jnp.where(emitted, logp, 0.0),
                                                     mode="drop"),
@@ -246,7 +257,38 @@ def _step(params, cfg: ModelConfig, state: EngineState, method: Method, stop_ids
         # A row's last write is at the step it ends (its slot is then not live).
         done=state.done.at[rows].set(ended, mode="drop"),
         invalid=state.invalid.at[rows].set(live & bad, mode="drop"))
-    return state, freed
+    return state, tok, emitted, freed
+
+
+def _forward_rows(params, cfg: ModelConfig, state: EngineState, tok: jax.Array,
+                  emitted: jax.Array) -> EngineState:
+    """The model half of a step: every slot's token `tok: int32[E]` through the model (a slot
+    that did not emit writes an invalid position), the next logits stored."""
+    hidden, cache = models.forward_hidden(params, cfg, tok[:, None], state.positions[:, None],
+                                          emitted[:, None], state.cache)
+    return state.replace(cache=cache, logits=models.logits_from_hidden(params, cfg,
+                                                                       hidden[:, 0]),
+                         positions=state.positions + 1)
+
+
+def _step(params, cfg: ModelConfig, state: EngineState, method: Method, stop_ids,
+          pad_id: int) -> tuple[EngineState, jax.Array]:
+    """One unconstrained step: (state, freed bool[E])."""
+    state, tok, emitted, freed = _sample_rows(state, method, stop_ids, pad_id)
+    return _forward_rows(params, cfg, state, tok, emitted), freed
+
+
+# The constrained loop's halves, jitted apart so the host fills the next masks while the
+# device runs the forward (as `constrained.decode`); the state is donated to each.
+@functools.partial(jax.jit, static_argnames=("method", "pad_id"), donate_argnums=(0,))
+def sample_step(state: EngineState, words: jax.Array, force_stop: jax.Array, method: Method,
+                stop_ids: jax.Array, pad_id: int) -> tuple:
+    """`_sample_rows` under a constraint's packed bitmask `words: int32[E, W]`."""
+    allowed = unpack_bitmask(words, state.logits.shape[-1])
+    return _sample_rows(state, method, stop_ids, pad_id, allowed, force_stop)
+
+
+forward_step = jax.jit(_forward_rows, static_argnames="cfg", donate_argnums=(2,))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id", "max_steps"),
@@ -277,106 +319,3 @@ def decode_steps(params, cfg: ModelConfig, state: EngineState, method: Method,
     state, steps, _ = jax.lax.while_loop(
         cond, body, (state, jnp.zeros((), jnp.int32), jnp.zeros((e,), bool)))
     return state, steps
-
-
-def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
-                    key: jax.Array, max_new_tokens: int, num_slots: int,
-                    stop_ids: Sequence[int], method: Method = Greedy(),
-                    pad_id: Optional[int] = None, row_ids: Optional[Sequence[int]] = None,
-                    min_bucket: int = 16, steps_per_call: int = 64,
-                    stats: Optional[dict] = None, mesh=None) -> Rollout:
-    """Samples continuations of B token-id prompts with the engine (module docstring).
-
-    Consecutive rows with the same prompt (a prompt's K samples) share one prefill.
-
-    Args:
-        params, cfg: the model (stacked params; the decode copy is made here, once).
-        prompts: B lists of token ids, each non-empty.
-        key: PRNG key.  max_new_tokens: N.  method: Greedy / Temperature / TopK / TopP.
-        num_slots: E, rows decoding at once (the KV cache holds E x (P_max + N) positions).
-        stop_ids: ids that end a row.  pad_id: filler after the stop (default stop_ids[0]).
-        row_ids: B distinct ids >= 0 of the rows' draws (default 0..B-1): row b's tokens
-            are those `generate(..., row_ids=...)` gives it, up to float rounding of the
-            attention sums (its keys sit in other cache positions).
-        min_bucket: smallest prompt bucket.
-        steps_per_call: most decode steps one device call runs before the host looks.
-        stats: optional dict, filled with "prefills" (prompt prefills run), "inserts",
-            "calls" (decode calls) and "steps" (decode steps run).
-        mesh: optional mesh (params on it, `models.param_shardings`): the slots split over
-            ("data", "fsdp"), the KV heads over "tensor" (`state_shardings`). One process
-            only, for now.
-
-    Returns:
-        Rollout of the B rows in the order given (host numpy), with the prompts left-padded
-        to the bucket of the longest, as `generate` returns them.
-
-    Raises:
-        ValueError: no prompts, an empty prompt, empty stop_ids, num_slots < 1,
-            steps_per_call < 1, row_ids not one id >= 0 per prompt; on a mesh, num_slots
-            not a multiple of data x fsdp, or several processes.
-    """
-    if mesh is not None:
-        if jax.process_count() > 1:
-            raise ValueError("the rollout engine runs in one process for now; use "
-                             "sampling.generate_chunked across processes")
-        if num_slots % parallel.row_shards(mesh):
-            raise ValueError(f"num_slots ({num_slots}) must be a multiple of data x fsdp "
-                             f"({parallel.row_shards(mesh)})")
-    stop = np.asarray(list(stop_ids), np.int32)
-    if stop.size == 0:
-        raise ValueError("stop_ids must not be empty")
-    if not prompts or min(len(p) for p in prompts) == 0:
-        raise ValueError("generate_engine needs prompts, each with at least one token")
-    if num_slots < 1 or steps_per_call < 1:
-        raise ValueError(f"num_slots ({num_slots}) and steps_per_call ({steps_per_call}) "
-                         "must be >= 1")
-    b = len(prompts)
-    ids = list(range(b)) if row_ids is None else [int(i) for i in row_ids]
-    if len(ids) != b or min(ids) < 0:
-        raise ValueError(f"row_ids must give one id >= 0 per prompt: {len(ids)} ids for "
-                         f"{b} prompts")
-    pad = int(stop[0] if pad_id is None else pad_id)
-    p_max = bucket_length(max(len(p) for p in prompts), min_bucket)
-    from drubric_jax.sampling.decode import decode_params  # the one weight copy a rollout
-
-    loop_params = decode_params(params, cfg)
-    state = init_state(cfg, num_slots, p_max + max_new_tokens, b, max_new_tokens, key, mesh)
-    stop_arr = jnp.asarray(stop)
-    counts = {"prefills": 0, "inserts": 0, "calls": 0, "steps": 0}
-    free = list(range(num_slots))
-    live = np.zeros(num_slots, bool)
-    stored, stored_prompt = None, None
-    nxt = 0
-    while nxt < b or live.any():
-        while free and nxt < b:
-            prompt = tuple(prompts[nxt])
-            if prompt != stored_prompt:  # a new prompt: its one prefill
-                length = bucket_length(len(prompt), min_bucket)
-                tokens, mask = left_pad([prompt], length, pad)
-                stored = prefill_prompt(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
-                                        p_max)
-                stored_prompt = prompt
-                counts["prefills"] += 1
-            slot = free.pop(0)
-            state = insert(state, stored, jnp.int32(slot), jnp.int32(nxt),
-                           jnp.int32(ids[nxt]))
-            live[slot] = True
-            counts["inserts"] += 1
-            nxt += 1
-        state, steps = decode_steps(loop_params, cfg, state, method, stop_arr, pad,
-                                    steps_per_call, jnp.asarray(nxt < b))
-        counts["calls"] += 1
-        counts["steps"] += int(steps)
-        now = np.array(state.live)
-        free += [int(s) for s in np.flatnonzero(live & ~now)]
-        live = now
-    tokens, logprobs, mask, done, invalid = jax.device_get(
-        (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
-    if stats is not None:
-        stats.update(counts)
-    prompt_tokens, prompt_mask = left_pad(prompts, p_max, pad)
-    return Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
-                   tokens=np.where(mask, tokens, pad).astype(np.int32),
-                   logprobs=np.asarray(logprobs), mask=np.asarray(mask),
-                   lengths=mask.sum(-1).astype(np.int32), truncated=~done,
-                   invalid=np.asarray(invalid), group_ids=np.arange(b, dtype=np.int32))

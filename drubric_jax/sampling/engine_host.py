@@ -1,0 +1,158 @@
+"""The rollout engine's host loop: `generate_engine` fills free decode slots with pending
+rows and drives the device programs of `sampling.engine` (its docstring says how the
+engine works).
+
+Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout, P prompt bucket,
+N max new tokens, V vocab, W = ceil(V / 32) bitmask words.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from drubric_jax import parallel
+from drubric_jax.models.config import ModelConfig
+from drubric_jax.sampling import engine
+from drubric_jax.sampling.buckets import bucket_length, left_pad
+from drubric_jax.sampling.constrained import bitmask_words
+from drubric_jax.sampling.decode import decode_params
+from drubric_jax.sampling.methods import Greedy, Method
+from drubric_jax.types import Rollout
+
+
+def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
+                    key: jax.Array, max_new_tokens: int, num_slots: int,
+                    stop_ids: Sequence[int], method: Method = Greedy(),
+                    pad_id: Optional[int] = None, row_ids: Optional[Sequence[int]] = None,
+                    min_bucket: int = 16, steps_per_call: int = 64,
+                    stats: Optional[dict] = None, mesh=None, constraint=None,
+                    allow_invalid: bool = False) -> Rollout:
+    """Samples continuations of B token-id prompts with the engine (module docstring).
+
+    Consecutive rows with the same prompt (a prompt's K samples) share one prefill.
+
+    Args:
+        params, cfg: the model (stacked params; the decode copy is made here, once).
+        prompts: B lists of token ids, each non-empty.
+        key: PRNG key.  max_new_tokens: N.  method: Greedy / Temperature / TopK / TopP.
+        num_slots: E, rows decoding at once (the KV cache holds E x (P_max + N) positions).
+        stop_ids: ids that end a row.  pad_id: filler after the stop (default stop_ids[0]).
+        row_ids: B distinct ids >= 0 of the rows' draws (default 0..B-1): row b's tokens
+            are those `generate(..., row_ids=...)` gives it, up to float rounding of the
+            attention sums (its keys sit in other cache positions).
+        min_bucket: smallest prompt bucket.
+        steps_per_call: most decode steps one device call runs before the host looks.
+        stats: optional dict, filled with "prefills" (prompt prefills run), "inserts",
+            "calls" (decode calls) and "steps" (decode steps run).
+        mesh: optional mesh (params on it, `models.param_shardings`): the slots split over
+            ("data", "fsdp"), the KV heads over "tensor" (`state_shardings`). One process
+            only, for now.
+        constraint: optional host-side constraint, one matcher per slot: the contract of
+            `constrained.decode` (`reset(E)`, `fill`, `finished`, `advance` over the E
+            slots) plus `reset_rows(slots)`, fresh matchers for the slots given (a row was
+            inserted there). The engine then runs one step a device call.
+        allow_invalid: return rows that met a step with no allowed token (flagged in
+            `invalid`) instead of raising.
+
+    Returns:
+        Rollout of the B rows in the order given (host numpy), with the prompts left-padded
+        to the bucket of the longest, as `generate` returns them.
+
+    Raises:
+        ValueError: no prompts, an empty prompt, empty stop_ids, num_slots < 1,
+            steps_per_call < 1, row_ids not one id >= 0 per prompt; on a mesh, num_slots
+            not a multiple of data x fsdp, or several processes; a row had no allowed
+            token and allow_invalid is False.
+    """
+    if mesh is not None:
+        if jax.process_count() > 1:
+            raise ValueError("the rollout engine runs in one process for now; use "
+                             "sampling.generate_chunked across processes")
+        if num_slots % parallel.row_shards(mesh):
+            raise ValueError(f"num_slots ({num_slots}) must be a multiple of data x fsdp "
+                             f"({parallel.row_shards(mesh)})")
+    stop = np.asarray(list(stop_ids), np.int32)
+    if stop.size == 0:
+        raise ValueError("stop_ids must not be empty")
+    if not prompts or min(len(p) for p in prompts) == 0:
+        raise ValueError("generate_engine needs prompts, each with at least one token")
+    if num_slots < 1 or steps_per_call < 1:
+        raise ValueError(f"num_slots ({num_slots}) and steps_per_call ({steps_per_call}) "
+                         "must be >= 1")
+    b = len(prompts)
+    ids = list(range(b)) if row_ids is None else [int(i) for i in row_ids]
+    if len(ids) != b or min(ids) < 0:
+        raise ValueError(f"row_ids must give one id >= 0 per prompt: {len(ids)} ids for "
+                         f"{b} prompts")
+    pad = int(stop[0] if pad_id is None else pad_id)
+    p_max = bucket_length(max(len(p) for p in prompts), min_bucket)
+    loop_params = decode_params(params, cfg)
+    state = engine.init_state(cfg, num_slots, p_max + max_new_tokens, b, max_new_tokens, key,
+                              mesh)
+    stop_arr = jnp.asarray(stop)
+    counts = {"prefills": 0, "inserts": 0, "calls": 0, "steps": 0}
+    free = list(range(num_slots))
+    live = np.zeros(num_slots, bool)
+    stored, stored_prompt = None, None
+    nxt = 0
+    if constraint is not None:
+        constraint.reset(num_slots)  # one matcher a slot, renewed when a row is inserted
+        # -1 sets every bit: a slot's words are written by a fill before its row samples.
+        words = np.full((num_slots, bitmask_words(cfg.vocab_size)), -1, np.int32)
+        put = (jnp.asarray if mesh is None else functools.partial(
+            jax.device_put, device=parallel.batch_sharding(mesh)))
+    while nxt < b or live.any():
+        while free and nxt < b:
+            prompt = tuple(prompts[nxt])
+            if prompt != stored_prompt:  # a new prompt: its one prefill
+                length = bucket_length(len(prompt), min_bucket)
+                tokens, mask = left_pad([prompt], length, pad)
+                stored = engine.prefill_prompt(params, cfg, jnp.asarray(tokens),
+                                               jnp.asarray(mask), p_max)
+                stored_prompt = prompt
+                counts["prefills"] += 1
+            slot = free.pop(0)
+            state = engine.insert(state, stored, jnp.int32(slot), jnp.int32(nxt),
+                                  jnp.int32(ids[nxt]))
+            if constraint is not None:
+                constraint.reset_rows([slot])
+            live[slot] = True
+            counts["inserts"] += 1
+            nxt += 1
+        if constraint is None:
+            state, steps = engine.decode_steps(loop_params, cfg, state, method, stop_arr,
+                                               pad, steps_per_call, jnp.asarray(nxt < b))
+            counts["calls"] += 1
+            counts["steps"] += int(steps)
+            now = np.array(state.live)
+        else:
+            # One step a call: the host fills the live slots' masks (while the device runs
+            # the previous forward), then feeds each slot's token to its matcher.
+            constraint.fill(words, live)
+            state, tok, emitted, freed = engine.sample_step(
+                state, put(words), put(constraint.finished()), method, stop_arr, pad)
+            state = engine.forward_step(loop_params, cfg, state, tok, emitted)
+            tok, emitted, freed = jax.device_get((tok, emitted, freed))
+            constraint.advance(tok, emitted)
+            counts["calls"] += 1
+            counts["steps"] += 1
+            now = live & ~freed
+        free += [int(s) for s in np.flatnonzero(live & ~now)]
+        live = now
+    tokens, logprobs, mask, done, invalid = jax.device_get(
+        (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
+    if stats is not None:
+        stats.update(counts)
+    if invalid.any() and not allow_invalid:
+        bad = np.flatnonzero(invalid).tolist()
+        raise ValueError(f"rows {bad} reached a step with no allowed token (all logits -inf)")
+    prompt_tokens, prompt_mask = left_pad(prompts, p_max, pad)
+    return Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+                   tokens=np.where(mask, tokens, pad).astype(np.int32),
+                   logprobs=np.asarray(logprobs), mask=np.asarray(mask),
+                   lengths=mask.sum(-1).astype(np.int32), truncated=~done,
+                   invalid=np.asarray(invalid), group_ids=np.arange(b, dtype=np.int32))
