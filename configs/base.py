@@ -193,6 +193,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.temperature = 1.0      # sampling temperature of rubric lists
     c.generator.rollout_micro_batch = 0  # rubric lists per sampler call; 0 = all
     c.generator.cache_segments = 0     # as policy.cache_segments
+    c.generator.sampler = "static"     # as policy.sampler ("engine": one matcher per slot)
     # Checks world (verifier.kind = "checks"): the check ids the generator's prompt lists and
     # its JSON schema allows (world v2: the calibrated pool's ids); () = every scorable check.
     c.generator.check_pool = ()

@@ -13,6 +13,7 @@ from typing import Optional
 import ml_collections
 
 from drubric_jax import models, parallel
+from drubric_jax.sampling.engine_host import SAMPLERS
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
 from drubric_jax.evaluator.rubric_formats import KINDS as VERIFIER_KINDS
 from drubric_jax.rl.generator_rewards import GENERATOR_REWARDS
@@ -25,7 +26,6 @@ from drubric_jax.types import ConfigError, require as _require  # noqa: F401
 VARIANTS = ("full", "disc_only", "anchor_only", "static")
 # demo: the packaged set; shared: ../shared/data; custom: config.data.*_paths.
 DATA_NAMES = ("demo", "shared", "custom")
-SAMPLERS = ("static", "engine")  # config.policy.sampler (rounds.phases.sample_responses)
 
 
 def mesh_axis_sizes(config: ml_collections.ConfigDict, device_count: int) -> dict:
@@ -131,7 +131,9 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(0 < p.top_p <= 1, "policy.top_p", "must be in (0, 1]")
     need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
     need(p.heldout_temperature >= 0, "policy.heldout_temperature", "must be >= 0")
-    need(p.sampler in SAMPLERS, "policy.sampler", f"{p.sampler!r} not in {SAMPLERS}")
+    for node, field in ((p, "policy"), (g, "generator")):
+        need(node.get("sampler", "static") in SAMPLERS, f"{field}.sampler",
+             f"{node.get('sampler')!r} not in {SAMPLERS} (sampling.SAMPLERS)")
     rewards = rule_rewards.reward_names()
     need(p.reward in rewards, "policy.reward", f"{p.reward!r} not in {rewards}")
     need(p.reward_max_words >= 1, "policy.reward_max_words", "must be >= 1")

@@ -401,7 +401,7 @@ def test_policy_sampler_engine_gives_the_static_rows(run):
                                                  ctx.roles.rollout_cfg(Role.POLICY).vocab_size))
     assert engine_texts == static_texts
     # E: the micro-batch (0 = every row), rounded up to the mesh's data x fsdp row shards.
-    from drubric_jax import parallel
+    from drubric_jax import parallel, sampling
 
-    assert phases.engine_slots(3, 2 * k, None) == 3 and phases.engine_slots(0, 8, None) == 8
-    assert phases.engine_slots(3, 8, parallel.make_mesh(2, 2, 2)) == 4
+    assert sampling.engine_slots(3, 2 * k) == 3 and sampling.engine_slots(0, 8) == 8
+    assert sampling.engine_slots(3, 8, parallel.make_mesh(2, 2, 2)) == 4

@@ -208,3 +208,32 @@ def test_rubric_lists_sampled_in_micro_batches(tiny_model, tok):
     assert out.rollout.num_rows == 4 and out.weights.shape == (2, 2, 2)
     assert out.rollout.group_ids.tolist() == [0, 0, 1, 1]
     assert all(r in ("stop", "length", "invalid") for x in out.finish_reasons for r in x)
+
+
+@pytest.mark.slow
+def test_engine_sampler_writes_the_static_lists(tiny_model, tok):
+    """sampler = "engine" (3 decode slots for 2 inputs x G = 3 lists, one llguidance
+    matcher a slot, each list's grammar state read as its row ends) writes the lists of the
+    static sampler with per-row draws: the same texts, weights, item masks, finish
+    reasons and tokens, and log-probs within float32 rounding."""
+    from tolerances import logprob_atol
+
+    cfg, params = tiny_model
+    inputs = [RubricInput(PROMPT, tuple(RESPONSES)), RubricInput("Name a prime.", ("2", "4"))]
+    out = {}
+    for sampler in ("static", "engine"):
+        gen = RubricGenerator(cfg, tok, max_items=2, max_item_chars=10, max_new_tokens=48,
+                              input_budget=640, rows_per_call=3, per_row_keys=True,
+                              sampler=sampler)
+        out[sampler] = gen.generate_batch(params, jax.random.PRNGKey(5), inputs,
+                                          num_lists=3, temperature=1.0)
+    static, engine = out["static"], out["engine"]
+    assert engine.texts == static.texts and engine.finish_reasons == static.finish_reasons
+    np.testing.assert_array_equal(engine.weights, static.weights)
+    np.testing.assert_array_equal(engine.item_mask, static.item_mask)
+    np.testing.assert_array_equal(engine.rollout.tokens, static.rollout.tokens)
+    np.testing.assert_allclose(engine.rollout.logprobs, static.rollout.logprobs, rtol=0,
+                               atol=logprob_atol(static.rollout.logprobs, cfg.vocab_size))
+    assert {r for x in engine.finish_reasons for r in x} & {"stop", "length"}
+    with pytest.raises(ValueError, match="sampler"):
+        RubricGenerator(cfg, tok, sampler="vllm")

@@ -79,6 +79,7 @@ class RubricGenerator:
         rows_per_call: rubric lists per sampler call (0 = all B x G at once; the rollout
             micro-batch of `sampling.generate_chunked`).  cache_segments: its KV-cache
             segments (`sampling.generate`; 0 = auto).  keep_prompt: never cut the request.
+        sampler: "static" | "engine" (rows_per_call slots), `sampling.generate_constrained`.
         fmt: the lists' `rubric_formats.RubricFormat` (free text or checks, METHOD 13).
 
     Raises:
@@ -89,13 +90,14 @@ class RubricGenerator:
                  max_item_chars: int = 200, max_new_tokens: int = 512, input_budget: int = 2048,
                  min_bucket: int = MIN_PROMPT_BUCKET, mesh=None, rows_per_call: int = 0,
                  per_row_keys: bool = False, fmt=LLM_FORMAT, cache_segments: int = 0,
-                 keep_prompt: bool = False):
+                 keep_prompt: bool = False, sampler: str = "static"):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
         self.cfg, self.tokenizer, self.mesh = cfg, tokenizer, mesh
         self.rows_per_call, self.cache_segments, self.keep_prompt = (
             int(rows_per_call), int(cache_segments), bool(keep_prompt))
+        self.sampler = sampling.check_sampler(sampler)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
@@ -240,17 +242,15 @@ class RubricGenerator:
                 prompt_cut[i, j] = pcut
                 prompts.append(ids)
 
-        done = []  # grammar finished, per row, read after each sampler call
         # allow_invalid: a grammar dead end becomes an invalid list (counted), not an error.
-        out = sampling.generate_chunked(
-            params, self.cfg, prompts, self.rows_per_call, key=sample_key,
-            max_new_tokens=self.max_new_tokens, method=method, stop_ids=self.stop_ids,
-            constraint=self.constraint, min_bucket=self.min_bucket, allow_invalid=True,
-            mesh=self.mesh, after_call=lambda: done.append(self.constraint.finished()),
-            cache_segments=self.cache_segments,
-            row_ids=(list(range(first * g, (first + b) * g)) if self.per_row_keys else None))
-        # One finished() array per sampler call, in row order.
-        grammar_done = np.concatenate(done)
+        kw = dict(key=sample_key, max_new_tokens=self.max_new_tokens, method=method,
+                  stop_ids=self.stop_ids, constraint=self.constraint,
+                  min_bucket=self.min_bucket, allow_invalid=True, mesh=self.mesh,
+                  row_ids=(list(range(first * g, (first + b) * g)) if self.per_row_keys
+                           else None))
+        out, grammar_done = sampling.generate_constrained(
+            self.sampler, params, self.cfg, prompts, self.rows_per_call, self.cache_segments,
+            **kw)
         real = b if real is None else real
         return _lists_from_rows(
             self.tokenizer, out, grammar_done, set(self.stop_ids.tolist()), self.max_items,

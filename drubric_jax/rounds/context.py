@@ -104,7 +104,8 @@ class Context:
             rows_per_call=gen_cfg.rollout_micro_batch, cache_segments=gen_cfg.cache_segments,
             per_row_keys=config.per_row_keys,
             fmt=get_format(kind, tuple(gen_cfg.get("check_pool", ()))),
-            keep_prompt=bool(gen_cfg.get("keep_prompt", False)))
+            keep_prompt=bool(gen_cfg.get("keep_prompt", False)),
+            sampler=gen_cfg.get("sampler", "static"))
         return cls(config, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks,
                    settings or read_settings(config))
 

@@ -90,8 +90,8 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     weights = ctx.roles.rollout_params(Role.POLICY, ctx.mesh) if params is None else params
     cfg = ctx.roles.rollout_cfg(Role.POLICY)
     with timer("sampling"):
-        if pol_cfg.sampler == "engine":
-            out = sampling.generate_engine(weights, cfg, rows_ids, num_slots=engine_slots(
+        if pol_cfg.get("sampler", "static") == "engine":
+            out = sampling.generate_engine(weights, cfg, rows_ids, num_slots=sampling.engine_slots(
                 pol_cfg.rollout_micro_batch, len(rows_ids), ctx.mesh), **kw)
         else:
             out = sampling.generate_chunked(weights, cfg, rows_ids, pol_cfg.rollout_micro_batch,
@@ -100,14 +100,6 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
     out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
     texts = decode(model.tokenizer, out, set(stop.tolist()))
     return out, parallel.gather_texts(texts)[:n * k]
-
-
-def engine_slots(micro_batch: int, rows: int, mesh) -> int:
-    """E of the rollout engine: `micro_batch` rows decoding at once (0 = every row), rounded
-    up to a multiple of the mesh's row shards (data x fsdp) so the slots split evenly."""
-    e = micro_batch if 0 < micro_batch < rows else rows
-    shards = 1 if mesh is None else parallel.row_shards(mesh)
-    return shards * -(-e // shards)
 
 
 def decode(tokenizer, rollout: Rollout, stop_ids) -> list:

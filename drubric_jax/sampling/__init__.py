@@ -13,7 +13,8 @@ from drubric_jax.sampling.buckets import (BUCKET_POW2_UNTIL, BUCKET_STEP, bucket
 from drubric_jax.sampling.decode import (SamplerState, decode_loop, decode_params,
                                          decode_segments, forward_token, layer_copy, prefill,
                                          sample_token)
-from drubric_jax.sampling.engine_host import generate_engine
+from drubric_jax.sampling.engine_host import (SAMPLERS, check_sampler, engine_slots,
+                                              generate_constrained, generate_engine)
 from drubric_jax.sampling.generate import generate, generate_chunked
 from drubric_jax.sampling.methods import (Greedy, Method, Temperature, TopK, TopP,
                                           method_from_flags, sample_logits,

@@ -31,8 +31,8 @@ Under a host-side constraint (llguidance's JSON schema) each slot has its own ma
 renewed when a row is inserted, and the engine runs one step a call: the host fills the
 next masks while the device runs the forward (as `constrained.decode`).
 
-Not yet in the engine (issue "A rollout engine"): several processes, the planner's
-terms, the generator's sampler choice; the static `generate` serves those. On one
+Not yet in the engine (issue "A rollout engine"): several processes and the planner's
+terms; the static `generate` serves those. On one
 process's mesh the slots split over ("data", "fsdp").
 
 Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout (prompts x their

@@ -24,13 +24,36 @@ from drubric_jax.sampling.methods import Greedy, Method
 from drubric_jax.types import Rollout
 
 
+SAMPLERS = ("static", "engine")
+
+
+def check_sampler(sampler: str) -> str:
+    """`sampler` if it names one of SAMPLERS.
+
+    Raises:
+        ValueError: it does not.
+    """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    return sampler
+
+
+def engine_slots(micro_batch: int, rows: int, mesh=None) -> int:
+    """E for a rollout of `rows` rows: `micro_batch` rows decoding at once (0 = every row, as
+    the static sampler's micro-batch), rounded up to a multiple of the mesh's row shards
+    (data x fsdp) so the slots split evenly."""
+    e = micro_batch if 0 < micro_batch < rows else rows
+    shards = 1 if mesh is None else parallel.row_shards(mesh)
+    return shards * -(-e // shards)
+
+
 def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
                     key: jax.Array, max_new_tokens: int, num_slots: int,
                     stop_ids: Sequence[int], method: Method = Greedy(),
                     pad_id: Optional[int] = None, row_ids: Optional[Sequence[int]] = None,
                     min_bucket: int = 16, steps_per_call: int = 64,
                     stats: Optional[dict] = None, mesh=None, constraint=None,
-                    allow_invalid: bool = False) -> Rollout:
+                    allow_invalid: bool = False, on_row_end=None) -> Rollout:
     """Samples continuations of B token-id prompts with the engine (module docstring).
 
     Consecutive rows with the same prompt (a prompt's K samples) share one prefill.
@@ -57,6 +80,9 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
             inserted there). The engine then runs one step a device call.
         allow_invalid: return rows that met a step with no allowed token (flagged in
             `invalid`) instead of raising.
+        on_row_end: optional `f(row, slot)`, called when row `row` (its index in `prompts`)
+            has ended in slot `slot`, before the slot takes another row (e.g. to read the
+            slot's constraint state, `constraint.finished()[slot]`).
 
     Returns:
         Rollout of the B rows in the order given (host numpy), with the prompts left-padded
@@ -96,6 +122,7 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
     stop_arr = jnp.asarray(stop)
     counts = {"prefills": 0, "inserts": 0, "calls": 0, "steps": 0}
     free = list(range(num_slots))
+    slot_row = np.zeros(num_slots, np.int64)  # the row each slot decodes
     live = np.zeros(num_slots, bool)
     stored, stored_prompt = None, None
     nxt = 0
@@ -116,6 +143,7 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
                 stored_prompt = prompt
                 counts["prefills"] += 1
             slot = free.pop(0)
+            slot_row[slot] = nxt
             state = engine.insert(state, stored, jnp.int32(slot), jnp.int32(nxt),
                                   jnp.int32(ids[nxt]))
             if constraint is not None:
@@ -141,7 +169,11 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
             counts["calls"] += 1
             counts["steps"] += 1
             now = live & ~freed
-        free += [int(s) for s in np.flatnonzero(live & ~now)]
+        ended = [int(s) for s in np.flatnonzero(live & ~now)]
+        if on_row_end is not None:
+            for slot in ended:
+                on_row_end(int(slot_row[slot]), slot)
+        free += ended
         live = now
     tokens, logprobs, mask, done, invalid = jax.device_get(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
@@ -156,3 +188,40 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
                    logprobs=np.asarray(logprobs), mask=np.asarray(mask),
                    lengths=mask.sum(-1).astype(np.int32), truncated=~done,
                    invalid=np.asarray(invalid), group_ids=np.arange(b, dtype=np.int32))
+
+
+def generate_constrained(sampler: str, params, cfg: ModelConfig, prompts, rows_per_call: int,
+                         cache_segments: int, *, constraint, **kw) -> tuple:
+    """Constrained rows by `sampler`: "static" (`generate.generate_chunked`, rows_per_call
+    rows a call) or "engine" (`generate_engine`, rows_per_call slots), with each row's
+    grammar state at its end (the rubric generator's parser reads it).
+
+    Args:
+        constraint: the host-side constraint (`constrained.JsonSchemaConstraint`).
+        kw: the samplers' other arguments (key, max_new_tokens, method, stop_ids, ...).
+
+    Returns:
+        (Rollout, grammar_done bool[R]: the row's `constraint.finished()` when it ended:
+        read after each static call, or as the row ends in its engine slot).
+
+    Raises:
+        ValueError: an unknown sampler, or as the sampler raises.
+    """
+    from drubric_jax.sampling.generate import generate_chunked
+
+    if sampler == "engine":
+        grammar_done = np.zeros(len(prompts), bool)
+
+        def row_end(row, slot):
+            grammar_done[row] = constraint.finished()[slot]
+
+        slots = engine_slots(rows_per_call, len(prompts), kw.get("mesh"))
+        out = generate_engine(params, cfg, prompts, num_slots=slots, constraint=constraint,
+                              on_row_end=row_end, **kw)
+        return out, grammar_done
+    check_sampler(sampler)
+    done = []  # one finished() array per sampler call, in row order
+    out = generate_chunked(params, cfg, prompts, rows_per_call, constraint=constraint,
+                           cache_segments=cache_segments,
+                           after_call=lambda: done.append(constraint.finished()), **kw)
+    return out, np.concatenate(done)
