@@ -166,6 +166,9 @@ def base_config() -> ml_collections.ConfigDict:
     # row's slot taking the next row, one prefill per prompt (`sampling.generate_engine`;
     # one process; cache_segments does not apply).
     c.policy.sampler = "static"
+    # Response lengths for `experiments.plan --time` only: quantiles "q:tokens,..." (e.g.
+    # "0.1:300,0.5:1200,0.9:5000"); "" = every row runs to max_new_tokens.
+    c.policy.response_lengths = ""
     # Decode segments of the KV cache (`sampling.cache_schedule`): the cache grows by chunks
     # so a step reads only the slots of its segment; 0 = auto (4 when max_new_tokens >= 4096
     # and >= half the prompt bucket, on CPU and GPU), 1 = one cache of P + N slots.
@@ -194,6 +197,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.rollout_micro_batch = 0  # rubric lists per sampler call; 0 = all
     c.generator.cache_segments = 0     # as policy.cache_segments
     c.generator.sampler = "static"     # as policy.sampler ("engine": one matcher per slot)
+    c.generator.response_lengths = ""  # as policy.response_lengths
     # Checks world (verifier.kind = "checks"): the check ids the generator's prompt lists and
     # its JSON schema allows (world v2: the calibrated pool's ids); () = every scorable check.
     c.generator.check_pool = ()

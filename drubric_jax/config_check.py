@@ -13,6 +13,7 @@ from typing import Optional
 import ml_collections
 
 from drubric_jax import models, parallel
+from drubric_jax.sampling.lengths import parse_lengths
 from drubric_jax.sampling.engine_host import SAMPLERS
 from drubric_jax.evaluator.verdicts import CALIBRATIONS, VERDICT_MODES
 from drubric_jax.evaluator.rubric_formats import KINDS as VERIFIER_KINDS
@@ -134,6 +135,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     for node, field in ((p, "policy"), (g, "generator")):
         need(node.get("sampler", "static") in SAMPLERS, f"{field}.sampler",
              f"{node.get('sampler')!r} not in {SAMPLERS} (sampling.SAMPLERS)")
+        try:
+            parse_lengths(node.get("response_lengths", ""), node.max_new_tokens)
+        except ValueError as e:
+            need(False, f"{field}.response_lengths", str(e))
     rewards = rule_rewards.reward_names()
     need(p.reward in rewards, "policy.reward", f"{p.reward!r} not in {rewards}")
     need(p.reward_max_words >= 1, "policy.reward_max_words", "must be >= 1")

@@ -61,6 +61,10 @@ _TIME = flags.DEFINE_string("time", None, "Also estimate the time of a generator
                             "policy step and a round on N devices of this kind (a key of "
                             "drubric_jax.memory.costs.TARGETS: H200, H100, TPU_v5p, ...; "
                             "_ stands for a space).")
+_LENGTHS_FROM = flags.DEFINE_string(
+    "lengths_from", None, "With --time: a run directory whose metrics.jsonl gives the "
+    "policy's response-length quantiles (config.policy.response_lengths is set from them; "
+    "decode steps are then counted from the lengths, not N for every row).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -89,6 +93,16 @@ def main(argv):
         target = costs.target(_TIME.value.replace("_", " "))  # TPU_v5p = "TPU v5p"
         if target is None:
             raise app.UsageError(f"--time={_TIME.value!r}: not one of {sorted(costs.TARGETS)}")
+        if _LENGTHS_FROM.value:
+            from drubric_jax.rounds.run_logging import read_metrics
+            from drubric_jax.sampling.lengths import spec_from_metrics
+
+            path = os.path.join(_LENGTHS_FROM.value, "metrics.jsonl")
+            with config.unlocked():
+                config.policy.response_lengths = spec_from_metrics(
+                    [r for r in read_metrics(path) if r.get("phase") == "policy"],
+                    config.policy.max_new_tokens, path)
+            print(f"policy response lengths from {path}: {config.policy.response_lengths}")
         times = timing.estimate(config, RoleModels.from_config(config), target, _DEVICES.value,
                                 p.mesh["tensor"])
         print()

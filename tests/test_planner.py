@@ -271,3 +271,81 @@ def test_time_estimate_of_a_step_by_hand():
                                               / timing.MEASURED_EFFICIENCY["update"])
     text = timing.table(c, list(times.values()), target, 1)
     assert "a round" in text and "NeMo RL" in text
+
+
+def test_decode_steps_from_response_lengths_by_hand():
+    """`sampling.lengths`: a quantile spec, the rows' lengths from it, and the decode steps
+    of each sampler on hand-sized rows; a run's metrics give a spec."""
+    import numpy as np
+
+    from drubric_jax.sampling import lengths as ln
+
+    assert ln.parse_lengths("", 64) == ()
+    assert ln.parse_lengths("0.5:10,0.1:4,0.9:100", 64) == (
+        (0.0, 1.0), (0.1, 4.0), (0.5, 10.0), (0.9, 64.0), (1.0, 64.0))
+    for bad in ("0.5", "1.5:10", "0.1:20,0.5:10", "0.5:0"):
+        with pytest.raises(ValueError, match="response lengths"):
+            ln.parse_lengths(bad, 64)
+    rows = ln.row_lengths(((0.0, 1.0), (1.0, 9.0)), 4)  # quantiles 1/8, 3/8, 5/8, 7/8
+    assert sorted(rows.tolist()) == [2, 4, 6, 8]
+    # Static calls of 2 rows run to their longest; the engine's 2 slots to the last end.
+    assert ln.static_steps(np.array([5, 1, 1, 1]), 2) == 6
+    assert ln.engine_steps(np.array([5, 1, 1, 1]), 2) == 5
+    assert ln.engine_steps(np.array([1, 1, 1, 5]), 2) == 6
+    assert ln.engine_steps(np.array([3, 3]), 8) == 3
+    metrics = [{"response_length_p10": 10, "response_length_p50": 20,
+                "response_length_p90": 40, "truncated_fraction": 0.05},
+               {"response_length_p10": 12, "response_length_p50": 22,
+                "response_length_p90": 44, "truncated_fraction": 0.05}, {"loss": 1.0}]
+    assert ln.spec_from_metrics(metrics, 64) == "0.1:11,0.5:21,0.9:42,0.95:64"
+    with pytest.raises(ValueError, match="x.jsonl"):
+        ln.spec_from_metrics([{"loss": 1.0}], 64, "x.jsonl")
+
+
+def test_time_estimate_counts_decode_steps_from_lengths():
+    """memory.timing with `policy.response_lengths`: the static sampler's decode is its
+    calls' longest rows, the engine's its slots' last ends, each a step at the slots'
+    cost (the engine reads its ring's P + N positions); the engine prefills each prompt
+    once."""
+    from drubric_jax.memory import costs, timing
+    from drubric_jax.memory.terms import RoleModels
+    from drubric_jax.sampling import lengths as ln
+
+    c = smollm2_cpu.get_config("tiny")
+    p = c.policy
+    p.rollout_micro_batch = 2
+    p.response_lengths = "0.5:8,0.9:30"
+    target = costs.Target("test", tflops=1.0, tbps=1.0, memory_gb=1.0)
+    models_ = RoleModels.from_config(c)
+    cfg = models_.base[models_.sources["policy"]]
+    rows = p.prompts_per_step * p.num_responses
+    lens = ln.row_lengths(ln.parse_lengths(p.response_lengths, p.max_new_tokens), rows)
+
+    def decode_and_prefill(sampler):
+        p.sampler = sampler
+        times = [t for t in timing.estimate(c, models_, target, 1) if t.phase == "policy step"
+                 and t.name.startswith("policy sampling")]
+        return times[1], times[0]
+
+    step_bytes = costs.weight_bytes(cfg) + costs.kv_bytes(cfg, 2, p.max_prompt_tokens
+                                                          + p.max_new_tokens)
+    static, static_pre = decode_and_prefill("static")
+    engine, engine_pre = decode_and_prefill("engine")
+    assert static.roofline_s == pytest.approx(ln.static_steps(lens, 2) * step_bytes / 1e12)
+    assert engine.roofline_s == pytest.approx(ln.engine_steps(lens, 2) * step_bytes / 1e12)
+    assert engine.roofline_s < static.roofline_s
+    assert engine_pre.roofline_s == pytest.approx(static_pre.roofline_s / p.num_responses)
+
+
+def test_length_metrics_are_the_percentiles_numpy_gives():
+    """The train step's response-length metrics (`sampling.lengths.length_metrics`): mean
+    and linear-interpolation percentiles, as numpy computes them."""
+    import numpy as np
+
+    from drubric_jax.sampling.lengths import length_metrics
+
+    x = np.array([3, 64, 10, 10, 1, 40, 64, 7])
+    got = {k: float(v) for k, v in length_metrics(x).items()}
+    want = dict(zip(("response_length_p10", "response_length_p50", "response_length_p90"),
+                    np.percentile(x, [10, 50, 90])), response_length_mean=x.mean())
+    assert got == pytest.approx(want, rel=1e-6)

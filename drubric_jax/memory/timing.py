@@ -7,8 +7,10 @@ suffix passes (FLOPs) and the GRPO update (FLOPs). `roofline_s` is the time at t
 a lower bound; `expected_s` divides it by the efficiency measured on one H200
 (`MEASURED_EFFICIENCY`, results/device_check_h200_2026-12-04), carried to other targets as
 an assumption. Not counted: host work (tokenising, llguidance masks: 8% of a constrained
-step there), the held-out evaluation, checkpoints, the rollout weight copy, collectives,
-and rows that stop before N new tokens (every row is counted to N, an upper bound).
+step there), the held-out evaluation, checkpoints, the rollout weight copy, collectives.
+Rows run to N new tokens unless the config gives their length distribution
+(`response_lengths`, quantiles; `experiments.plan --lengths_from` reads a run's): then
+the decode steps are counted from it, for the static sampler and for the engine.
 
 Sampling runs as the config says: `rollout_micro_batch` rows per sampler call (0 = all),
 the call's rows split over the devices of the data and fsdp axes, every call reading the
@@ -21,10 +23,13 @@ import dataclasses
 import math
 
 import ml_collections
+import numpy as np
 
 from drubric_jax.memory.costs import (Target, causal_pairs, forward_flops, kv_bytes,
                                       weight_bytes)
 from drubric_jax.sampling.buckets import cache_schedule, mean_slots_read
+from drubric_jax.sampling.lengths import (engine_steps, parse_lengths, row_lengths,
+                                          static_steps)
 
 # Fractions of the vendor peaks reached on one H200 (jax 0.11.2, 2026-12-04, the device
 # check at this code: results/device_check_h200_2026-12-04/final_quick.log): decode
@@ -56,30 +61,45 @@ class PhaseTime:
 
 
 def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, target,
-              segments=0):
-    """Prefill and decode of `rows` rows (prompt bucket P, N new) in calls of `per_call`.
+              segments=0, sampler="static", lengths="", k=1):
+    """Prefill and decode of `rows` rows (prompt bucket P, N new) in calls of `per_call`,
+    or with `sampler` = "engine" in `per_call` slots, each prompt (K rows) prefilled once.
 
-    A decode step reads the slots of its cache segment (`sampling.cache_schedule` as
-    `generate` picks it: "auto", per-layer caches on GPU, stacked on TPU), on average
-    `sampling.mean_slots_read` of them: P + N with one segment, P + 0.67 N with four.
+    Decode steps: every call to N (`lengths` ""), or counted from the response-length
+    quantiles `lengths` (`parse_lengths`): a static call runs to its longest row, the
+    engine to its last row's end (`static_steps`, `engine_steps`). A static decode step
+    reads the slots of its cache segment (`sampling.cache_schedule` as `generate` picks
+    it: "auto", per-layer caches on GPU, stacked on TPU), on average
+    `sampling.mean_slots_read` of them: P + N with one segment, P + 0.67 N with four; the
+    engine's ring reads P + N.
     """
     per_call = rows if per_call <= 0 else min(per_call, rows)
     calls = math.ceil(rows / per_call)
     ways = max(devices // tensor, 1)                      # data x fsdp: rows split this way
-    pre = forward_flops(cfg, rows * prompt, rows * causal_pairs(prompt), rows)
-    out = [PhaseTime(phase, f"{name}: prefill", "prefill", pre, 0.0,
+    prefills = rows // k if sampler == "engine" else rows
+    pre = forward_flops(cfg, prefills * prompt, prefills * causal_pairs(prompt), prefills)
+    out = [PhaseTime(phase, f"{name}: prefill ({prefills} prompts)", "prefill", pre, 0.0,
                      pre / (devices * target.tflops * 1e12))]
     # Every call reads the weights once a step on each device (split over tensor only) and
     # its rows' cache up to the end of the step's segment.
     per_layer = not target.name.startswith("TPU")  # `models.per_layer_decode`
-    slots = mean_slots_read(cache_schedule(prompt, new, segments, per_layer), prompt, new)
+    slots = (prompt + new if sampler == "engine" else
+             mean_slots_read(cache_schedule(prompt, new, segments, per_layer), prompt, new))
     step_bytes = (weight_bytes(cfg) + kv_bytes(cfg, per_call / ways, slots)) / tensor
     step_flops = forward_flops(cfg, per_call / ways, per_call / ways * slots,
                                per_call / ways) / tensor
     step_s = max(step_bytes / (target.tbps * 1e12), step_flops / (target.tflops * 1e12))
-    out.append(PhaseTime(phase, f"{name}: decode ({calls} calls x {new} steps)", "decode",
-                         step_flops * devices * calls * new, step_bytes * devices * calls * new,
-                         step_s * calls * new))
+    points = parse_lengths(lengths, new)
+    if points:
+        lens = row_lengths(points, rows)
+        steps = (engine_steps(lens, per_call) if sampler == "engine"
+                 else static_steps(lens, per_call))
+        label = f"{name}: decode ({sampler}, {steps:,} steps, length p50 {np.median(lens):.0f})"
+    else:
+        steps = calls * new
+        label = f"{name}: decode ({sampler}, {calls} x {new} steps: every row to N)"
+    out.append(PhaseTime(phase, label, "decode", step_flops * devices * steps,
+                         step_bytes * devices * steps, step_s * steps))
     return out
 
 
@@ -128,10 +148,12 @@ def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices
         rows = prompts * k
         out += _sampling(phase, "policy sampling", pol, rows, p.max_prompt_tokens,
                          p.max_new_tokens, p.rollout_micro_batch, devices, tensor, target,
-                         p.get("cache_segments", 0))
+                         p.get("cache_segments", 0), p.get("sampler", "static"),
+                         p.get("response_lengths", ""), k)
         out += _sampling(phase, "rubric sampling", gen, gen_lists, g.input_budget,
                          g.max_new_tokens, g.rollout_micro_batch, devices, tensor, target,
-                         g.get("cache_segments", 0))
+                         g.get("cache_segments", 0), g.get("sampler", "static"),
+                         g.get("response_lengths", ""))
         # Items per prefix: every list of the prefix's prompt (G in the generator step).
         per_prefix = items * (lists if phase == "generator step" else 1)
         out.append(_verification(phase, ver, verified, v.max_prefix_tokens,
@@ -152,23 +174,27 @@ def table(config, times: list, target: Target, devices: int) -> str:
     lines = [f"time estimate on {devices} x {target.name} ({target.tflops:.0f} TFLOP/s, "
              f"{target.tbps} TB/s each): roofline (vendor peaks) and expected (/ the "
              f"efficiency measured on one H200: {MEASURED_EFFICIENCY})",
-             f"{'step / phase':<70}{'roofline s':>12}{'expected s':>12}"]
+             f"{'step / phase':<80}{'roofline s':>12}{'expected s':>12}"]
     totals = {}
     for t in times:
-        lines.append(f"  {t.phase + ': ' + t.name:<68}{t.roofline_s:>12.1f}{t.expected_s:>12.1f}")
+        lines.append(f"  {t.phase + ': ' + t.name:<78}{t.roofline_s:>12.1f}{t.expected_s:>12.1f}")
         r, e = totals.get(t.phase, (0.0, 0.0))
         totals[t.phase] = (r + t.roofline_s, e + t.expected_s)
     for phase, (r, e) in totals.items():
-        lines.append(f"{phase + ' (total)':<70}{r:>12.1f}{e:>12.1f}")
+        lines.append(f"{phase + ' (total)':<80}{r:>12.1f}{e:>12.1f}")
     steps = {"generator step": config.rounds.generator_steps,
              "policy step": config.rounds.policy_steps}
     rr = sum(totals[s][0] * n for s, n in steps.items())
     re_ = sum(totals[s][1] * n for s, n in steps.items())
     label = (f"a round ({steps['generator step']} generator + {steps['policy step']} policy "
              "steps), hours")
-    lines.append(f"{label:<70}{rr / 3600:>12.2f}{re_ / 3600:>12.2f}")
+    lines.append(f"{label:<80}{rr / 3600:>12.2f}{re_ / 3600:>12.2f}")
     p = config.policy
-    tokens = p.prompts_per_step * p.num_responses * (p.max_prompt_tokens + p.max_new_tokens)
+    # Responses at their lengths' mean when the config gives them (else all N).
+    points = parse_lengths(p.get("response_lengths", ""), p.max_new_tokens)
+    rows = p.prompts_per_step * p.num_responses
+    response = (float(row_lengths(points, rows).mean()) if points else p.max_new_tokens)
+    tokens = rows * (p.max_prompt_tokens + response)
     lines.append(f"policy step tokens/s/device (prompt + response, at expected): "
                  f"{tokens / totals['policy step'][1] / devices:,.0f}")
     lines += [f"anchor: {a}" for a in ANCHORS]

@@ -46,6 +46,7 @@ from drubric_jax.rl.train_config import (TrainConfig, learning_rate_schedule, ma
                                       schedule_count)
 from drubric_jax.rl.logprobs import sequence_logprobs
 from drubric_jax.models.config import ModelConfig
+from drubric_jax.sampling.lengths import length_metrics
 from drubric_jax.types import Rollout
 
 
@@ -270,7 +271,7 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
         (new state, metrics): float32 scalars loss, pg_loss, kl, clip_fraction, ratio_mean,
         entropy (mean over the active rows' completion tokens, nats), grad_norm (before
         clipping), update_norm (0 when skipped), advantage_{mean,min,max} (all rows),
-        response_length_mean (tokens incl. EOS, all rows), truncated_fraction (all rows),
+        response_length_{mean,p10,p50,p90} (tokens incl. EOS), truncated_fraction (all rows),
         num_tokens (tokens that entered the loss), active_rows (rows that entered it),
         update_skipped (1.0 when no row was active), learning_rate (of this update). The
         group std that Eq. 21 divided the rewards by, and the flat-group fraction, are
@@ -314,9 +315,8 @@ def train_step(state: TrainState, batch: Batch, ref_params: Optional[dict] = Non
     # grad_norm is taken before clipping (the clip is the optimizer chain's first step).
     metrics.update(
         grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
-        advantage_mean=jnp.mean(adv), advantage_min=jnp.min(adv),
-        advantage_max=jnp.max(adv),
-        response_length_mean=jnp.mean(jnp.sum(loss_mask, axis=-1).astype(jnp.float32)),
+        advantage_mean=jnp.mean(adv), advantage_min=jnp.min(adv), advantage_max=jnp.max(adv),
+        **length_metrics(jnp.sum(loss_mask, axis=-1)),
         truncated_fraction=jnp.mean(jnp.asarray(batch.truncated, jnp.float32)),
         num_tokens=jnp.sum(active_loss_mask(batch)).astype(jnp.float32),
         active_rows=jnp.sum(rows).astype(jnp.float32),

@@ -4,9 +4,10 @@ jitted decode primitives on a KV cache (`decode`), JSON-schema constrained decod
 (`engine`: continuous batching over decode slots, one prefill per prompt; its host loop
 `engine_host`).
 
-Layers inside the package: methods, buckets < decode < constrained < generate, engine < engine_host. The public
-names are exported here (`sampling.generate`, `sampling.Greedy()`, ...); modules inside the
-package import each other's modules, never this file.
+Layers inside the package: methods, buckets, lengths < decode < constrained < generate,
+engine < engine_host. The public names are exported here (`sampling.generate`,
+`sampling.Greedy()`, ...); modules inside the package import each other's modules, never
+this file.
 """
 from drubric_jax.sampling.buckets import (BUCKET_POW2_UNTIL, BUCKET_STEP, bucket_length,
                                           cache_schedule, left_pad, mean_slots_read)
