@@ -297,3 +297,24 @@ def test_bench_engine_prints_both_samplers_and_their_ratio(smollm2_gguf):
     assert rows["engine"]["useful_tokens"] == rows["static"]["useful_tokens"]
     ratio = rows["engine_vs_static"]
     assert ratio["same_tokens"] == 1.0 and len(ratio["speedup_per_round"]) == 1
+
+
+def test_engine_in_the_stacked_cache_form(tiny_model, monkeypatch):
+    """The accelerators' form (`models.per_layer_decode` False: stacked [L, ...] weights
+    and cache, as on TPU) gives the rows of the per-layer form used on CPU and GPU."""
+    from drubric_jax.models import registry
+
+    cfg, params = tiny_model
+    prompts = _prompts(cfg, lengths=(5, 18, 2), seed=5)
+    kw = dict(key=jax.random.PRNGKey(3), max_new_tokens=5, method=sampling.Temperature(1.0),
+              stop_ids=[2], num_slots=2)
+    per_layer = sampling.generate_engine(params, cfg, prompts, **kw)
+    # The backend rule is read through both names (`models` re-exports the registry's).
+    from drubric_jax import models
+
+    for module in (registry, models):
+        monkeypatch.setattr(module, "per_layer_decode", lambda backend=None: False)
+    stacked = sampling.generate_engine(params, cfg, prompts, **kw)
+    np.testing.assert_array_equal(stacked.tokens, per_layer.tokens)
+    np.testing.assert_allclose(stacked.logprobs, per_layer.logprobs, rtol=0,
+                               atol=logprob_atol(per_layer.logprobs, cfg.vocab_size))
