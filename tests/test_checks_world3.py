@@ -257,6 +257,12 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     assert [(r["step"], r["epoch"]) for r in rec] == [(0, 0), (2, 1), (4, 2)]
     assert json.loads((work / "export" / "generator" / "sft_step.json").read_text()) == {
         "step": 4}
+    # More training prompts than anchor rows stops before any weight loads, naming the
+    # command that extends the file.
+    with pytest.raises(AssertionError, match="--limit=5"):
+        run_module(*args[:2], f"--workdir={tmp_path / 'more'}", "--config.sft.train_rows=5",
+                   timeout=300)
+    assert not (tmp_path / "more").exists()
     # A missing world file stops at once, naming the command that builds it.
     os.remove(world / "heldout_anchors.jsonl")
     with pytest.raises(AssertionError, match="make_checks_anchors"):

@@ -184,6 +184,13 @@ def run_sft(config, workdir: str) -> dict:
                     "\nBuild the checks world's files first (from the repository root):\n  "
                     + (build + "\n" + s.get("heldout_anchors_build", "")).strip()
                     .replace("\n", "\n  ") if build else ""))
+    with open(s.train_anchors, encoding="utf-8") as f:  # before any weight loads
+        have = sum(1 for line in f if line.strip())
+    if have < int(s.train_rows):
+        raise ValueError(
+            f"config.sft.train_rows: {s.train_rows} training prompts asked, {s.train_anchors} "
+            f"has {have} anchor rows; extend it (it resumes) with make_checks_anchors "
+            f"--limit={s.train_rows}, or lower train_rows")
     os.makedirs(workdir, exist_ok=True)
     t_start = time.perf_counter()
     cfg, base, tokenizer = models.load_model(config.model.generator, config.model.dtype)
