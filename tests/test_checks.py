@@ -217,3 +217,26 @@ def test_gold_score_is_the_fraction_of_true_checks_met():
         checks.gold_score([{"check": "keywords:existence", "args": {}}], "x")
     with pytest.raises(InvalidCheck):
         checks.gold_score([{"check": "punctuation:no_comma"}], "x")
+
+
+def test_undetected_language_error_never_reaches_a_handler_where_the_checkers_run():
+    """Importing the checkers (`checks.verify`) puts `UndetectedLanguage` on the root logger
+    itself, so IFEval's undetected-language ERROR is dropped in any process, handler or
+    not (a verdict worker has none of ours); the check's verdict is IFEval's (followed),
+    and another ERROR through the root logger still passes."""
+    import logging
+
+    from drubric_jax.checks import verify
+
+    root = logging.getLogger()
+    assert sum(isinstance(f, verify.UndetectedLanguage) for f in root.filters) == 1
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    root.addHandler(handler)
+    try:
+        assert checks.verdict("language:response_language", {"language": "de"}, "123 456")
+        logging.error("another error")
+    finally:
+        root.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["another error"]

@@ -81,3 +81,6 @@ def test_help_exits_0_and_a_wrong_directory_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: ") and "no summary.json" in proc.stderr
     assert "Regenerates" not in proc.stdout + proc.stderr  # no usage text
+    proc = subprocess.run([sys.executable, "-m", "experiments.report", str(tmp_path / "no")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "no such directory" in proc.stderr.splitlines()[0]

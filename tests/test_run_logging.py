@@ -20,17 +20,20 @@ def test_third_party_info_is_dropped_ours_and_warnings_pass():
     assert f.filter(_record(ours, logging.INFO))
 
 
-def test_ifevals_undetected_language_error_is_dropped_and_its_verdict_kept():
+def test_ifevals_undetected_language_error_is_dropped_and_its_verdict_kept(monkeypatch):
     """The language checkers of IFEval (if_verifiable) log an ERROR for a text langdetect
     cannot read and count it as followed; the filter drops that line, not the verdict, and
     not another ERROR of the same file."""
     from if_verifiable.ifeval import instructions
 
+    # Without the root logger's own filter (`checks.verify.UndetectedLanguage`, tested in
+    # test_checks.py), so the record reaches the handlers.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "filters", [])
     records, unfiltered = [], []
     handler, plain = logging.Handler(), logging.Handler()
     handler.emit, plain.emit = records.append, unfiltered.append
     handler.addFilter(run_logging.ThirdPartyFilter())
-    root = logging.getLogger()
     root.addHandler(handler)
     root.addHandler(plain)
     try:
