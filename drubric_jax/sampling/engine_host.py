@@ -154,9 +154,11 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
         if constraint is None:
             state, steps = engine.decode_steps(loop_params, cfg, state, method, stop_arr,
                                                pad, steps_per_call, jnp.asarray(nxt < b))
+            # One host transfer a call: the step count and the E live flags together.
+            steps, now = jax.device_get((steps, state.live))
             counts["calls"] += 1
             counts["steps"] += int(steps)
-            now = np.array(state.live)
+            now = np.array(now)
         else:
             # One step a call: the host fills the live slots' masks (while the device runs
             # the previous forward), then feeds each slot's token to its matcher.
