@@ -32,8 +32,15 @@ that config's settings (100 generator steps, 256 held-out Nectar lists, hard ver
 checkers' exact verdicts, 3 generator steps a variant (about 2.2 min each alone: the
 generator writes 4 JSON lists of <= 256 tokens from a ~1,400-token prompt), and the
 held-out constraint F1 of each generator beside Delta_gap, R_anchor and pairwise accuracy.
+In world v2 (the default world_version; checks world III's Q2, from G_sft with
+`--config.model.generator=runs/g_sft192/export/generator`): the world's LoRA learning rate
+(1e-4), lists of K = 8 responses, all 192 training anchor lists, and 16 held-out lists drawn
+from heldout_anchors.jsonl (held-out prompts, `data.heldout_anchor_paths`).
 """
+import os
+
 from configs.base import experiment_base
+from configs.checks_world import V2_LORA
 
 
 def get_config(arg: str = ""):
@@ -56,6 +63,17 @@ def get_config(arg: str = ""):
         c.checkpoint.every_steps = 2  # one save, at the end of a variant's steps
         if opts.get("world") == "checks":
             c.rounds.generator_steps = c.checkpoint.every_steps = 3
+        if c.data.checks_world_version == 2:
+            # World v2 (checks world III's Q2, from G_sft: --config.model.generator=DIR):
+            # the world's LoRA learning rate (1e-5 is for full fine-tuning), lists of K = 8
+            # responses as G_sft saw, every training anchor list, and held-out lists of
+            # held-out prompts (heldout_anchors.jsonl: G_sft never trained on them; a
+            # split of anchors.jsonl would score prompts it did).
+            from configs.sft_generator import HELDOUT_ANCHORS, heldout_anchors_build
+            c.generator.train.learning_rate = V2_LORA["generator_lr"]
+            c.data.max_responses, c.data.max_anchor_rows = 8, 0
+            c.data.heldout_anchor_paths = (os.path.join(c.data.checks_dir, HELDOUT_ANCHORS),)
+            c.data.checks_build += "\n" + heldout_anchors_build(c.data.checks_dir)
     if opts.get("tiny"):
         c.rounds.generator_steps = 1
         c.data.heldout_anchor_rows = 4 if scale == "smollm2_cpu" else 2

@@ -126,6 +126,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_anchor_rows = 0      # cap on anchor rows read (0 = all)
     c.data.max_prompt_rows = 0      # cap on prompt rows read (0 = all)
     c.data.heldout_anchor_rows = 4  # anchor lists held out for Delta_gap (Eq. 2)
+    # Files the held-out lists come from instead (their seeded shuffle's first
+    # heldout_anchor_rows); then every list of anchor_paths trains. A held-out list with a
+    # training list's prompt is refused. () = split anchor_paths.
+    c.data.heldout_anchor_paths = ()
     c.data.min_responses = 2        # anchor filter: responses per list (Nectar setting: 7)
     c.data.max_responses = 7        # anchor lists longer than this are cut (lowest ranks dropped)
     c.data.min_prompt_chars = 0     # Appendix B filter (paper: 50)

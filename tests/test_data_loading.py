@@ -208,3 +208,38 @@ def test_check_data_sources_demo_and_shared(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config\.data\.name=shared needs .*"
                                                 r"\(set config\.data\.shared_dir\)"):
         data.check_data_sources(data_spec(c))
+
+
+def test_heldout_anchor_paths_hold_out_their_own_files_and_refuse_a_trained_prompt(
+        write_jsonl, tmp_path):
+    """data.heldout_anchor_paths: the held-out lists are the first heldout_anchor_rows of
+    those files' seeded shuffle, every list of anchor_paths trains, the fingerprint covers
+    both, check_data_sources names the field, and a held-out list whose prompt also trains
+    is refused (ValueError naming the list and both files)."""
+    anchors = write_jsonl([_anchor_row(i) for i in range(3)], name="anchors.jsonl")
+    held = write_jsonl([_anchor_row(i) for i in range(10, 14)], name="held.jsonl")
+    prompts = write_jsonl([_prompt_row(i, f"Question {i}?") for i in range(3)],
+                          name="prompts.jsonl")
+    c = _custom_config([anchors], [prompts], heldout_anchor_rows=2,
+                       heldout_anchor_paths=(str(held),))
+    loaded = data.load_data(data_spec(c))
+    assert sorted(a.id for a in loaded.train_anchors) == ["a/0", "a/1", "a/2"]
+    assert len(loaded.heldout_anchors) == 2
+    assert {a.id for a in loaded.heldout_anchors} <= {f"a/{i}" for i in range(10, 14)}
+    # The same split on a rerun; another seed may draw other held-out lists of the file.
+    assert ([a.id for a in data.load_data(data_spec(c)).heldout_anchors]
+            == [a.id for a in loaded.heldout_anchors])
+    split = data.load_data(data_spec(_custom_config([anchors], [prompts], heldout_anchor_rows=2)))
+    assert loaded.fingerprint != split.fingerprint
+    assert data.check_data_sources(data_spec(c)) == {str(anchors): 3, str(held): 4,
+                                                     str(prompts): 3}
+    c.data.heldout_anchor_paths = (str(tmp_path / "none.jsonl"),)
+    with pytest.raises(FileNotFoundError, match=r"^config\.data\.heldout_anchor_paths\[0\]: "
+                                                r"no such file .*none\.jsonl"):
+        data.check_data_sources(data_spec(c))
+    # A held-out file with a training prompt (a/1) is refused, whichever lists are drawn.
+    leak = write_jsonl([dict(_anchor_row(1), id="h/1")], name="leak.jsonl")
+    c.data.heldout_anchor_paths = (str(leak),)
+    with pytest.raises(ValueError, match=r"heldout_anchor_paths .*leak\.jsonl.*held-out list "
+                                         r"'h/1' has the prompt of a training list"):
+        data.load_data(data_spec(c))

@@ -89,6 +89,9 @@ class DataSpec:
       tfds_data_dir: TFDS data_dir of "tfds:" entries ("" = TFDS's default).
       min_responses, max_responses, min_prompt_chars, min_top_response_chars,
       max_anchor_rows, max_prompt_rows, heldout_anchor_rows: as configs/base.py says.
+      heldout_anchor_paths: tuple[str]; when set, the held-out lists come from these files
+        (the first heldout_anchor_rows of their seeded shuffle) and every list of
+        anchor_paths trains.
       seed: config.seed (the held-out split's shuffle).
       anchors_per_step, prompts_per_step: config.generator.anchors_per_step and
         config.policy.prompts_per_step (one batch per host must fill).
@@ -111,6 +114,7 @@ class DataSpec:
     max_anchor_rows: int = 0
     max_prompt_rows: int = 0
     heldout_anchor_rows: int = 0
+    heldout_anchor_paths: tuple = ()
     seed: int = 0
     anchors_per_step: int = 1
     prompts_per_step: int = 1
@@ -263,7 +267,17 @@ def load_data(d: DataSpec, num_hosts: int = 1) -> LoadedData:
     # A seeded shuffle across files: the held-out split is the same on every host and rerun.
     order = shuffled_order(len(anchors), d.seed)
     anchors = [anchors[i] for i in order]
-    heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
+    heldout_files = []
+    if d.heldout_anchor_paths:
+        # Held-out lists from files of their own (e.g. lists of held-out prompts, which a
+        # warm start never saw); every list of anchor_paths trains.
+        heldout_files = _read_anchors(d, d.heldout_anchor_paths)
+        pool = [a for f in heldout_files for a in f.rows]
+        pool = [pool[i] for i in shuffled_order(len(pool), d.seed)]
+        heldout, train = pool[:d.heldout_anchor_rows], anchors
+        _refuse_shared_prompts(heldout, heldout_files, train, anchor_files)
+    else:
+        heldout, train = anchors[:d.heldout_anchor_rows], anchors[d.heldout_anchor_rows:]
     if anchor_paths or d.reads_anchors:  # a run that reads no anchor list needs none
         _check_fills_batch("anchors", len(train), anchor_files, "generator.anchors_per_step",
                            d.anchors_per_step, "data.max_anchor_rows", d.max_anchor_rows,
@@ -274,21 +288,40 @@ def load_data(d: DataSpec, num_hosts: int = 1) -> LoadedData:
     _check_fills_batch("prompts", len(prompts), prompt_files, "policy.prompts_per_step",
                        d.prompts_per_step, "data.max_prompt_rows", d.max_prompt_rows, num_hosts)
     fingerprint = data_fingerprint([("anchors", f.path, f.rows) for f in anchor_files]
+                                   + [("heldout_anchors", f.path, f.rows)
+                                      for f in heldout_files]
                                    + [("prompts", f.path, f.rows) for f in prompt_files])
     return LoadedData(train, heldout, prompts, fingerprint)
+
+
+def _refuse_shared_prompts(heldout: list, heldout_files: list, train: list,
+                           train_files: list) -> None:
+    """Raises ValueError when a held-out anchor list's prompt (history and text) is also a
+    training list's: the held-out score would then measure recall of a trained prompt."""
+    seen = {(repr(a.history or []), a.prompt) for a in train}
+    for a in heldout:
+        if (repr(a.history or []), a.prompt) in seen:
+            raise ValueError(
+                f"config.data.heldout_anchor_paths ({', '.join(f.path for f in heldout_files)}): "
+                f"held-out list {a.id!r} has the prompt of a training list in "
+                f"config.data.anchor_paths ({', '.join(f.path for f in train_files)}); "
+                "held-out lists must come from prompts that never train")
 
 
 def _configured_files(d: DataSpec) -> list:
     """[(kind, config field that names the file, path)] of every configured data entry."""
     anchors, prompts = resolve_data_paths(d)
+    heldout = [("anchors", f"config.data.heldout_anchor_paths[{i}]", p)
+               for i, p in enumerate(d.heldout_anchor_paths)]
     if d.name == "custom":
         return ([("anchors", f"config.data.anchor_paths[{i}]", p) for i, p in enumerate(anchors)]
-                + [("prompts", f"config.data.prompt_paths[{i}]", p)
-                   for i, p in enumerate(prompts)])
+                + heldout + [("prompts", f"config.data.prompt_paths[{i}]", p)
+                             for i, p in enumerate(prompts)])
     field = f"config.data.name={d.name}"
     if d.name == "shared":
         field += f" (config.data.shared_dir={d.shared_dir!r})"
-    return [("anchors", field, p) for p in anchors] + [("prompts", field, p) for p in prompts]
+    return ([("anchors", field, p) for p in anchors] + heldout
+            + [("prompts", field, p) for p in prompts])
 
 
 class MissingDataFile(FileNotFoundError):
