@@ -77,7 +77,9 @@ SAVED_WIDTHS = (6, 5, 4)
 SAVED_ATTENTION = 2
 FORWARD_WIDTHS = (4, 5, 3)
 SAMPLING_LOGITS = 8      # float32 [R, V]: the state's and the new logits, masked, tempered,
-#                          Gumbel-perturbed, two log-softmaxes (sample_logits, token_logprobs)
+#                          Gumbel-perturbed, the log-softmax and its exp (fitted; when the
+#                          step's second log-softmax went, the compiled peak of the tiny
+#                          config's decode moved by 64 bytes: XLA had fused it)
 BATCH_BYTES = 2 * (4 + 1 + 1 + 4)  # tokens, masks, old log-probs per token, and their
 #                                    micro-batch reshuffle
 

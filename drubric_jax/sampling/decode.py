@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from drubric_jax import models, parallel
 from drubric_jax.models.config import ModelConfig
-from drubric_jax.sampling.methods import Method, sample_logits, scoring_temperature
+from drubric_jax.sampling.methods import Method, sample_logits
 
 
 # ----------------------------------------------------------------------------- state
@@ -118,13 +118,6 @@ def prefill(params, cfg: ModelConfig, tokens, token_mask, key, max_new_tokens: i
         row_ids=row_ids)
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
-    """float32[B] log softmax(logits / temperature)[tokens] over the full vocabulary."""
-    # `temperature` is a scoring temperature: never 0 (greedy is scored at 1).
-    logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
-    return jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-
-
 def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, allowed=None,
                  force_stop=None):
     """Samples one token per row from `state.logits` and records it (no model call).
@@ -141,17 +134,15 @@ def sample_token(state: SamplerState, method: Method, stop_ids, pad_id: int, all
     """
     logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
     # One key per step, from (key, step) alone: `decode_loop` and the host-driven constrained
-    # loop use the same keys.
-    tok, _, bad = sample_logits(jax.random.fold_in(state.key, state.step), logits, method,
-                                state.row_ids)
+    # loop use the same keys. A constrained token's log-prob is taken from the unconstrained
+    # logits: what the training forward pass computes (pi_old, METHOD 11). A completed
+    # grammar may allow nothing more: its row ends with the stop id, not `invalid`.
+    tok, logp, bad = sample_logits(
+        jax.random.fold_in(state.key, state.step), logits, method, state.row_ids,
+        score_logits=None if allowed is None else state.logits,
+        forced=None if force_stop is None else jnp.where(force_stop, stop_ids[0], -1))
     live = ~state.done
-    if force_stop is not None:
-        # A completed grammar may allow nothing more: its row ends with the stop id, not `invalid`.
-        tok = jnp.where(force_stop, stop_ids[0], tok)
-        bad = bad & ~force_stop
     emitted = live & ~bad
-    # Unconstrained logits: the log-prob the training forward pass computes (pi_old, METHOD 11).
-    logp = token_logprobs(state.logits, tok, scoring_temperature(method))
     tok = jnp.where(emitted, tok, pad_id)
     logp = jnp.where(emitted, logp, 0.0)
     stopped = live & (jnp.isin(tok, stop_ids) | bad)

@@ -51,8 +51,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from drubric_jax import models, parallel
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling.constrained import unpack_bitmask
-from drubric_jax.sampling.decode import token_logprobs
-from drubric_jax.sampling.methods import Method, sample_logits, scoring_temperature
+from drubric_jax.sampling.methods import Method, sample_logits
 
 
 @flax.struct.dataclass
@@ -234,12 +233,12 @@ def _sample_rows(state: EngineState, method: Method, stop_ids, pad_id: int, allo
     b, n = state.tokens.shape
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(state.key, state.steps)
     logits = state.logits if allowed is None else jnp.where(allowed, state.logits, -jnp.inf)
-    tok, logp, bad = sample_logits(keys, logits, method, state.draw_ids)
-    if force_stop is not None:
-        tok = jnp.where(force_stop, stop_ids[0], tok)
-        bad = bad & ~force_stop
-    if allowed is not None:  # the log-prob of the unconstrained logits (METHOD 11)
-        logp = token_logprobs(state.logits, tok, scoring_temperature(method))
+    # A constrained token is scored under the unconstrained logits (METHOD 11); a complete
+    # constraint ends its row with stop_ids[0]. One log-softmax a step either way.
+    tok, logp, bad = sample_logits(
+        keys, logits, method, state.draw_ids,
+        score_logits=None if allowed is None else state.logits,
+        forced=None if force_stop is None else jnp.where(force_stop, stop_ids[0], -1))
     live = state.live
     emitted = live & ~bad
     tok = jnp.where(emitted, tok, pad_id)

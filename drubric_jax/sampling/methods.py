@@ -136,8 +136,9 @@ def row_keys(key: jax.Array, row_ids: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
 
 
-def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=None):
-    """Draws one token per row.
+def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=None,
+                  score_logits=None, forced=None):
+    """Draws one token per row and scores it, with one full-vocabulary log-softmax.
 
     Args:
         key: PRNG key.
@@ -147,11 +148,18 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=Non
             its position in the batch); int32[B]: row b draws from fold_in(key,
             row_ids[b]) alone, whatever the batch around it (`key` may then be B keys,
             one per row: `row_keys`).
+        score_logits: None, or float32[B, V] the logits the token's log-prob is taken from
+            (a constrained draw passes the model's unconstrained logits: the log-prob the
+            training forward pass computes, METHOD 11); None = `logits`.
+        forced: None, or int32[B] a token id that replaces row b's draw where >= 0 (a
+            complete constraint ends its row with the stop id); such a row is never
+            invalid and its log-prob is the forced token's.
 
     Returns:
-        (tokens int32[B], logprobs float32[B] of the token under softmax(logits / T) over
-        all tokens, invalid bool[B]: the row had no finite logit, or a NaN or +inf one; its
-        token is then 0 and must not be used — callers raise or stop the row).
+        (tokens int32[B], logprobs float32[B] of the token under softmax(score_logits / T)
+        over all tokens (T: `scoring_temperature`), invalid bool[B]: the row had no finite
+        logit, or a NaN or +inf one, and was not forced; its token is then 0 and its
+        log-prob 0, and must not be used — callers raise or stop the row).
     """
     invalid = (~jnp.any(jnp.isfinite(logits), axis=-1)
                | jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1))
@@ -169,7 +177,13 @@ def sample_logits(key: jax.Array, logits: jax.Array, method: Method, row_ids=Non
             tokens = jax.vmap(lambda k, x: jax.random.categorical(k, x))(
                 row_keys(key, row_ids), truncated)
         temp = method.temperature
-    # Over the full vocabulary at the sampling temperature, before top-k / top-p truncation.
+    if forced is not None:
+        tokens = jnp.where(forced >= 0, forced, tokens)
+        invalid = invalid & (forced < 0)
+    if score_logits is not None:
+        safe = jnp.where(invalid[:, None], 0.0, score_logits)
+    # Over the full vocabulary at the sampling temperature, before top-k / top-p truncation
+    # and before any constraint mask (score_logits): the step's only log-softmax.
     logp_all = jax.nn.log_softmax(safe / temp, axis=-1)
     logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
     tokens = jnp.where(invalid, 0, tokens).astype(jnp.int32)
