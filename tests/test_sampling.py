@@ -194,6 +194,35 @@ def test_case_09_all_masked_row_is_flagged_by_sample_logits():
         assert int(tok[1]) in (0, 1)
 
 
+def test_sample_logits_scores_a_constrained_or_forced_token_under_the_unconstrained_logits():
+    """One log-softmax a step: the drawn token (from the masked logits) is scored under
+    score_logits / T, by hand; a forced row takes its token whatever its mask allows (even
+    none: not invalid) and is scored the same way; a row neither forced nor allowed any
+    token stays invalid with log-prob 0."""
+    full = np.asarray([[0.5, 2.0, -1.0, 1.0], [1.0, 0.0, 3.0, -2.0],
+                       [0.0, 1.0, 2.0, 3.0]], np.float32)
+    masked = full.copy()
+    masked[0, [1, 3]] = NEG_INF          # row 0 may draw token 0 or 2
+    masked[1, :] = NEG_INF               # row 1: nothing allowed; forced to stop id 3
+    masked[2, :] = NEG_INF               # row 2: nothing allowed, not forced: invalid
+    forced = jnp.asarray([-1, 3, -1], jnp.int32)
+    for method, t in ((sampling.Greedy(), 1.0), (sampling.Temperature(0.7), 0.7)):
+        tok, logp, invalid = sampling.sample_logits(
+            jax.random.PRNGKey(3), jnp.asarray(masked), method, score_logits=jnp.asarray(full),
+            forced=forced)
+        tok = np.asarray(tok)
+        assert np.asarray(invalid).tolist() == [False, False, True]
+        assert tok[0] in (0, 2) and tok[1] == 3 and tok[2] == 0
+        if t == 1.0:
+            assert tok[0] == 0  # the masked row's argmax
+        z = full / t
+        want = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        # Float32 log-softmax of 4 logits of magnitude <= 5: a few ulp of 5.
+        np.testing.assert_allclose(np.asarray(logp)[:2], [want[0, tok[0]], want[1, 3]],
+                                   rtol=0, atol=8 * np.finfo(np.float32).eps * 5)
+        assert float(logp[2]) == 0.0
+
+
 def test_case_09_generate_raises_when_constraint_allows_nothing(tiny_model):
     cfg, params = tiny_model
     prompts = _prompts(np.random.default_rng(0), [4, 6], cfg.vocab_size)
