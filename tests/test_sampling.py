@@ -602,7 +602,9 @@ def test_rollout_copy_is_the_decode_layout_and_a_no_op_where_it_already_is(tiny_
 
 def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
     """Rollout micro-batches: one call is `generate` itself; several calls share the prompt
-    bucket of the longest prompt, so their rows join, each call keyed fold_in(key, i)."""
+    bucket of the longest prompt, so their rows join, each call keyed fold_in(key, i); the
+    short last call is padded to the others' rows (copies of its last prompt, dropped), so
+    all calls run one compiled program."""
     cfg, params = tiny_model
     prompts = [[5, 9, 12], [40], [7] * 20, [100, 200], [3000, 11]]
     kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=5, method=sampling.Temperature(1.0),
@@ -611,14 +613,22 @@ def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
     one = sampling.generate_chunked(params, cfg, prompts, 0, **kw)
     np.testing.assert_array_equal(one.tokens, whole.tokens)
     calls = []
+    n_dec = sampling.decode_loop._cache_size()
     parts = sampling.generate_chunked(params, cfg, prompts, 2, after_call=lambda: calls.append(1),
                                       **kw)
+    assert sampling.decode_loop._cache_size() - n_dec == 1  # 2 + 2 + 1 rows: one program
     assert len(calls) == 3 and parts.num_rows == 5
     assert parts.prompt_tokens.shape == whole.prompt_tokens.shape  # one bucket for all
     np.testing.assert_array_equal(parts.prompt_tokens, whole.prompt_tokens)
-    third = sampling.generate(params, cfg, prompts[4:], min_bucket=whole.prompt_tokens.shape[1],
+    third = sampling.generate(params, cfg, prompts[4:] * 2,
+                              min_bucket=whole.prompt_tokens.shape[1],
                               **dict(kw, key=jax.random.fold_in(kw["key"], 2)))
-    np.testing.assert_array_equal(parts.tokens[4:], third.tokens)
+    np.testing.assert_array_equal(parts.tokens[4:], third.tokens[:1])
+    padded = sampling.generate(params, cfg, prompts[4:], pad_rows=2,
+                               min_bucket=whole.prompt_tokens.shape[1],
+                               **dict(kw, key=jax.random.fold_in(kw["key"], 2)))
+    assert padded.num_rows == 1
+    np.testing.assert_array_equal(padded.tokens, third.tokens[:1])
 
 
 @pytest.mark.parametrize("shape", [None, (2, 2, 2)])

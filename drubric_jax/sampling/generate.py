@@ -42,7 +42,8 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
              max_new_tokens: int, method: Method = Greedy(), stop_ids: Sequence[int],
              pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
              allow_invalid: bool = False, mesh=None,
-             row_ids: Optional[Sequence[int]] = None, cache_segments: int = 0) -> Rollout:
+             row_ids: Optional[Sequence[int]] = None, cache_segments: int = 0,
+             pad_rows: int = 0) -> Rollout:
     """Samples continuations of token-id prompts.
 
     Args:
@@ -78,6 +79,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             cache starts small and grows, so a step reads the slots filled so far rounded
             up to its segment, not all P + N. 0 = auto (up to 4 when N >= P, on CPU and
             GPU), 1 = one cache of P + N slots. Tokens do not depend on it.
+        pad_rows: the call's rows when there are fewer prompts: filled with copies of the
+            last prompt (and of its row id), dropped from the result, so a short call
+            (`generate_chunked`'s last) runs the program of the full ones instead of
+            compiling its own. 0 = the prompts' count.
 
     Returns:
         Rollout of the B rows (host numpy; this process's rows), with the left-padded
@@ -105,6 +110,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     # A compiled program per (rows, bucket, N): other prompt lengths in the bucket reuse it.
     longest = max(len(p) for p in prompts)
     n, put = len(prompts), jnp.asarray
+    if pad_rows > n:  # filler rows, dropped: the program of a pad_rows-row call
+        prompts = list(prompts) + [prompts[-1]] * (pad_rows - n)
+        if row_ids is not None:
+            row_ids = list(row_ids) + [row_ids[-1]] * (pad_rows - n)
     if mesh is not None:
         shards = parallel.row_shards(mesh)
         count = jax.process_count()
@@ -114,10 +123,11 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
         # Every process sends the same number of rows (its share of the row shards),
         # filled with copies of its last prompt (dropped), and one bucket for all.
         per = shards // count
-        rows = per * -(-parallel.agree_max(n) // per)
-        prompts = list(prompts) + [prompts[-1]] * (rows - n)  # filler rows, dropped
+        have = len(prompts)
+        rows = per * -(-parallel.agree_max(have) // per)
+        prompts = list(prompts) + [prompts[-1]] * (rows - have)  # filler rows, dropped
         if row_ids is not None:  # filler rows draw as the row they copy (dropped anyway)
-            row_ids = list(row_ids) + [row_ids[-1]] * (rows - n)
+            row_ids = list(row_ids) + [row_ids[-1]] * (rows - have)
         longest = parallel.agree_max(longest)
         put = functools.partial(parallel.put_process_rows, mesh=mesh, n=rows * count)
     length = bucket_length(longest, min_bucket)
@@ -163,6 +173,9 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     then every call uses `key` and each row draws by its id, so the tokens do not depend
     on `rows_per_call` (nor on the number of processes).
     `after_call()` runs after each call (e.g. to read a constraint's `finished()`).
+    A last call of fewer rows is padded to `rows_per_call` with copies of its last prompt
+    (`generate`'s pad_rows, dropped): every call runs one compiled program. Without
+    row_ids its rows draw as that padded call's first rows.
     Under several processes `prompts` are this process's rows (`generate`), the same
     number on every process, and `rows_per_call` counts rows per process.
     """
@@ -180,7 +193,7 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
             params, cfg, prompts[start:start + chunk],
             key=key if chunk == n or row_ids is not None else jax.random.fold_in(key, i),
             row_ids=None if row_ids is None else row_ids[start:start + chunk],
-            min_bucket=bucket, **kw))
+            min_bucket=bucket, pad_rows=chunk, **kw))
         if after_call is not None:
             after_call()
     return Rollout.concat(parts)
