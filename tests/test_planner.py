@@ -63,11 +63,16 @@ def test_lora_adapters_and_kv_caches_match_hand_counts():
     # [L, R, Hkv, S, Dh] float32.
     assert sample["KV cache (1 of 8 rows x 144 slots)"] == 2 * 2 * 1 * 2 * 144 * 16 * 4 == \
         kv_cache_bytes(TINY, 8, 144, planner.abstract_mesh(c, 8, (1, 8, 1)))
-    # The rollout copy: every fsdp-split leaf whole on each device (float32 is the compute
-    # dtype), the norms not copied; of the adapters the fsdp-split ones (A of wq, wk, wv,
-    # w_gate, w_up; B of wo, w_down: 7 x 64 x 4 entries a layer).
-    assert sample["rollout copy of the weights (decode layout, compute dtype)"] == \
-        (TINY_PARAMS - NORMS) * 4 + 2 * 7 * 64 * 4 * 4
+    # The rollout copy, made in the per-layer form the CPU and GPU decode runs on: every
+    # fsdp-split leaf whole on each device (float32 is the compute dtype), the final norm
+    # not copied; every block leaf is an output of the per-layer copy, so the layer norms
+    # and all the adapters (whole: A [in, 4] and B [4, out] of the 7 targets) count too,
+    # and no second per-layer copy of the blocks is made.
+    adapters = (64 * 4 + 4 * 64) + 2 * (64 * 4 + 4 * 32) + (64 * 4 + 4 * 64) \
+        + 2 * (64 * 4 + 4 * 128) + (128 * 4 + 4 * 64)
+    assert sample["rollout copy of the weights (decode layout, compute dtype, per-layer "
+                  "blocks)"] == (TINY_PARAMS - 64 + 2 * adapters) * 4
+    assert not any(name.startswith("per-layer copy of the block weights") for name in sample)
     # Verifier at its default budgets: prefix bucket 512 + suffix bucket 32 slots; 32768
     # row-slots // 544 -> 16 items per pass (the item chunk), then 2 prefixes per pass.
     verify = _terms(steps["policy", "verification"].terms)

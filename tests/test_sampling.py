@@ -578,22 +578,41 @@ def test_sampler_on_a_mesh_gives_the_one_device_tokens(tiny_model, shape, method
 
 def test_rollout_copy_is_the_decode_layout_and_a_no_op_where_it_already_is(tiny_model):
     """`rollout_copy`: fsdp-split leaves come back replicated over fsdp (tensor splits
-    kept), matrices in the compute dtype, norms as stored; on one device, or with no
-    fsdp axis and the compute dtype already, the params themselves come back."""
+    kept), matrices in the compute dtype, norms as stored; in the stacked form, or in the
+    per-layer form decode loops run on (CPU and GPU: one copy, `sampling.decode_params`
+    then copies nothing); on one device, or with no fsdp axis and the compute dtype
+    already, the params themselves come back."""
     from drubric_jax import parallel
     from drubric_jax.models.rollout import rollout_copy
 
     cfg, params = tiny_model
     mesh = parallel.make_mesh(1, 4, 2)
     sharded = jax.device_put(params, models.param_shardings(params, mesh))
-    out = rollout_copy(sharded, cfg.replace(dtype="bfloat16"), mesh)
-    wq = out["layers"]["wq"]
+    bf16 = cfg.replace(dtype="bfloat16")
+    stacked = rollout_copy(sharded, bf16, mesh, per_layer=False)
+    per_layer = rollout_copy(sharded, bf16, mesh, per_layer=True)
+    assert isinstance(per_layer["layers"], tuple) and len(per_layer["layers"]) == cfg.num_layers
+    assert sampling.decode_params(per_layer, bf16) is per_layer  # no second copy
+    for i, layer in enumerate(per_layer["layers"]):
+        wq = layer["wq"]
+        assert "fsdp" not in jax.tree.leaves(tuple(wq.sharding.spec))
+        assert tuple(wq.sharding.spec) == tuple(stacked["layers"]["wq"].sharding.spec)[1:]
+        assert wq.dtype == jnp.bfloat16 and layer["attn_norm"].dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(wq), np.asarray(stacked["layers"]["wq"][i]))
+    wq = stacked["layers"]["wq"]
     assert "fsdp" not in jax.tree.leaves(tuple(wq.sharding.spec))
     assert "tensor" in jax.tree.leaves(tuple(wq.sharding.spec))
-    assert wq.dtype == jnp.bfloat16 and out["layers"]["attn_norm"].dtype == jnp.float32
+    assert wq.dtype == jnp.bfloat16 and stacked["layers"]["attn_norm"].dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(wq, np.float32),
                                   np.asarray(params["layers"]["wq"].astype(jnp.bfloat16),
                                              np.float32))
+    # Sampling on either form gives the same tokens (the prefill runs a layer loop on the
+    # per-layer weights, over the stacked cache).
+    kw = dict(key=jax.random.PRNGKey(2), max_new_tokens=4, stop_ids=[2], mesh=mesh)
+    prompts = [[5, 9, 12], [40], [7] * 20, [100, 200]]
+    a = sampling.generate(stacked, bf16, prompts, **kw)
+    b = sampling.generate(per_layer, bf16, prompts, **kw)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
     assert rollout_copy(params, cfg, parallel.make_mesh(1, 1, 1, jax.devices()[:1])) is params
     tp = parallel.make_mesh(4, 1, 2)
     on_tp = jax.device_put(params, models.param_shardings(params, tp))

@@ -161,9 +161,13 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     state = pre.outputs  # with the sharding the compiler picked for the cache
     stop = jax.ShapeDtypeStruct((1,), jnp.int32)
     method = sampling.Temperature(1.0)
-    # The per-layer copy of the block weights `sampling.decode_params` makes (CPU and GPU).
-    layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
-    loop_params = {**params, "layers": layers.outputs}
+    # The per-layer copy of the block weights `sampling.decode_params` makes (CPU and GPU),
+    # unless the rollout copy was made in that form already (`models.rollout`).
+    if isinstance(params["layers"], (list, tuple)) or not models.per_layer_decode():
+        layers, loop_params = _NoCopy(), params
+    else:
+        layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
+        loop_params = {**params, "layers": layers.outputs}
     if not constrained:
         if len(slots) == 1:
             dec = analyse(sampling.decode_loop.lower(loop_params, cfg, state, method, stop, 0))
@@ -188,6 +192,11 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     new_state, tok, emitted, _ = sample.outputs  # and the all-rows-done flag
     step = analyse(constrained_lib._forward.lower(loop_params, cfg, new_state, tok, emitted))
     return (*peaks, base + device_bytes(cache) + max(sample.extra, step.extra))
+
+
+class _NoCopy:
+    """The analysis of a copy not made: 0 bytes out."""
+    output = 0
 
 
 def _with_chunk(cache, num_slots: int):

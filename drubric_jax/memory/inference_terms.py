@@ -10,8 +10,10 @@ A sampler call runs on the rollout copy of the trainee (`models.rollout.rollout_
 weights replicated over "data" and "fsdp", split over "tensor", in the compute dtype. It is
 made before the call and freed after it, so it is a transient of the step; leaves already in
 that layout and dtype are not copied (one device in the compute dtype: nothing). On CPU and
-GPU (`models.per_layer_decode`) the decode loop also holds a per-layer copy of the block
-weights and of the cache; TPUs decode the stacked arrays (no copy). The verifier runs on the
+GPU (`models.per_layer_decode`) the decode loop runs on per-layer block weights and holds a
+per-layer copy of the cache; TPUs decode the stacked arrays. The rollout copy is made in
+that per-layer form (all its block weights), so a decode holds one copy of the weights;
+where no rollout copy is made, the sampler makes the per-layer one (`sampling.decode_params`). The verifier runs on the
 frozen base in its training layout and gathers a layer at a time, as a train step does.
 
 Axis legend (docs/CONVENTIONS.md): R rows, P prompt bucket, N new tokens, S cache slots,
@@ -56,24 +58,30 @@ def kv_cache_bytes(cfg: ModelConfig, rows: int, slots: int, mesh=None) -> int:
     return 2 * cfg.num_layers * rows * heads * slots * cfg.head_dim * cfg.compute_dtype.itemsize
 
 
-def rollout_copy_bytes(shapes, cfg: ModelConfig, mesh) -> tuple[int, int]:
-    """(bytes per device of the rollout copy, of its block layers alone) for params of
-    `shapes` (structs in their stored dtype and training layout) on `mesh`: each leaf whose
-    layout (`parallel.decode_rules`) or dtype (`models.rollout.target_dtype`) changes is
-    copied; the others are the params themselves (0 bytes)."""
+def rollout_copy_bytes(shapes, cfg: ModelConfig, mesh,
+                       per_layer: bool = False) -> tuple[int, int]:
+    """(bytes per device of the rollout copy, of its block layers alone in the decode layout
+    and dtype) for params of `shapes` (structs in their stored dtype and training layout)
+    on `mesh`: each leaf whose layout (`parallel.decode_rules`) or dtype
+    (`models.rollout.target_dtype`) changes is copied; the others are the params themselves
+    (0 bytes). `per_layer`: a copy made in the per-layer form outputs every block leaf
+    (`models.rollout.copy_program`), so all the layers count once any leaf is copied."""
     train = jax.tree.leaves(models.param_shardings(shapes, mesh))
     decode = jax.tree.leaves(parallel.param_shardings(
         shapes, mesh, parallel.decode_rules(models.param_specs())))
-    copied = layers = 0
+    copied = layers = copied_layers = 0
     for (path, x), tr, de in zip(jax.tree_util.tree_flatten_with_path(shapes)[0], train, decode):
         dtype = target_dtype(path, x, cfg.compute_dtype)
         shard = de.shard_shape(tuple(x.shape))
         whole = math.prod(shard) * jax.numpy.dtype(dtype).itemsize
+        block = any(getattr(e, "key", None) == "layers" for e in path)
         if dtype != x.dtype or shard != tr.shard_shape(tuple(x.shape)):
             copied += whole
-        # The per-layer copy of the decode loop copies every block leaf of the copy.
-        if any(getattr(e, "key", None) == "layers" for e in path):
-            layers += whole
+            copied_layers += whole * block
+        # A per-layer copy (the sampler's, or the rollout copy's) holds every block leaf.
+        layers += whole * block
+    if per_layer and copied:
+        copied += layers - copied_layers
     return copied, layers
 
 
@@ -149,8 +157,9 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
 
     # The prefill's cache: S_0 slots (all P + N with one segment).
     cache = cache_term("KV cache", schedule[0])
-    copy, layers = rollout_copy_bytes(models_.sampling_shapes(role), cfg, mesh)
-    weights = ([Term("rollout copy of the weights (decode layout, compute dtype)", copy,
+    copy, layers = rollout_copy_bytes(models_.sampling_shapes(role), cfg, mesh, per_layer)
+    form = ", per-layer blocks" if per_layer else ""
+    weights = ([Term(f"rollout copy of the weights (decode layout, compute dtype{form})", copy,
                      "mesh.tensor (splits the copy)")] if copy else [])
     budget = ("config.generator.input_budget" if role == "generator"
               else "config.policy.max_prompt_tokens")  # the prefill runs over the prompt
@@ -172,7 +181,7 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
             decode.append(cache)
         decode.append(cache_term(f"per-layer KV cache chunks ({len(schedule)} segments)",
                                  schedule[-1]))
-    if per_layer:
+    if per_layer and not copy:  # no rollout copy: the sampler makes the per-layer one
         decode.append(Term("per-layer copy of the block weights (sampling.decode_params; "
                            "CPU and GPU)", layers, "mesh.tensor"))
     return weights + (decode if decode_only else max(prefill, decode, key=total_bytes))

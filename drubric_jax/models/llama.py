@@ -278,6 +278,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             Without a cache, attention is causal over the T tokens. A per-layer cache
             (`unstack_cache`) is returned per-layer and runs the layers as a Python loop;
             pair it with `unstack_layers(params)` (stacked params are sliced per call).
+            Per-layer params (the rollout copy on CPU and GPU) run as a layer loop with
+            either cache form, or none.
         remat: recompute each layer in the backward pass (`jax.checkpoint`) instead of
             storing its activations; the training forward uses it (without a cache), so
             backward memory is one layer's intermediates plus [L, B, T, D] layer inputs.
@@ -307,7 +309,11 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                           mlp)
             return x, None
 
-        x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
+        if isinstance(params["layers"], (list, tuple)):  # per-layer weights: a layer loop
+            for p in params["layers"]:
+                x, _ = (jax.checkpoint(body) if remat else body)(x, p)
+        else:
+            x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
         return rms_norm(x, params["final_norm"], cfg.norm_eps), None
 
     # Every row writes the same slots (left padding), so one index serves the batch.
@@ -340,6 +346,22 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index,
                             ring=cache.ring)
+        return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
+
+    if isinstance(params["layers"], (list, tuple)):
+        # Per-layer weights (the rollout copy on CPU and GPU, `models.rollout`) with a
+        # stacked cache (a prefill): a layer loop writing each layer's slice in place.
+        k_all, v_all = cache.k, cache.v
+        for i, p in enumerate(params["layers"]):
+            def kv_fn(k, v, kc=k_all, vc=v_all, i=i):
+                kc = jax.lax.dynamic_update_slice(
+                    kc, _heads_first(k)[None].astype(kc.dtype), (i, 0, 0, start, 0))
+                vc = jax.lax.dynamic_update_slice(
+                    vc, _heads_first(v)[None].astype(vc.dtype), (i, 0, 0, start, 0))
+                return (*attended(k, v, kc[i], vc[i]), (kc, vc))
+
+            x, (k_all, v_all) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)
+        new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=next_index, ring=cache.ring)
         return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
     def body(carry, xs):
