@@ -2,6 +2,8 @@ r"""Rollout engine against static batches: useful tokens/s on the default model 
 
     python -m experiments.bench_engine                       # 32 rows = 8 prompts x K 4, E 8
     python -m experiments.bench_engine --prompts=16 --k=8 --slots=16 --new_tokens=256
+    python -m experiments.bench_engine --new_tokens=256          # "cut": IFEval answers at 256
+    python -m experiments.bench_engine --lengths=uniform         # every row to N (no stop)
 
 The same rows, row ids and key go through `sampling.generate_engine` (E decode slots) and
 `sampling.generate_chunked` (E rows a call), one call of each alternated per round
@@ -9,7 +11,9 @@ The same rows, row ids and key go through `sampling.generate_engine` (E decode s
 to each row's stop (the rollout's mask): a static call also spends steps on rows that have
 stopped, the engine refills their slots. Prompts: IFEval's, from ../shared/data/ifeval
 when it is there, else a few built-in ones; chat-formatted, K samples each at the given
-temperature (so lengths differ).
+temperature (so lengths differ). `--lengths=uniform` gives every row the same length: the
+stop id is one no draw can give (-1), so every row runs to N and the engine can only lose
+(its per-slot bookkeeping against static calls of equal rows).
 
 Prints one JSON line per implementation and a line of paired ratios. Fields:
 useful_tok_s, seconds (medians), lengths (p10/p50/p90/max of the rows' tokens),
@@ -36,6 +40,9 @@ _NEW = flags.DEFINE_integer("new_tokens", 128, "N, most new tokens a row")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature")
 _REPS = flags.DEFINE_integer("reps", 2, "alternated rounds after the warm-up")
 _SEED = flags.DEFINE_integer("seed", 0, "seed of the key and of the prompts drawn")
+_LENGTHS = flags.DEFINE_enum("lengths", "model", ["model", "uniform"],
+                             "model: rows stop where the model's answers stop (or at N); "
+                             "uniform: no stop id, every row runs to N")
 
 BUILT_IN = ("Name three primary colours.", "Write a haiku about rain.",
             "What is 17 times 3? Explain briefly.", "Give two tips for learning to cook.",
@@ -59,7 +66,7 @@ def prompt_texts(count: int, seed: int) -> list[str]:
 
 
 def run(prompts: int, k: int, slots: int, new_tokens: int, temperature: float, reps: int,
-        seed: int) -> None:
+        seed: int, length_mode: str = "model") -> None:
     """Measures and prints (module docstring). The default model, float32, one device."""
     import jax
     import numpy as np
@@ -71,9 +78,11 @@ def run(prompts: int, k: int, slots: int, new_tokens: int, temperature: float, r
     rows = [chat_ids(tok, [{"role": "user", "content": t}])
             for t in prompt_texts(prompts, seed) for _ in range(k)]
     ids = list(range(len(rows)))
+    # uniform: a stop id no draw gives (-1), and the tokenizer's pad for the prompts.
+    stops = stop_ids(tok).tolist() if length_mode == "model" else [-1]
     kw = dict(key=jax.random.PRNGKey(seed), max_new_tokens=new_tokens,
-              method=sampling.method_from_flags(temperature), stop_ids=stop_ids(tok).tolist(),
-              row_ids=ids)
+              method=sampling.method_from_flags(temperature), stop_ids=stops,
+              pad_id=int(stop_ids(tok)[0]), row_ids=ids)
     out, stats = {}, {}
 
     def timed(name, fn):
@@ -99,7 +108,8 @@ def run(prompts: int, k: int, slots: int, new_tokens: int, temperature: float, r
     for name in ("engine", "static"):
         seconds[name] = statistics.median(r[0] for r in res[name]["rounds"])
         emit(impl=name, rows=len(rows), prompts=prompts, k=k, slots=slots,
-             new_tokens=new_tokens, temperature=temperature, useful_tokens=useful[name],
+             new_tokens=new_tokens, temperature=temperature, length_mode=length_mode,
+             useful_tokens=useful[name],
              seconds=round(seconds[name], 3),
              useful_tok_s=round(useful[name] / seconds[name], 1),
              first_s=round(res[name]["first"][0], 2),
@@ -115,7 +125,7 @@ def run(prompts: int, k: int, slots: int, new_tokens: int, temperature: float, r
 def main(argv):
     del argv
     run(_PROMPTS.value, _K.value, _SLOTS.value, _NEW.value, _TEMPERATURE.value, _REPS.value,
-        _SEED.value)
+        _SEED.value, _LENGTHS.value)
 
 
 if __name__ == "__main__":

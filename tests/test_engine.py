@@ -297,6 +297,13 @@ def test_bench_engine_prints_both_samplers_and_their_ratio(smollm2_gguf):
     assert rows["engine"]["useful_tokens"] == rows["static"]["useful_tokens"]
     ratio = rows["engine_vs_static"]
     assert ratio["same_tokens"] == 1.0 and len(ratio["speedup_per_round"]) == 1
+    # uniform: no stop id, every row runs to N in both samplers.
+    out = run_module("experiments.bench_engine", "--prompts=2", "--k=2", "--slots=2",
+                     "--new_tokens=4", "--reps=1", "--lengths=uniform", timeout=600)
+    rows = {r["impl"]: r for r in map(json.loads, out.splitlines()) if "impl" in r}
+    for name in ("engine", "static"):
+        assert rows[name]["useful_tokens"] == 4 * 4 and rows[name]["length_mode"] == "uniform"
+    assert rows["engine"]["steps"] == rows["static"]["steps"] == 2 * 4
 
 
 def test_engine_in_the_stacked_cache_form(tiny_model, monkeypatch):
