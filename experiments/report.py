@@ -116,6 +116,7 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         fresh = ablation.summarize(ablation.load_heldout(run_dir, names), baseline,
                                    comparisons, s["n_bootstrap"], s.get("seed", 0))
         fresh["seed"] = s.get("seed", 0)
+        fresh["heldout_paths"] = s.get("heldout_paths", [])
         text = ablation.markdown_table(fresh, s["command"], s.get("wall_s", {}),
                                        ablation.heldout_note(fresh))
         ablation.plot(fresh, out_stem + ".png")

@@ -124,3 +124,16 @@ def test_ablation_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
     assert {n: (tmp_path / n / "heldout.json").read_text() for n in s["generators"]} == before
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["generators"] == s["generators"] and again["wall_s"] == s["wall_s"]
+
+
+def test_heldout_note_names_where_the_heldout_lists_come_from():
+    """The results header says the held-out lists' source: a split of the training anchor
+    rows, or files of their own (`data.heldout_anchor_paths`, recorded in summary.json)."""
+    split = ablation.heldout_note({"n_lists": 16, "seed": 2})
+    assert split == ("the first 16 anchor lists of the seeded shuffle (seed 2) of the anchor "
+                     "rows, never trained on; ids in summary.json")
+    own = ablation.heldout_note({"n_lists": 16, "seed": 0, "heldout_paths": [
+        "/data/checks_world_v2/heldout_anchors.jsonl"]})
+    assert own == ("the first 16 anchor lists of the seeded shuffle (seed 0) of "
+                   "heldout_anchors.jsonl (lists of prompts that never train); ids in "
+                   "summary.json")

@@ -25,6 +25,8 @@ Axis legend (docs/CONVENTIONS.md): U held-out anchor lists, G rubric lists per a
 """
 from __future__ import annotations
 
+import os
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -322,7 +324,10 @@ def load_heldout(workdir: str, names, filename: str = "heldout.json") -> dict:
 
 
 def heldout_note(summary: dict) -> str:
-    """Which lists were held out, for the results header."""
+    """Which lists were held out, for the results header: the split of the training anchor
+    rows, or files of their own (`summary["heldout_paths"]`, `data.heldout_anchor_paths`)."""
+    paths = summary.get("heldout_paths") or []
+    source = (f"of {', '.join(os.path.basename(p) for p in paths)} (lists of prompts that "
+              "never train)" if paths else "of the anchor rows, never trained on")
     return (f"the first {summary['n_lists']} anchor lists of the seeded shuffle (seed "
-            f"{summary.get('seed', 0)}) of the anchor rows, never trained on; ids in "
-            "summary.json")
+            f"{summary.get('seed', 0)}) {source}; ids in summary.json")
