@@ -158,3 +158,17 @@ def stack_cache(cache: KVCache) -> KVCache:
 
     return cache.replace(k=jnp.stack([whole(x) for x in cache.k]),
                          v=jnp.stack([whole(x) for x in cache.v]))
+
+
+def write_layer(cache_layer, x: jax.Array, start: jax.Array):
+    """One layer's per-layer cache [B, Hkv, S, Dh] with a call's x [B, Hkv, T, Dh] (heads
+    first) at slots [start, start + T). A chunked layer (`add_chunk`) is written in its last
+    chunk, at start minus the slots before it: the caller (`sampling.decode_segments`)
+    writes only slots that chunk holds."""
+    if not isinstance(cache_layer, tuple):
+        return jax.lax.dynamic_update_slice(cache_layer, x.astype(cache_layer.dtype),
+                                            (0, 0, start, 0))
+    *before, last = cache_layer
+    offset = sum(c.shape[-2] for c in before)  # static
+    return (*before, jax.lax.dynamic_update_slice(last, x.astype(last.dtype),
+                                                  (0, 0, start - offset, 0)))

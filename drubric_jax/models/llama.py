@@ -46,7 +46,7 @@ from jax.sharding import PartitionSpec as P
 from drubric_jax import parallel
 from drubric_jax.models import hf_config, lora
 from drubric_jax.models.attention import attend
-from drubric_jax.models.cache import KVCache, call_slots
+from drubric_jax.models.cache import KVCache, call_slots, write_layer
 from drubric_jax.models.config import ModelConfig
 
 # The registry's row: `ModelConfig.family`, and the Hugging Face `model_type` and
@@ -244,21 +244,6 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
     return x, extra
 
 
-def _write(cache_layer, x: jax.Array, start: jax.Array):
-    """One layer's per-layer cache [B, Hkv, S, Dh] with this call's x [B, T, Hkv, Dh] at
-    slots [start, start + T). A chunked layer (`cache.add_chunk`) is written in its last
-    chunk, at start minus the slots before it: the caller (`sampling.decode_segments`)
-    writes only slots that chunk holds."""
-    x = _heads_first(x)
-    if not isinstance(cache_layer, tuple):
-        return jax.lax.dynamic_update_slice(cache_layer, x.astype(cache_layer.dtype),
-                                            (0, 0, start, 0))
-    *before, last = cache_layer
-    offset = sum(c.shape[-2] for c in before)  # static
-    return (*before, jax.lax.dynamic_update_slice(last, x.astype(last.dtype),
-                                                  (0, 0, start - offset, 0)))
-
-
 def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
                    token_mask: Optional[jax.Array] = None,
                    cache: Optional[KVCache] = None, remat: bool = False,
@@ -338,7 +323,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
             # Default arguments bind this layer's arrays now (a closure would read them late).
             def kv_fn(k, v, kc=cache.k[i], vc=cache.v[i]):
-                kc, vc = _write(kc, k, start), _write(vc, v, start)
+                kc = write_layer(kc, _heads_first(k), start)
+                vc = write_layer(vc, _heads_first(v), start)
                 return (*attended(k, v, kc, vc), (kc, vc))
 
             x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)
@@ -346,22 +332,6 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index,
                             ring=cache.ring)
-        return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
-
-    if isinstance(params["layers"], (list, tuple)):
-        # Per-layer weights (the rollout copy on CPU and GPU, `models.rollout`) with a
-        # stacked cache (a prefill): a layer loop writing each layer's slice in place.
-        k_all, v_all = cache.k, cache.v
-        for i, p in enumerate(params["layers"]):
-            def kv_fn(k, v, kc=k_all, vc=v_all, i=i):
-                kc = jax.lax.dynamic_update_slice(
-                    kc, _heads_first(k)[None].astype(kc.dtype), (i, 0, 0, start, 0))
-                vc = jax.lax.dynamic_update_slice(
-                    vc, _heads_first(v)[None].astype(vc.dtype), (i, 0, 0, start, 0))
-                return (*attended(k, v, kc[i], vc[i]), (kc, vc))
-
-            x, (k_all, v_all) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)
-        new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=next_index, ring=cache.ring)
         return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
     def body(carry, xs):
@@ -380,8 +350,16 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                        mlp)
         return (x, k_cache, v_cache), None
 
-    (x, k_new, v_new), _ = jax.lax.scan(
-        body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
+    if isinstance(params["layers"], (list, tuple)):
+        # Per-layer weights (the rollout copy on CPU and GPU, `models.rollout`) with a
+        # stacked cache (a prefill): the scan's body as a layer loop.
+        carry = (x, cache.k, cache.v)
+        for i, p in enumerate(params["layers"]):
+            carry, _ = body(carry, (p, i))
+        x, k_new, v_new = carry
+    else:
+        (x, k_new, v_new), _ = jax.lax.scan(
+            body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
     new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index, ring=cache.ring)
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
