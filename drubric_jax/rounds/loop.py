@@ -295,8 +295,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         message = (f"{workdir}: this run finished ({done['rounds']} rounds, "
                    f"{done['global_step']} optimizer steps); nothing to do. Raise "
                    "config.rounds.num_rounds to continue it, or use a new workdir.")
-        logging.info(message)
-        print(message, flush=True)
+        print(message, flush=True)  # once, on stdout (a log line beside it repeated it)
         return
     state = setup(config, workdir)
     logging.info("data: %s rows, sha256 %s", state.data.fingerprint["rows"],
