@@ -40,7 +40,13 @@ the evaluation prompts are 16 of the world's held-out prompts drawn with
 `experiment.eval_seed` (the same 16 for every `seed`: seeds are compared on one set), and the win rates
 give way to exact figures: the gold score of each policy's greedy answers (P0, P1, P2,
 ~P2) and, on each arm's samples, the proxy (the Eq. 12 score of the generator it trained
-against) minus the samples' gold. 2 generator and 6 policy steps a round.
+against) minus the samples' gold. 2 generator and 6 policy steps a round (world v1,
+`world_version=1`).
+World v2 (the default world_version; checks world III's Q3, from G_sft), the "rounds"
+evaluation over R = 3 rounds (`world_v2_rounds`):
+    python -m experiments.coevolution --config=configs/coevolution.py:world=checks \
+        --config.model.generator=runs/g_sft192/export/generator --config.seed=0 \
+        --workdir=runs/q3/seed0
 """
 import os
 
@@ -63,6 +69,9 @@ def get_config(arg: str = ""):
         answer_tokens=128,      # answer budget of the win-rate evaluation, tokens
         judge_max_tokens=1024,  # pairwise judge prompt budget, tokens
         n_bootstrap=1000,       # replicates of every 95% CI (prompts resampled)
+        # samples: after training, R = 2 (the fields above); rounds: the checks world's
+        # gold curve and training gaps, logged while the arms train (world v2)
+        evaluation="samples",
     )
     c.rounds.num_rounds = 2
     c.rounds.heldout_eval = False
@@ -78,11 +87,16 @@ def get_config(arg: str = ""):
 
         c.experiment.eval_file = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
         c.experiment.answer_tokens = c.policy.max_new_tokens
-        if scale == "smollm2_cpu" and not opts.get("tiny"):
+        v2 = c.data.checks_world_version == 2
+        if scale == "smollm2_cpu" and not opts.get("tiny") and not v2:
             c.rounds.policy_steps = 6
             c.experiment.eval_prompts = 16
+        if v2:
+            world_v2_rounds(c, scale, bool(opts.get("tiny")))
     if opts.get("tiny"):
         c.rounds.generator_steps = c.rounds.policy_steps = 1
+        if checks and c.data.checks_world_version == 2:
+            c.rounds.heldout_gold_rows = 2
         if not checks:
             c.experiment.eval_file = os.path.join(repo, "drubric_jax", "demo_data",
                                                   "anchors.jsonl")
@@ -99,3 +113,40 @@ def get_config(arg: str = ""):
         c.experiment.answer_tokens = 2048
         c.experiment.judge_max_tokens = 8192
     return c
+
+
+# Q3 of checks world III in world v2, sized to 30 minutes a seed alone on 2 cores (about
+# 1.5 min a generator step, 0.8 min a policy step and 0.8 min a gold point of 64 prompts).
+V2_ROUNDS, V2_GENERATOR_STEPS, V2_POLICY_STEPS, V2_GOLD_ROWS = 3, 1, 4, 64
+
+
+def world_v2_rounds(c, scale: str, tiny: bool) -> None:
+    """World v2's co-evolution (checks world III, Q3; in place): R = 3 rounds evaluated
+    from the runs' own logs (`experiment.evaluation = "rounds"`): the held-out gold curve
+    on the first V2_GOLD_ROWS held-out prompts before round 0 and after each round, and the
+    training samples' proxy-minus-gold gap. The world's LoRA learning rates and K = 8 stay
+    (configs/checks_world.py); Q1's policy batch (2 prompts a step); the generator's
+    training lists are all 192 anchor lists, K = 8 responses each; the policy's reward
+    lists are greedy, as G_sft's recovery was measured and Q1's rubric_sft arm used them.
+    G_0 is G_sft: pass --config.model.generator=runs/g_sft192/export/generator."""
+    from configs.checks_policy import V2_PROMPTS_PER_STEP
+
+    e = c.experiment
+    e.evaluation = "rounds"
+    c.rounds.num_rounds = V2_ROUNDS
+    c.rounds.heldout_gold_path = e.eval_file
+    # Far apart: a point before round 0's first policy step and one after each round's last.
+    c.rounds.heldout_gold_every = 10 ** 6
+    c.rounds.heldout_gold_rows = V2_GOLD_ROWS
+    c.policy.rubric_temperature = 0.0
+    c.data.max_responses, c.data.max_anchor_rows = 8, 0
+    # Q1's policy prompts (all of train.jsonl) and every anchor list trains: nothing here
+    # scores held-out anchor lists (rounds.heldout_eval is off).
+    c.data.max_prompt_rows, c.data.heldout_anchor_rows = 0, 0
+    if scale == "smollm2_cpu" and not tiny:
+        from configs.checks_world import V2_LORA
+
+        c.generator.train.learning_rate = V2_LORA["generator_lr"]
+        c.policy.train.learning_rate = V2_LORA["policy_lr"]
+        c.rounds.generator_steps, c.rounds.policy_steps = V2_GENERATOR_STEPS, V2_POLICY_STEPS
+        c.policy.prompts_per_step = V2_PROMPTS_PER_STEP

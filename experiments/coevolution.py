@@ -1,14 +1,20 @@
-r"""Co-evolved vs stale evaluator (Figure 2; issue 13).
+r"""Co-evolved vs stale evaluator (Figure 2; issues 13 and 41).
 
     python -m experiments.coevolution --config=configs/coevolution.py --workdir=runs/coevo
 
 configs/coevolution.py says what each stage runs and what is evaluated. Writes, under the
 workdir: `round0/`, `coevolved/`, `stale/` (loop runs: metrics.jsonl, checkpoints),
-`eval.json` (per-prompt values of every evaluation, written once: a rerun reads it back),
 `summary.json` (means with bootstrap 95% CIs and the paired differences), `results.md`,
-`coevolution.png` (the R_disc and win-rate panels of Figure 2), `wall_s.json` (each
-stage's wall time, written when it ends), and prints the table. Running the command again
-resumes an unfinished stage from its last checkpoint and skips what is done.
+`coevolution.png`, `wall_s.json` (each stage's wall time, written when it ends), and
+prints the table. Running the command again resumes an unfinished stage from its last
+checkpoint and skips what is done. Two evaluations (`experiment.evaluation`):
+    samples  after training, R = 2: `eval.json` (per-prompt values, written once: a rerun
+             reads it back) of R_disc, win rates (or gold scores and the proxy gap in the
+             checks world) on `experiment.eval_prompts` prompts;
+             `evaluation.coevolution`
+    rounds   the checks world over R >= 2 rounds, from what the stages log while they
+             train: each round's held-out gold curve point and training proxy-minus-gold
+             gap; `evaluation.coevolution_rounds`
 """
 import gc
 import os
@@ -187,6 +193,56 @@ def evaluate(c, workdir: str) -> dict:
         gc.collect()
 
 
+def check_evaluation(c) -> str:
+    """The evaluation `experiment.evaluation` names, checked against the run config:
+    "samples" (after training, on `experiment.eval_prompts` prompts: R_disc, win rates or
+    gold, the proxy gap; round 0 and one more round) or "rounds" (the checks world's
+    held-out gold curve and training gaps, logged while the arms train; any R >= 2).
+
+    Raises:
+        ValueError: an unknown evaluation, or a config it cannot run with (names the field).
+    """
+    kind = c.experiment.get("evaluation", "samples")
+    if kind not in ("samples", "rounds"):
+        raise ValueError(f"config.experiment.evaluation: {kind!r} not in ('samples', 'rounds')")
+    if kind == "samples" and c.rounds.num_rounds != 2:
+        raise ValueError("config.rounds.num_rounds must be 2 with experiment.evaluation = "
+                         "'samples' (round 0, then the two arms' round 1), got "
+                         f"{c.rounds.num_rounds}")
+    if kind == "rounds":
+        if not checks_world(c):
+            raise ValueError("config.experiment.evaluation = 'rounds' needs the checks world "
+                             "(world=checks): it reads gold scores")
+        if c.rounds.num_rounds < 2:
+            raise ValueError(f"config.rounds.num_rounds: {c.rounds.num_rounds} < 2 (round 0, "
+                             "then the arms' rounds)")
+        if not c.rounds.get("heldout_gold_every", 0) or not c.rounds.policy_steps:
+            raise ValueError("config.rounds.heldout_gold_every and rounds.policy_steps must be "
+                             "> 0 with experiment.evaluation = 'rounds' (the gold curve is "
+                             "its evaluation)")
+    return kind
+
+
+def _summarize_rounds(c, workdir: str, wall: dict) -> None:
+    from drubric_jax.evaluation import coevolution_rounds as cr
+
+    e = c.experiment
+    summary = cr.summarize(cr.round_values(workdir), e.n_bootstrap, c.seed)
+    command = shlex.join(["python", "-m", "experiments.coevolution"] + sys.argv[1:])
+    note = (f"the first {summary['heldout_rows']} rows of "
+            + "/".join(os.path.normpath(c.rounds.heldout_gold_path).split(os.sep)[-2:])
+            + " (never trained on), greedy and one sample at the policy's temperature")
+    run_logging.write_json(os.path.join(workdir, "summary.json"), {
+        "kind": "coevolution", "mode": "rounds", "command": command, "wall_s": wall,
+        "seed": int(c.seed), "n_bootstrap": int(e.n_bootstrap), "eval_note": note,
+        **summary}, indent=2)
+    table = cr.markdown(summary, command, wall, note)
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(table)
+    cr.plot(summary, os.path.join(workdir, "coevolution.png"))
+    print(table, flush=True)
+
+
 def main(argv):
     del argv
     from drubric_jax.rounds import loop
@@ -194,10 +250,9 @@ def main(argv):
 
     c, workdir = _CONFIG.value, _WORKDIR.value
     e = c.experiment
-    if c.rounds.num_rounds != 2:
-        raise ValueError("config.rounds.num_rounds must be 2 (round 0, then the two arms' "
-                         f"round 1), got {c.rounds.num_rounds}")
-    eval_rows(c)  # a bad evaluation file fails before any training
+    mode = check_evaluation(c)
+    if mode == "samples":
+        eval_rows(c)  # a bad evaluation file fails before any training
     summary_path = os.path.join(workdir, "summary.json")
     first = c.copy_and_resolve_references()
     first.rounds.num_rounds = 1
@@ -217,6 +272,9 @@ def main(argv):
         loop.run(cfg, d)
         gc.collect()
         run_logging.add_wall_time(workdir, name, time.perf_counter() - t0)
+    if mode == "rounds":
+        _summarize_rounds(c, workdir, run_logging.wall_times(workdir))
+        return
     eval_path = os.path.join(workdir, "eval.json")
     if not os.path.exists(eval_path):
         t0 = time.perf_counter()

@@ -11,7 +11,8 @@ files in it (nothing is copied from a previous results/):
     ablation      summary.json with "generators": the CIs are recomputed from each
                   generator's heldout.json (`evaluation.ablation.summarize`)
     coevolution   summary.json with "r_disc": recomputed from eval.json
-                  (`evaluation.coevolution.summarize`, plot `coevolution.plot`)
+                  (`evaluation.coevolution.summarize`, plot `coevolution.plot`); with
+                  "mode": "rounds", from the stages' metrics (`evaluation.coevolution_rounds`)
     checks_policy summary.json with "arms_run": the held-out gold scores and training
                   curves of every arm and seed (`evaluation.checks_policy.summarize`)
     sensitivity   summary.json with "settings": each setting's held-out generator values
@@ -125,7 +126,11 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
         from drubric_jax.evaluation import coevolution as co
 
         s = _read(os.path.join(run_dir, "summary.json"))
-        fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
+        if s.get("mode") == "rounds":  # evaluated from the stages' logs, over R rounds
+            from drubric_jax.evaluation import coevolution_rounds as co
+            fresh = co.summarize(co.round_values(run_dir), s["n_bootstrap"], s["seed"])
+        else:
+            fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
         text = co.markdown(fresh, s["command"], s.get("wall_s", {}), s["eval_note"])
         co.plot(fresh, out_stem + ".png")
         command = s["command"]
@@ -210,15 +215,23 @@ def main(argv):
             coevolution.append(run_dir)
     if len(coevolution) > 1:
         from drubric_jax.evaluation import coevolution as co
+        from drubric_jax.evaluation import coevolution_rounds as cr
 
-        summaries = {}
+        summaries, modes = {}, set()
         for run_dir in coevolution:
             s = _read(os.path.join(run_dir, "summary.json"))
-            summaries[os.path.basename(os.path.normpath(run_dir))] = {
-                **co.summarize(run_dir, s["n_bootstrap"], s["seed"]), "seed": s["seed"]}
+            modes.add(s.get("mode", "samples"))
+            fresh = (cr.summarize(cr.round_values(run_dir), s["n_bootstrap"], s["seed"])
+                     if s.get("mode") == "rounds" else
+                     co.summarize(run_dir, s["n_bootstrap"], s["seed"]))
+            summaries[os.path.basename(os.path.normpath(run_dir))] = {**fresh,
+                                                                      "seed": s["seed"]}
+        if len(modes) > 1:
+            raise SystemExit("error: the coevolution runs mix the samples and rounds "
+                             f"evaluations ({', '.join(coevolution)}); report them apart")
         path = os.path.join(out, "coevolution-seeds.md")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(co.across_seeds(summaries))
+            f.write((cr if modes == {"rounds"} else co).across_seeds(summaries))
         index.append(f"| [coevolution-seeds.md](coevolution-seeds.md) | coevolution across "
                      f"runs | {', '.join(f'`{r}`' for r in coevolution)} | (the runs' commands) |")
         print(f"wrote {path} (coevolution across {len(coevolution)} runs)")

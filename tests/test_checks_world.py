@@ -138,7 +138,9 @@ def test_step_metrics_of_the_checks_world_by_hand():
     # g: 1 (both met), 0 (neither), 1/2 (the keyword only); the prompt without checks skipped.
     got = gold_metrics(truth, sets, proxy)
     assert got == {"gold_score": pytest.approx(0.5), "gold_all_met_fraction": pytest.approx(1 / 3),
-                   "proxy_score": pytest.approx(0.5)}
+                   "proxy_score": pytest.approx(0.5),
+                   # per prompt with checks: g (1 + 0 + 1/2) / 3, proxy (1 + 0.5 + 0) / 3
+                   "group_gold": [pytest.approx(0.5)], "group_proxy": [pytest.approx(0.5)]}
     assert gold_metrics([None, []], sets) == {}
     here = item_text("keywords:existence", {"keywords": ["Here"]})
     texts = [[NO_COMMA, PARIS, ""], [here, "", ""], ["", "", ""]]

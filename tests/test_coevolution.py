@@ -106,7 +106,9 @@ def test_coevolution_experiment_end_to_end_and_rerun(tmp_path, smollm2_gguf):
 @pytest.mark.slow
 def test_coevolution_in_the_checks_world_scores_gold_and_the_proxy_gap(tmp_path,
                                                                        smollm2_gguf):
-    """configs/coevolution.py:tiny,world=checks on hand-written checks-world rows: the win
+    """configs/coevolution.py:tiny,world=checks,world_version=1 (the samples evaluation;
+    world v2's rounds evaluation: tests/test_coevolution_rounds.py) on hand-written
+    checks-world rows: the win
     rates give way to exact figures, each recomputed here from the evaluation's values:
     the gold score of every policy's greedy answers, and on each arm's samples the proxy
     (its generator's Eq. 12 score) minus the samples' gold."""
@@ -117,7 +119,8 @@ def test_coevolution_in_the_checks_world_scores_gold_and_the_proxy_gap(tmp_path,
     write_checks_world(str(data))
     work = tmp_path / "co"
     run_module("experiments.coevolution",
-               f"--config=configs/coevolution.py:tiny,world=checks,checks_dir={data}",
+               f"--config=configs/coevolution.py:tiny,world=checks,world_version=1,"
+               f"checks_dir={data}",
                f"--workdir={work}", "--config.log.progress=False",
                "--config.experiment.eval_prompts=1", "--config.generator.max_items=2",
                "--config.generator.max_new_tokens=96", "--config.data.heldout_anchor_rows=0",

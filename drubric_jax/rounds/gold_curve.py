@@ -1,8 +1,9 @@
 """The known-answer curve: held-out gold score of the policy against its step (checks world,
 METHOD 13; issue 40).
 
-Every `config.rounds.heldout_gold_every` policy steps (and before the first), the loop has
-the current policy answer the first `config.rounds.heldout_gold_rows` prompts of
+Every `config.rounds.heldout_gold_every` policy steps of a round (and after its last; a
+round after the first skips its step 0, whose policy the last round's final point scored),
+the loop has the current policy answer the first `config.rounds.heldout_gold_rows` prompts of
 `config.rounds.heldout_gold_path` (the checks world's heldout.jsonl: never trained on),
 greedy and once at the training temperature, and logs the mean gold score g(x, y) of each
 as a `kind = "heldout_gold"` metrics row. The keys are functions of the step (`loop.
@@ -66,6 +67,9 @@ def heldout_gold_point(ctx, key, items: Sequence, *, max_prompt_tokens: int,
 
     Returns:
         {"heldout_gold_greedy", "heldout_gold_sampled": float means over U,
+         "heldout_gold_greedy_values", "heldout_gold_sampled_values": the U per-prompt
+         scores (lists in the items' order, nan where no check is scorable: paired CIs
+         between runs on the same items, `evaluation.coevolution_rounds`),
          "heldout_gold_rows": U}.
     """
     params = ctx.roles.rollout_params(Role.POLICY, ctx.mesh)
@@ -79,7 +83,9 @@ def heldout_gold_point(ctx, key, items: Sequence, *, max_prompt_tokens: int,
             max_new_tokens=max_new_tokens, temperature=t, rows_per_call=rows_per_call,
             histories=[list(it.history) for it in items], mesh=ctx.mesh,
             per_row_keys=True)
-        out[f"heldout_gold_{name}"] = float(np.nanmean(gold_of(items, answers)))
+        values = gold_of(items, answers)
+        out[f"heldout_gold_{name}"] = float(np.nanmean(values))
+        out[f"heldout_gold_{name}_values"] = values
     return out
 
 

@@ -178,9 +178,13 @@ def _phase(run: Run, role: Role, steps: int) -> None:
 
 def _maybe_gold_point(run: Run, last: bool = False) -> None:
     """A point of the held-out gold curve (`rounds.gold_curve`) before every
-    `rounds.heldout_gold_every`-th policy step of a round and after its last one."""
+    `rounds.heldout_gold_every`-th policy step of a round and after its last one. A later
+    round's step 0 gets none: the policy is the one the last round's final point scored
+    (a generator phase leaves it as it was)."""
     every = run.config.rounds.get("heldout_gold_every", 0)
     if not every or not run.gold_items or (run.loop.step % every and not last):
+        return
+    if run.loop.step == 0 and run.loop.round > 0 and not last:
         return
     # Step 10**6 + s: keys no training step uses, the same on a resumed run.
     key = phase_key(run.config.seed, run.loop.round, Role.POLICY.value,

@@ -138,7 +138,11 @@ def gold_metrics(true_checks, sets, proxy=None, loose: bool = False) -> dict:
     Returns:
         {} when no prompt has checks; else {"gold_score": mean g, "gold_all_met_fraction":
         the fraction of samples meeting every true check (IFEval's prompt-level accuracy),
-        and with `proxy` "proxy_score": the mean rubric score of the same samples}.
+        "group_gold": the mean g of each prompt with checks (a list, in batch order), and
+        with `proxy` "proxy_score": the mean rubric score of the same samples and
+        "group_proxy": each of those prompts' mean rubric score}. The per-prompt lists let
+        an experiment put a CI on the proxy-minus-gold gap of a round's training samples
+        (`evaluation.coevolution_rounds`).
     """
     from drubric_jax import checks  # the checkers import in a second: only when used
 
@@ -147,9 +151,12 @@ def gold_metrics(true_checks, sets, proxy=None, loose: bool = False) -> dict:
         return {}
     g = np.array([[checks.gold_score(true_checks[b], y, loose) for y in sets[b]]
                   for b in rows], np.float64)
-    out = {"gold_score": float(g.mean()), "gold_all_met_fraction": float(np.mean(g == 1.0))}
+    out = {"gold_score": float(g.mean()), "gold_all_met_fraction": float(np.mean(g == 1.0)),
+           "group_gold": g.mean(axis=1).tolist()}
     if proxy is not None:
-        out["proxy_score"] = float(np.asarray(proxy, np.float64)[rows].mean())
+        p = np.asarray(proxy, np.float64)[rows]
+        out["proxy_score"] = float(p.mean())
+        out["group_proxy"] = p.mean(axis=1).tolist()
     return out
 
 
