@@ -633,10 +633,9 @@ def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
     np.testing.assert_array_equal(one.tokens, whole.tokens)
     calls = []
     n_dec = sampling.decode_loop._cache_size()
-    parts = sampling.generate_chunked(params, cfg, prompts, 2, after_call=lambda: calls.append(1),
-                                      **kw)
+    parts = sampling.generate_chunked(params, cfg, prompts, 2, after_call=calls.append, **kw)
     assert sampling.decode_loop._cache_size() - n_dec == 1  # 2 + 2 + 1 rows: one program
-    assert len(calls) == 3 and parts.num_rows == 5
+    assert calls == [2, 2, 1] and parts.num_rows == 5  # each call's prompts, filler left out
     assert parts.prompt_tokens.shape == whole.prompt_tokens.shape  # one bucket for all
     np.testing.assert_array_equal(parts.prompt_tokens, whole.prompt_tokens)
     third = sampling.generate(params, cfg, prompts[4:] * 2,

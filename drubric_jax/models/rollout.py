@@ -27,6 +27,7 @@ import jax
 
 from drubric_jax import parallel
 from drubric_jax.models.config import ModelConfig
+from drubric_jax.models.llama import unstack_layers
 from drubric_jax.models.registry import param_specs
 
 
@@ -58,10 +59,7 @@ def _copy_program(treedef, shardings: tuple, compute, num_layers: int):
             return x.astype(target_dtype(path, x, compute))
 
         out = jax.tree_util.tree_map_with_path(one, params)
-        if num_layers:
-            out = {**out, "layers": tuple({k: w[i] for k, w in out["layers"].items()}
-                                          for i in range(num_layers))}
-        return out
+        return unstack_layers(out) if num_layers else out
 
     if num_layers:
         layer = {k: _per_layer_sharding(sh) for k, sh in target["layers"].items()}

@@ -225,11 +225,8 @@ def generate_constrained(sampler: str, params, cfg: ModelConfig, prompts, rows_p
     done = []  # one finished() array per sampler call, in row order
     # A call's first rows are its prompts; filler rows after them (the padded last call,
     # the mesh's row shards) are dropped from the rollout and here.
-    n = len(prompts)
-    chunk = rows_per_call if 0 < rows_per_call < n else n
-    sizes = iter([min(chunk, n - start) for start in range(0, n, chunk)])
     out = generate_chunked(params, cfg, prompts, rows_per_call, constraint=constraint,
                            cache_segments=cache_segments,
-                           after_call=lambda: done.append(constraint.finished()[:next(sizes)]),
+                           after_call=lambda rows: done.append(constraint.finished()[:rows]),
                            **kw)
     return out, np.concatenate(done)

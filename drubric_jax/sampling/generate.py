@@ -172,7 +172,8 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     unless `row_ids` (int[B], passed to `generate` a call's slice at a time) are given:
     then every call uses `key` and each row draws by its id, so the tokens do not depend
     on `rows_per_call` (nor on the number of processes).
-    `after_call()` runs after each call (e.g. to read a constraint's `finished()`).
+    `after_call(rows)` runs after each call with the call's number of prompts (its first
+    rows; e.g. to read that many of a constraint's `finished()`).
     A last call of fewer rows is padded to `rows_per_call` with copies of its last prompt
     (`generate`'s pad_rows, dropped): every call runs one compiled program. Without
     row_ids its rows draw as that padded call's first rows.
@@ -189,11 +190,12 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     bucket = bucket_length(longest, min_bucket)
     parts = []
     for i, start in enumerate(range(0, n, chunk)):
+        rows = prompts[start:start + chunk]
         parts.append(generate(
-            params, cfg, prompts[start:start + chunk],
+            params, cfg, rows,
             key=key if chunk == n or row_ids is not None else jax.random.fold_in(key, i),
             row_ids=None if row_ids is None else row_ids[start:start + chunk],
             min_bucket=bucket, pad_rows=chunk, **kw))
         if after_call is not None:
-            after_call()
+            after_call(len(rows))
     return Rollout.concat(parts)
