@@ -195,8 +195,6 @@ def across_seeds(summaries: dict) -> str:
     Raises:
         ValueError: fewer than two runs.
     """
-    from drubric_jax.evaluation.checks_policy import seed_spread
-
     if len(summaries) < 2:
         raise ValueError(f"across_seeds needs two or more runs; got {list(summaries)}")
     same = len({tuple(s.get("ids", [])) for s in summaries.values()}) == 1
@@ -209,17 +207,28 @@ def across_seeds(summaries: dict) -> str:
                 if key in (s.get(block) or {}).get("differences", {})}
         if not rows:
             continue
-        lines += [f"## {block}: {key.replace(' | ', ' on ')}", "", f"{words}.", "",
-                  "| run | seed | diff [95% CI] |", "|---|---|---|"]
-        lines += [f"| {n} | {summaries[n].get('seed', '')} | {d['diff']:+.4f} "
-                  f"[{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}] |" for n, d in rows.items()]
-        sp = seed_spread([d["diff"] for d in rows.values()])
-        above = sum(d["ci"][0] > 0 for d in rows.values())
-        below = sum(d["ci"][1] < 0 for d in rows.values())
-        lines += ["", f"Across {sp['seeds']} runs: mean {sp['mean']:+.4f}, sd {sp['sd']:.4f}, "
-                  f"range [{sp['min']:+.4f}, {sp['max']:+.4f}]; CI above 0 in {above}, "
-                  f"below 0 in {below}, holding 0 in {len(rows) - above - below}.", ""]
+        lines += [f"## {block}: {key.replace(' | ', ' on ')}", "", f"{words}.", ""]
+        lines += seed_table(rows, summaries, 4)
     return "\n".join(lines)
+
+
+def seed_table(rows: dict, summaries: dict, digits: int) -> list:
+    """Markdown lines: one headline difference of several runs, a row per run ({run name:
+    {"diff", "ci"}}; its seed from `summaries`), then the mean, sd (ddof 1) and range of
+    the point differences and how many runs' CIs exclude 0 on each side."""
+    from drubric_jax.evaluation.checks_policy import seed_spread
+
+    f = "{:+.%df}" % digits
+    lines = ["| run | seed | diff [95% CI] |", "|---|---|---|"]
+    lines += [f"| {n} | {summaries[n].get('seed', '')} | {f.format(d['diff'])} "
+              f"[{f.format(d['ci'][0])}, {f.format(d['ci'][1])}] |" for n, d in rows.items()]
+    sp = seed_spread([d["diff"] for d in rows.values()])
+    above = sum(d["ci"][0] > 0 for d in rows.values())
+    below = sum(d["ci"][1] < 0 for d in rows.values())
+    return lines + ["", f"Across {sp['seeds']} runs: mean {f.format(sp['mean'])}, sd "
+                    f"{sp['sd']:.{digits}f}, range [{f.format(sp['min'])}, "
+                    f"{f.format(sp['max'])}]; CI above 0 in {above}, below 0 in {below}, "
+                    f"holding 0 in {len(rows) - above - below}.", ""]
 
 
 def plot(summary: dict, out_png: str) -> None:

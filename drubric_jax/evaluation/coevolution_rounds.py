@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from drubric_jax.evaluation.coevolution import paired_summary
+from drubric_jax.evaluation.coevolution import paired_summary, seed_table
 from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
 
 STAGES = ("round0", "coevolved", "stale")
@@ -299,8 +299,6 @@ def across_seeds(summaries: dict) -> str:
     Raises:
         ValueError: fewer than two runs, or runs of different round counts.
     """
-    from drubric_jax.evaluation.checks_policy import seed_spread
-
     if len(summaries) < 2:
         raise ValueError(f"across_seeds needs two or more runs; got {list(summaries)}")
     counts = {n: s["rounds"] for n, s in summaries.items()}
@@ -310,15 +308,7 @@ def across_seeds(summaries: dict) -> str:
              "rounds (Figure 2)", "", f"{len(summaries)} runs.", ""]
     per_run = {n: headlines(s) for n, s in summaries.items()}
     for name in next(iter(per_run.values())):
-        rows = {n: h[name] for n, h in per_run.items()}
-        lines += [f"## {name}", "", "| run | seed | diff [95% CI] |", "|---|---|---|"]
-        lines += [f"| {n} | {summaries[n].get('seed', '')} | {_ci(d, 'diff')} |"
-                  for n, d in rows.items()]
-        sp = seed_spread([d["diff"] for d in rows.values()])
-        above = sum(d["ci"][0] > 0 for d in rows.values())
-        below = sum(d["ci"][1] < 0 for d in rows.values())
-        lines += ["", f"Across {sp['seeds']} runs: mean {sp['mean']:+.3f}, sd {sp['sd']:.3f}, "
-                  f"range [{sp['min']:+.3f}, {sp['max']:+.3f}]; CI above 0 in {above}, "
-                  f"below 0 in {below}, holding 0 in {len(rows) - above - below}.", ""]
+        lines += [f"## {name}", ""] + seed_table({n: h[name] for n, h in per_run.items()},
+                                                 summaries, 3)
     return "\n".join(lines)
 
