@@ -15,7 +15,9 @@ Arms (`drubric_jax.evaluation.checks_policy.ARMS`), each from P_0 with the same 
                     the export of experiments.sft_generator), its lists greedy
     rubric_g0       config.policy.reward = "rubric" with the untrained generator G_0
     rubric_trained  the same with `experiment.trained_generator` (a Hugging Face directory,
-                    e.g. the export/generator of a generator-only run on the anchor lists)
+                    e.g. the export/generator of a generator-only run on the anchor lists;
+                    `{seed}` in it is each run's seed, so seed S can read the generator
+                    that experiments.ablation's seed S trained)
 The checks world's files come from `checks_dir` (configs/smollm2_cpu.py `checks_world`);
 held-out prompts are its heldout.jsonl, never trained on.
 Switches after ':': scale=smollm2_cpu (default) | qwen3_8b, tiny, checks_dir=DIR,
@@ -48,7 +50,8 @@ def get_config(arg: str = ""):
         arms="gold,rubric_g0",  # comma-separated, run in this order, each in DIR/seed<S>/<arm>
         seeds="0,1,2",          # config.seed of each repeat (data order, sampling, init)
         policy_steps=20,        # policy GRPO steps per run
-        trained_generator="",   # model.generator of the rubric_trained arm (an HF directory)
+        trained_generator="",   # model.generator of the rubric_trained arm (an HF directory;
+                                # `{seed}` in it is filled with each run's seed)
         sft_generator="",       # model.generator of the rubric_sft arm (G_sft's export)
         heldout_rows=0,         # held-out prompts answered (0 = all of heldout.jsonl)
         eval_samples=0,         # held-out answers per prompt at the temperature (0 = greedy only)
@@ -84,7 +87,7 @@ def get_config(arg: str = ""):
         c.experiment.heldout_rows, c.experiment.eval_batch = 4, 4
         c.experiment.n_bootstrap = 200
         c.checkpoint.every_steps = 1
-    return arm_config(c, arm) if arm else c
+    return arm_config(c, arm, c.seed) if arm else c
 
 
 # The LoRA sweep of world v2's gold arm (results/checks_world_v2/sweep.md): (rank, policy
@@ -104,12 +107,21 @@ def get_sweep(hyper=None):
             for r, lr in V2_SWEEP]
 
 
-def arm_config(c, arm: str):
+def arm_config(c, arm: str, seed: int | None = None):
     """The loop config of one arm (configs/checks_policy.py).
 
+    Args:
+        c: the experiment config (`get_config`).
+        arm: one of `drubric_jax.evaluation.checks_policy.ARMS`.
+        seed: the repeat this config is for. A generator path may hold `{seed}`
+            (e.g. `runs/q2/seed{seed}/full/export/generator`: each policy seed reads the
+            generator that the ablation's seed of the same number trained); the path is
+            filled with it.
+
     Raises:
-        ValueError: an unknown arm, or rubric_trained / rubric_sft without its generator
-            directory (experiment.trained_generator / sft_generator).
+        ValueError: an unknown arm; rubric_trained / rubric_sft without its generator
+            directory (experiment.trained_generator / sft_generator); a path with `{seed}`
+            and no seed given.
     """
     from drubric_jax.checks.gold import GOLD_REWARD, ORACLE_REWARD
     from drubric_jax.evaluation.checks_policy import ARMS
@@ -124,6 +136,11 @@ def arm_config(c, arm: str):
     field = {"rubric_trained": "trained_generator", "rubric_sft": "sft_generator"}.get(arm)
     if field:
         path = c.experiment[field]
+        if "{seed}" in path:
+            if seed is None:
+                raise ValueError(f"config.experiment.{field}: {path!r} holds {{seed}}; "
+                                 f"arm_config needs the seed to fill it")
+            path = path.replace("{seed}", str(int(seed)))
         if not path or not os.path.isdir(path):
             raise ValueError(f"config.experiment.{field}: the {arm} arm needs a Hugging Face "
                              f"directory of a generator, got {path!r}")

@@ -48,8 +48,9 @@ def main(argv):
     os.makedirs(workdir, exist_ok=True)
     arms = [a.strip() for a in e.arms.split(",") if a.strip()]
     seeds = [int(s) for s in str(e.seeds).split(",") if s.strip()]
-    # Every arm checked before any compute (a summary needs no trained generator).
-    cfgs = {arm: arm_config(c, arm) for arm in arms if not _SUMMARIZE_ONLY.value}
+    # Every (arm, seed) checked before any compute (a summary needs no trained generator).
+    cfgs = {} if _SUMMARIZE_ONLY.value else {
+        (arm, s): arm_config(c, arm, s) for s in seeds for arm in arms}
     heldout_path = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
     if not os.path.exists(heldout_path):  # before any model loads: say what to build
         build = c.data.get("checks_build", "")
@@ -70,7 +71,7 @@ def main(argv):
     evaluate(c.model.policy, os.path.join(workdir, cp.P0_FILE), "heldout P_0")
     for s in ([] if _SUMMARIZE_ONLY.value else seeds):
         for arm in arms:
-            cfg = cfgs[arm].copy_and_resolve_references()
+            cfg = cfgs[arm, s].copy_and_resolve_references()
             cfg.seed = s
             d = cp.run_dir(workdir, s, arm)
             t0 = time.perf_counter()

@@ -144,7 +144,7 @@ def test_verdict_names_each_arm_by_its_cis():
     assert "`rubric_g0` raised the held-out gold score above P_0 in its 1 seed" in one
 
 
-def test_checks_policy_config_validates_for_every_arm():
+def test_checks_policy_config_validates_for_every_arm(tmp_path):
     from configs import checks_policy
     from drubric_jax import config_check
     from configs.checks_policy import arm_config
@@ -161,6 +161,15 @@ def test_checks_policy_config_validates_for_every_arm():
     sft_arm = arm_config(c, "rubric_sft")
     assert sft_arm.policy.reward == "rubric" and sft_arm.model.generator == c.experiment.sft_generator
     assert sft_arm.policy.rubric_temperature == 0.0
+    # `{seed}` in a generator path is filled with the run's seed (seed S of Q1 reads the
+    # generator the ablation's seed S trained); without a seed it cannot be filled.
+    (tmp_path / "seed2").mkdir()
+    c.experiment.trained_generator = str(tmp_path / "seed{seed}")
+    assert arm_config(c, "rubric_trained", seed=2).model.generator == str(tmp_path / "seed2")
+    with pytest.raises(ValueError, match="needs the seed"):
+        arm_config(c, "rubric_trained")
+    with pytest.raises(ValueError, match="trained_generator"):
+        arm_config(c, "rubric_trained", seed=3)  # seed3 is no directory
     c.experiment.trained_generator = ""
     with pytest.raises(ValueError, match="trained_generator"):
         arm_config(c, "rubric_trained")
