@@ -112,11 +112,15 @@ def test_qwen3_8b_lora_fits_one_h200_and_full_fits_eight_80gb():
 
 
 @pytest.mark.slow
-def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis():
+@pytest.mark.parametrize("sampler", ["static", "engine"])
+def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis(sampler):
     """Each step's transient bytes (beyond the resident state) against `memory_analysis()`
     of its jitted functions compiled on 8 fake CPU devices (float32: no CPU-only operand
     copies). 25%: the planner counts the large buffers of each step, not every small one,
-    and where XLA reuses or fuses buffers differs from one shape to another."""
+    and where XLA reuses or fuses buffers differs from one shape to another. With
+    `sampler = "engine"` for both roles the sampling steps are the rollout engine's
+    (`inference_terms.engine_sampling_terms` against `compiled.engine_peaks`); the other
+    steps are the same programs, so only the sampling steps are compiled again."""
     import jax
 
     from drubric_jax import parallel
@@ -125,11 +129,18 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis():
     from drubric_jax.memory.terms import RoleModels
 
     c = _tiny()
+    c.policy.sampler = c.generator.sampler = sampler
     p = planner.plan(c, 8, search=False)
     mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
-    planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c), mesh)
+    only = ("sampling",) if sampler == "engine" else ()
+    planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c), mesh,
+                                  only)
     for s in p.steps:
+        if only and "sampling" not in s.name:
+            continue
         assert s.compiled_how == "compiled"
+        if sampler == "engine":
+            assert any(t.name.startswith("engine KV cache") for t in s.terms)
         # A blockwise-attention step (long prompts: "auto" picks blockwise) adds the
         # attention tiles to the layer's other activations, which XLA does not keep live at
         # the same time: there the plan is a bound from above, measured 1.25x here.

@@ -469,8 +469,8 @@ def test_engine_programs_at_paper_shapes(monkeypatch, per_layer):
     all-gather above 2 MB: the cache is 16 MB a layer in all, the smallest weight matrix
     32 MB), the state keeps its layout through both, and (stacked) the decode program's
     arguments and temporaries stay within 10% of the static decode loop's over E rows and
-    the same S positions, the sampler the planner models today. The planner has no term of
-    its own for the engine yet."""
+    the same S positions; (per-layer, float32) the decode and insert programs' compiled
+    peaks are within 10% of the planner's engine terms."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from drubric_jax import parallel, sampling
@@ -514,8 +514,30 @@ def test_engine_programs_at_paper_shapes(monkeypatch, per_layer):
         assert k.is_equivalent_to(NamedSharding(
             mesh, P(*((None,) * (not per_layer)), parallel.BATCH_AXES, "tensor")),
             5 - per_layer), k
-    if per_layer:  # on the training layout XLA splits these matmuls instead of gathering
-        return
+    if per_layer:
+        # Memory against the planner's engine terms (`memory.inference_terms.engine_terms`),
+        # in float32 (on CPU a bfloat16 matmul copies its weights to float32) and in the
+        # per-layer form the planner counts for CPU and GPU (a stacked decode on CPU copies
+        # each scanned layer's slice, which TPUs do not): decode and insert within 10% of
+        # their compiled peaks (`memory.compiled.engine_peaks`); the one-prompt prefill
+        # bounded from above.
+        from drubric_jax.memory import compiled
+        from drubric_jax.memory.inference_terms import engine_terms
+        from drubric_jax.memory.terms import total_bytes
+
+        f32 = dataclasses.replace(cfg, dtype="float32", param_dtype="float32")
+        f32_params = jax.eval_shape(lambda: models.decode_params(
+            models.init_params(f32, jax.random.PRNGKey(0)), f32))
+        measured = dict(zip(("prefill", "insert", "decode"), compiled.engine_peaks(
+            f32, _abstract(f32_params, parallel.param_shardings(
+                f32_params, mesh, parallel.decode_rules(models.param_specs()))),
+            slots, rows, p_max, new, False, mesh)))
+        planned = {b: total_bytes(engine_terms(f32, mesh, slots, rows, p_max, new, "auto",
+                                               512, False, "f", "b", b)) for b in measured}
+        for b in ("insert", "decode"):
+            assert 0.9 <= planned[b] / measured[b] <= 1.1, (b, planned[b], measured[b])
+        assert planned["prefill"] >= measured["prefill"]
+        return  # on the training layout XLA splits these matmuls instead of gathering
     # Memory: the static decode loop of E rows over the same S positions (what the planner
     # models today) needs as much; the engine adds only its [B, N] outputs.
     full = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))

@@ -2,7 +2,8 @@
 
 Each function here lowers and compiles one real jitted function of the package
 (`train_step.make_sharded_train_step`, `sampling.prefill` / `decode_loop` /
-`constrained` sample / forward steps, `evaluator.passes.prefill` / `score_suffixes`) on
+`constrained` sample / forward steps, the rollout engine's prefill / insert / decode
+programs, `evaluator.passes.prefill` / `score_suffixes`) on
 `jax.ShapeDtypeStruct` inputs that carry their shardings (nothing is allocated), and reads XLA's
 `memory_analysis()`: bytes per device of the arguments, outputs, donated outputs (alias)
 and temporaries. A function's "extra" bytes are what it needs beyond its arguments
@@ -194,6 +195,53 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     return (*peaks, base + device_bytes(cache) + max(sample.extra, step.extra))
 
 
+def engine_peaks(cfg: ModelConfig, params, slots: int, rows: int, prompt: int, new: int,
+                 constrained: bool, mesh) -> tuple:
+    """Bytes per device beyond `params` at each peak of the rollout engine
+    (`sampling.engine_host.generate_engine(..., mesh=mesh)`) with E = `slots` slots (a
+    multiple of the row shards), B = `rows` rows, prompt bucket P = `prompt` and N = `new`,
+    on the rollout copy of `params`: (one prompt's prefill, an insert, a decode call of
+    `decode_steps` or, `constrained`, the larger of `sample_step` and `forward_step`), each
+    beside the copy, the engine's state and (after the prefill) the prompt store."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from drubric_jax.sampling import engine
+
+    params, copy = rollout_copy(params, cfg, mesh)
+    held = 0 if copy is None else copy.output
+    if isinstance(params["layers"], (list, tuple)) or not models.per_layer_decode():
+        layers, loop_params = _NoCopy(), params
+    else:
+        layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
+        loop_params = {**params, "layers": layers.outputs}
+    state = jax.eval_shape(lambda: engine.init_state(cfg, slots, prompt + new, rows, new,
+                                                     jax.random.PRNGKey(0)))
+    state = _structs(state, engine.state_shardings(state, cfg, mesh))
+    every = NamedSharding(mesh, PartitionSpec())
+    tokens = jax.ShapeDtypeStruct((1, prompt), jnp.int32, sharding=every)
+    mask = jax.ShapeDtypeStruct((1, prompt), bool, sharding=every)
+    # The prefill runs on the copy as the host loop passes it (stacked or per-layer).
+    pre = analyse(engine.prefill_prompt.lower(params, cfg, tokens, mask, prompt))
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=every)
+    ins = analyse(engine.insert.lower(state, pre.outputs, scalar, scalar, scalar))
+    base = held + layers.output + device_bytes(state)
+    stop = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=every)
+    method = sampling.Temperature(1.0)
+    if not constrained:
+        step = analyse(engine.decode_steps.lower(
+            loop_params, cfg, state, method, stop, 0, 64,
+            jax.ShapeDtypeStruct((), bool, sharding=every))).extra
+    else:
+        words, = _row_structs(mesh, slots, ((constrained_lib.bitmask_words(cfg.vocab_size),),
+                                            jnp.int32))
+        force, = _row_structs(mesh, slots, ((), bool))
+        sample = analyse(engine.sample_step.lower(state, words, force, method, stop, 0))
+        new_state, tok, emitted, _ = sample.outputs
+        forward = analyse(engine.forward_step.lower(loop_params, cfg, new_state, tok, emitted))
+        step = max(sample.extra + device_bytes(words) + device_bytes(force), forward.extra)
+    return base + pre.extra, base + pre.output + ins.extra, base + pre.output + step
+
+
 class _NoCopy:
     """The analysis of a copy not made: 0 bytes out."""
     output = 0
@@ -286,6 +334,12 @@ def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
             prompt, new = ((w.policy_prompt, w.policy_new) if role == "policy"
                            else (w.rubric_prompt, w.rubric_new))
             segments = w.policy_segments if role == "policy" else w.rubric_segments
+            if (w.policy_sampler if role == "policy" else w.rubric_sampler) == "engine":
+                of_rows = step.of_rows
+                return (step.name, rows, of_rows), lambda n: engine_peaks(
+                    base(role, n), sampler_params(depth(models_.trainee[role], n),
+                                                  base(role, n), mesh),
+                    rows, of_rows, prompt, new, role == "generator", mesh)
             return (step.name, rows), lambda n: sampling_peaks(
                 base(role, n), sampler_params(depth(models_.trainee[role], n), base(role, n),
                                               mesh), rows, prompt, new, role == "generator",

@@ -119,10 +119,15 @@ def forward_terms(cfg: ModelConfig, rows: int, tokens: int, slots: int, attentio
     return out
 
 
-def logits_term(cfg: ModelConfig, rows: int, buffers: int, field: str) -> Term:
-    """`buffers` float32 [rows, V] next-token logits."""
-    return Term(f"next-token logits ({buffers} x float32 [{rows}, V])",
-                buffers * rows * cfg.vocab_size * 4, field)
+def logits_term(cfg: ModelConfig, rows: int, buffers: int, field: str,
+                tensor: int = 1) -> Term:
+    """`buffers` float32 [rows, V] next-token logits; with `tensor` > 1 (dividing V) their
+    vocabulary split over "tensor", as the split output head leaves them (measured for the
+    engine's decode step: 8 buffers of V / 2 at tensor = 2)."""
+    split = tensor if tensor > 1 and cfg.vocab_size % tensor == 0 else 1
+    shape = f"[{rows}, V / {split}]" if split > 1 else f"[{rows}, V]"
+    return Term(f"next-token logits ({buffers} x float32 {shape})",
+                buffers * rows * cfg.vocab_size * 4 // split, field)
 
 
 def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int, new: int,
@@ -185,6 +190,100 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
         decode.append(Term("per-layer copy of the block weights (sampling.decode_params; "
                            "CPU and GPU)", layers, "mesh.tensor"))
     return weights + (decode if decode_only else max(prefill, decode, key=total_bytes))
+
+
+# Per row and new token of the rollout, the engine's outputs: int32 token, float32
+# log-prob, bool mask (`sampling.engine.EngineState`; replicated: a slot writes any row).
+ENGINE_OUTPUT_BYTES = 4 + 4 + 1
+
+
+def engine_terms(cfg: ModelConfig, mesh, slots: int, rows: int, prompt: int, new: int,
+                 attention: str, block: int, constrained: bool, field: str,
+                 budget: str, branch: Optional[str] = None) -> list:
+    """Transient terms per device of the rollout engine (`sampling.engine`), beyond the
+    weights: its state, then the largest of one prompt's prefill, an insert and a decode
+    step.
+
+    The state holds E = `slots` rows of S = P + N positions (a ring, `KVCache.ring`),
+    made once in the decode form (per-layer or stacked: one copy either way, where the
+    static per-layer decode holds a stacked and a per-layer cache), split as `generate`'s
+    rows (data x fsdp) with the KV heads over "tensor"; the slots' logits float32 [E, V];
+    the rollout's [B, N] outputs (`ENGINE_OUTPUT_BYTES` a token) on every device. One
+    prompt is prefilled at a time (its k and v [L, Hkv, P, Dh] kept in the store while its
+    K rows are inserted), replicated over the row shards.
+
+    Args:
+        slots: E.  rows: B, rows of the rollout.  prompt: P_max, the longest prompt's
+            bucket.  new: N.
+        constrained: a constraint's packed bitmask int32 [E, ceil(V / 32)] is an argument
+            of each step (`engine.sample_step`).
+        field / budget: what shrinks the slot-sized / the prompt-sized terms.
+        branch: "prefill" | "insert" | "decode": the state and that program's terms only
+            (None: the largest).
+
+    Raises:
+        ValueError: an unknown branch.
+    """
+    local, tensor = rows_per_device(slots, mesh), mesh.shape["tensor"]
+    positions = prompt + new
+    heads = cfg.num_kv_heads
+    heads = heads // tensor if heads % tensor == 0 else heads
+    state = [Term(f"engine KV cache ({local} of {slots} slots x {positions} positions, "
+                  f"one copy in the decode form)", kv_cache_bytes(cfg, slots, positions, mesh),
+                  field),
+             Term(f"engine slots' next-token logits (float32 [{local}, V])",
+                  local * cfg.vocab_size * 4, field),
+             Term(f"engine outputs ([{rows}, {new}] tokens, log-probs, mask; every device)",
+                  rows * new * ENGINE_OUTPUT_BYTES,
+                  "rows of the rollout (prompts x K); max_new_tokens")]
+    # The store: k and v of one prompt, [L, Hkv, P, Dh] (heads over "tensor"), its logits.
+    store = Term(f"engine prompt store (k, v of 1 prompt x {prompt} positions)",
+                 2 * cfg.num_layers * heads * prompt * cfg.head_dim
+                 * cfg.compute_dtype.itemsize + cfg.vocab_size * 4, budget)
+    decode = [store, logits_term(cfg, local, SAMPLING_LOGITS, field, tensor)]
+    if constrained:
+        decode.append(Term(f"constraint bitmask (int32 [{local}, ceil(V / 32)])",
+                           local * -(-cfg.vocab_size // 32) * 4, field))
+    # `engine.prefill_prompt`: a fresh one-row cache of P slots, then the store. Counted
+    # with the forward widths of the many-row passes: an upper bound here (one prompt of
+    # 128 tokens, 2-layer Qwen3-8B float32, tensor 2: 34 MB planned, 13 MB compiled).
+    prefill = [dataclasses.replace(store, name="engine prefill's KV cache (1 prompt)"), store,
+               *forward_terms(cfg, 1, prompt, prompt, attention, block, budget,
+                              PREFILL_ATTENTION, tensor)]
+    # `engine.insert`: the slot's new row (k and v of S positions in every layer) and the
+    # prompt's stored keys cast for it, plus one more layer's row (read off the compiled
+    # insert of a Qwen3-8B at L = 2, 4 and S = 1,024, 2,048: 11.54, 20.97, 22.02, 39.85 MB,
+    # this count to 0.01 MB).
+    insert = [store, Term(f"engine insert (a row's k, v in every layer: {positions} + "
+                          f"{prompt} positions)",
+                          (2 * cfg.num_layers * (positions + prompt) + positions) * heads
+                          * cfg.head_dim * cfg.compute_dtype.itemsize, budget)]
+    branches = {"prefill": prefill, "insert": insert, "decode": decode}
+    if branch is not None and branch not in branches:
+        raise ValueError(f"branch must be one of {sorted(branches)} or None, got {branch!r}")
+    return state + (branches[branch] if branch else max(branches.values(), key=total_bytes))
+
+
+def engine_sampling_terms(models_: RoleModels, role: str, mesh, slots: int, rows: int,
+                          prompt: int, new: int, attention: str, block: int,
+                          constrained: bool, backend: Optional[str] = None) -> list:
+    """`sampling_terms` for a role whose `sampler` is "engine": the rollout copy of the
+    weights (its per-layer form on CPU and GPU, or the sampler's per-layer copy where no
+    rollout copy is made) and `engine_terms`."""
+    cfg = models_.base[models_.sources[role]]
+    per_layer = models.per_layer_decode(backend)
+    copy, layers = rollout_copy_bytes(models_.sampling_shapes(role), cfg, mesh, per_layer)
+    form = ", per-layer blocks" if per_layer else ""
+    weights = ([Term(f"rollout copy of the weights (decode layout, compute dtype{form})", copy,
+                     "mesh.tensor (splits the copy)")] if copy else [])
+    if per_layer and not copy:
+        weights.append(Term("per-layer copy of the block weights (sampling.decode_params; "
+                            "CPU and GPU)", layers, "mesh.tensor"))
+    field = f"config.{role}.rollout_micro_batch (engine slots); config.{role}.max_new_tokens"
+    budget = ("config.generator.input_budget" if role == "generator"
+              else "config.policy.max_prompt_tokens")
+    return weights + engine_terms(cfg, mesh, slots, rows, prompt, new, attention, block,
+                                  constrained, field, budget)
 
 
 def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,

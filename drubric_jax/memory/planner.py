@@ -12,7 +12,9 @@ rollout micro-batch) and rows per gradient pass (`train.micro_batch_size`, a mul
 data x fsdp), so the step's global batch is reached in chunks.
 
 The rollout micro-batch it prints goes into `policy.rollout_micro_batch` /
-`generator.rollout_micro_batch` (rows per sampler call; 0 = all). Figures in GB
+`generator.rollout_micro_batch` (rows per sampler call; 0 = all); for a role whose
+`sampler` is "engine" it is the engine's slots E, and the step's terms are the engine's
+(`inference_terms.engine_sampling_terms`). Figures in GB
 (1e9 bytes) per device. `experiments/plan.py` prints a plan, with the compiled figures of
 `memory.compiled` beside it; a run's memory.json holds the measured figures to compare.
 """
@@ -25,11 +27,13 @@ import jax
 import ml_collections
 
 from drubric_jax import config_check
-from drubric_jax.memory.inference_terms import sampling_terms, verification_terms
+from drubric_jax.memory.inference_terms import (engine_sampling_terms, sampling_terms,
+                                                verification_terms)
 from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
                                        resident_terms, train_terms, tree_bytes)
 from drubric_jax.evaluator.rubric_generator import MIN_PROMPT_BUCKET
 from drubric_jax.sampling import bucket_length
+from drubric_jax.sampling.engine_host import slot_count
 from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
 
 PHASES = ("generator", "policy")
@@ -55,6 +59,8 @@ class Workload:
     verifier_items: int   # items per suffix pass
     policy_segments: int = 0  # config.policy.cache_segments (0 = auto)
     rubric_segments: int = 0  # config.generator.cache_segments
+    policy_sampler: str = "static"  # config.policy.sampler: "static" | "engine"
+    rubric_sampler: str = "static"  # config.generator.sampler
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "Workload":
@@ -74,7 +80,8 @@ class Workload:
                    g.anchors_per_step * g.num_lists, p.prompts_per_step,
                    bucket_length(g.input_budget, gen_bucket), g.max_new_tokens,
                    prefix, suffix, rows, items, p.get("cache_segments", 0),
-                   g.get("cache_segments", 0))
+                   g.get("cache_segments", 0), p.get("sampler", "static"),
+                   g.get("sampler", "static"))
 
 
 def _divisors(n: int) -> list:
@@ -249,29 +256,44 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     usable = None if capacity is None else int(capacity * (1 - headroom))
     steps = []
 
-    def per_call(rows: int, field: int) -> Optional[int]:
-        """Rows per sampler call the run uses (None: search)."""
-        return None if search else (min(field, rows) if field else rows)
+    def per_call(rows: int, field: int, sampler: str) -> Optional[int]:
+        """Rows per sampler call (the engine's slots) the run uses (None: search)."""
+        if search:
+            return None
+        return (slot_count(field, rows, shards) if sampler == "engine"
+                else (min(field, rows) if field else rows))
+
+    def sampler_step(phase, name, role, rows, prompt, new, constrained, segments, sampler,
+                     field, budget):
+        """The sampling step of `role` with its sampler: the static calls' rows, or the
+        engine's slots E (a multiple of the row shards, `engine_host.engine_slots`)."""
+        if sampler == "engine":
+            candidates = sorted({slot_count(d, rows, shards) for d in _divisors(rows)},
+                                reverse=True)
+            return _choose(phase, name, rows, candidates,
+                           lambda e: engine_sampling_terms(
+                               models_, role, mesh, e, rows, prompt, new, attention, block,
+                               constrained, backend),
+                           budget, per_call(rows, field, sampler))
+        return _choose(phase, name, rows, _divisors(rows),
+                       lambda r: sampling_terms(models_, role, mesh, r, prompt, new,
+                                                attention, block, constrained, backend,
+                                                segments),
+                       budget, per_call(rows, field, sampler))
 
     for phase in PHASES:
         # What the phase's resident state leaves for a step's transients. The lambdas below run
         # inside `_choose` at once, so the loop's later rebinding of phase / rows cannot reach them.
         budget = None if usable is None else usable - sum(t.bytes for t in split[phase][0])
         rubric_rows = w.rubric_rows if phase == "generator" else w.rubric_rows_policy_phase
-        steps.append(_choose(phase, "policy sampling", w.policy_rows, _divisors(w.policy_rows),
-                             lambda r: sampling_terms(models_, "policy", mesh, r,
-                                                      w.policy_prompt, w.policy_new,
-                                                      attention, block, False, backend,
-                                                      w.policy_segments),
-                             budget, per_call(w.policy_rows,
-                                              config.policy.rollout_micro_batch)))
-        steps.append(_choose(phase, "rubric sampling", rubric_rows, _divisors(rubric_rows),
-                             lambda r: sampling_terms(models_, "generator", mesh, r,
-                                                      w.rubric_prompt, w.rubric_new,
-                                                      attention, block, True, backend,
-                                                      w.rubric_segments),
-                             budget, per_call(rubric_rows,
-                                              config.generator.rollout_micro_batch)))
+        steps.append(sampler_step(phase, "policy sampling", "policy", w.policy_rows,
+                                  w.policy_prompt, w.policy_new, False, w.policy_segments,
+                                  w.policy_sampler, config.policy.rollout_micro_batch,
+                                  budget))
+        steps.append(sampler_step(phase, "rubric sampling", "generator", rubric_rows,
+                                  w.rubric_prompt, w.rubric_new, True, w.rubric_segments,
+                                  w.rubric_sampler, config.generator.rollout_micro_batch,
+                                  budget))
         # No micro-batch to choose here: the Verifier's default chunking (`Workload`).
         steps.append(Step(phase, "verification", verification_terms(
             models_, mesh, w.verifier_rows, w.verifier_prefix, w.verifier_suffix,

@@ -130,7 +130,9 @@ def param_shardings(tree: Any, mesh: Mesh, rules: dict) -> Any:
     Args:
         tree: pytree whose leaves have `.shape` (arrays or `jax.eval_shape` output).
             A leaf's rule is found from the nearest dict key on its path, so params,
-            Adam moments and a whole TrainState all work; scalars are replicated.
+            Adam moments and a whole TrainState all work; scalars are replicated. A leaf
+            of the per-layer form (`models.decode_params`: "layers" is a tuple of L
+            dicts) gets its stacked rule without the layer axis.
         mesh: from `make_mesh`.
         rules: {leaf name: PartitionSpec} (`models.param_specs()` for the model
             families).
@@ -139,10 +141,20 @@ def param_shardings(tree: Any, mesh: Mesh, rules: dict) -> Any:
         Pytree of `NamedSharding` with the structure of `tree`.
     """
     def one(path, leaf):
-        return NamedSharding(mesh, spec_for(rules.get(leaf_name(path)), tuple(leaf.shape),
-                                            mesh))
+        rule = rules.get(leaf_name(path))
+        if rule is not None and len(rule) == len(leaf.shape) + 1 and _per_layer(path):
+            rule = P(*tuple(rule)[1:])  # one layer of a stacked [L, ...] rule
+        return NamedSharding(mesh, spec_for(rule, tuple(leaf.shape), mesh))
 
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _per_layer(path) -> bool:
+    """Whether a leaf's path runs through one layer of the per-layer form ("layers" then a
+    sequence index: `models.decode_params`), whose leaves lack the stacked layer axis."""
+    keys = list(path)
+    return any(getattr(a, "key", None) == "layers" and isinstance(b, jax.tree_util.SequenceKey)
+               for a, b in zip(keys, keys[1:]))
 
 
 def leaf_sharder(mesh: Mesh, rules: dict):

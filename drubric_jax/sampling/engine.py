@@ -31,9 +31,10 @@ Under a host-side constraint (llguidance's JSON schema) each slot has its own ma
 renewed when a row is inserted, and the engine runs one step a call: the host fills the
 next masks while the device runs the forward (as `constrained.decode`).
 
-Not yet in the engine (issue "A rollout engine"): several processes and the planner's
-terms; the static `generate` serves those. On one
-process's mesh the slots split over ("data", "fsdp").
+Not yet in the engine (issue "A rollout engine"): several processes; the static
+`generate` serves those. On one process's mesh the slots split over ("data", "fsdp").
+The memory planner counts the engine's programs (`memory.inference_terms.engine_terms`,
+compiled in `memory.compiled.engine_peaks`).
 
 Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout (prompts x their
 samples), P prompt bucket, N max new tokens, S KV-cache slots (positions) of a row, V vocab.

@@ -38,13 +38,17 @@ def check_sampler(sampler: str) -> str:
     return sampler
 
 
-def engine_slots(micro_batch: int, rows: int, mesh=None) -> int:
+def slot_count(micro_batch: int, rows: int, shards: int) -> int:
     """E for a rollout of `rows` rows: `micro_batch` rows decoding at once (0 = every row, as
-    the static sampler's micro-batch), rounded up to a multiple of the mesh's row shards
-    (data x fsdp) so the slots split evenly."""
+    the static sampler's micro-batch), rounded up to a multiple of `shards` (the mesh's
+    data x fsdp) so the slots split evenly. The memory planner sizes E with it."""
     e = micro_batch if 0 < micro_batch < rows else rows
-    shards = 1 if mesh is None else parallel.row_shards(mesh)
     return shards * -(-e // shards)
+
+
+def engine_slots(micro_batch: int, rows: int, mesh=None) -> int:
+    """`slot_count` on `mesh`'s row shards (1 without a mesh)."""
+    return slot_count(micro_batch, rows, 1 if mesh is None else parallel.row_shards(mesh))
 
 
 def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
