@@ -110,8 +110,8 @@ _ATTENTION = flags.DEFINE_string("attention", None, "Override ModelConfig.attent
                                  "materialized | blockwise | cudnn; train keeps its run "
                                  "config's models).")
 _DECODE_FORM = flags.DEFINE_enum("decode_form", None, ["stacked", "per_layer"],
-                                 "Force the decode loop's weight and cache form "
-                                 "(`models.per_layer_decode`; default: the backend's).")
+                                 "The decode loops' weight and cache form "
+                                 "(`ModelConfig.decode_form`; default: the backend's).")
 _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (a child).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,8 +125,8 @@ def run_child(name: str) -> None:
     """Runs phase `name` in this process; its result goes to stdout as JSON lines."""
     ctx = None
     try:
-        dm.force_decode_form(_DECODE_FORM.value)
-        ctx = dm.Context(name, _TINY.value, _TOKENIZER.value, _ATTENTION.value)
+        ctx = dm.Context(name, _TINY.value, _TOKENIZER.value, _ATTENTION.value,
+                         _DECODE_FORM.value)
         PHASES[name](ctx)
         ctx.finish()
     except Exception as e:  # the setup failed: the phase reports it and exits normally

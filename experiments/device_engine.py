@@ -56,7 +56,7 @@ def engine(ctx) -> None:
     import jax
 
     from drubric_jax import sampling
-    from drubric_jax.memory.inference_terms import sampling_terms
+    from drubric_jax.memory.inference_terms import engine_sampling_terms, sampling_terms
     from drubric_jax.sampling.lengths import engine_steps
     from experiments.device_measure import planned_gb, with_plan
 
@@ -107,8 +107,13 @@ def engine(ctx) -> None:
             row["note"] += (f" (the planner's count {planned}); {stats['prefills']} prefills; "
                             f"{row['speedup']:.2f}x static's useful tokens/s; rows alike "
                             f"{same:.2f}")
-        # The planner's sampler terms of E rows of P + N positions: the static calls', and
-        # within 10% the engine's (tests/test_scale_programs.py, stacked form).
+        # The planner's terms: the static calls' (E rows of P + N slots), or the engine's
+        # (E slots, the rollout's outputs; tests/test_scale_programs.py holds its decode
+        # and insert within 10% of the compiled programs).
+        if name == "engine":
+            return with_plan(row, planned_gb(cfg, lambda rm: engine_sampling_terms(
+                rm, "policy", ctx.mesh, s.slots, len(rows), s.prompt_len, s.new, "auto",
+                BLOCK, False)))
         return with_plan(row, planned_gb(cfg, lambda rm: sampling_terms(
             rm, "policy", ctx.mesh, s.slots, s.prompt_len, s.new, "auto", BLOCK, False)))
 

@@ -64,11 +64,12 @@ class Context:
     """One phase's shared state: shapes, device figures and the rows reported so far."""
 
     def __init__(self, phase: str, tiny: bool, tokenizer: str | None,
-                 attention: str | None = None):
+                 attention: str | None = None, decode_form: str | None = None):
         import jax
 
         self.jax, self.phase, self.tiny, self.tokenizer_dir = jax, phase, tiny, tokenizer
         self.attention = attention  # None: each preset's own (`ModelConfig.attention`)
+        self.decode_form = decode_form  # None: the backend's (`ModelConfig.decode_form`)
         self.shapes = TINY if tiny else QUICK
         self.dev = jax.devices()[0]
         if not tiny and jax.default_backend() == "cpu":  # e.g. an accelerator plugin that failed
@@ -126,11 +127,13 @@ class Context:
 
     def model(self, name: str, **changes):
         """A preset in bfloat16 (compute and storage), with `changes` (and the check's
-        `--attention`, when given)."""
+        `--attention` and `--decode_form`, when given)."""
         from drubric_jax.models.config import PRESETS
 
         if self.attention:
             changes = {"attention": self.attention, **changes}
+        if self.decode_form:
+            changes = {"decode_form": self.decode_form, **changes}
         return PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16", **changes)
 
     def init_params(self, cfg):
@@ -196,18 +199,6 @@ def flops_row(ctx: Context, compile_s: float, seconds: float, tokens: int, flops
             "tflops": tflops, "util_kind": "MFU",
             "util": tflops / ctx.peak_tflops if ctx.peak_tflops else None,
             "note": f"{tflops:.4g} TFLOP/s ({flops / 1e12:.4g} TFLOP counted)"}
-
-
-def force_decode_form(form: str | None) -> None:
-    """Makes this process's decode loops run on per-layer copies of the weights and cache
-    ("per_layer", the CPU form) or on the stacked arrays ("stacked"); None keeps the
-    backend's choice (`models.per_layer_decode`)."""
-    if form is None:
-        return
-    from drubric_jax import models
-    from drubric_jax.models import registry
-
-    registry.per_layer_decode = models.per_layer_decode = lambda: form == "per_layer"
 
 
 def decode_state(cfg, rows: int, filled: int, new: int, done: bool = False,

@@ -306,22 +306,21 @@ def test_bench_engine_prints_both_samplers_and_their_ratio(smollm2_gguf):
     assert rows["engine"]["steps"] == rows["static"]["steps"] == 2 * 4
 
 
-def test_engine_in_the_stacked_cache_form(tiny_model, monkeypatch):
-    """The accelerators' form (`models.per_layer_decode` False: stacked [L, ...] weights
-    and cache, as on TPU) gives the rows of the per-layer form used on CPU and GPU."""
-    from drubric_jax.models import registry
-
+def test_engine_in_the_stacked_cache_form(tiny_model):
+    """The accelerators' form (`ModelConfig.decode_form = "stacked"`: stacked [L, ...]
+    weights and cache, as on TPU) gives the rows of the per-layer form used on CPU and
+    GPU; the form is the config's, not a global."""
     cfg, params = tiny_model
     prompts = _prompts(cfg, lengths=(5, 18, 2), seed=5)
     kw = dict(key=jax.random.PRNGKey(3), max_new_tokens=5, method=sampling.Temperature(1.0),
               stop_ids=[2], num_slots=2)
     per_layer = sampling.generate_engine(params, cfg, prompts, **kw)
-    # The backend rule is read through both names (`models` re-exports the registry's).
-    from drubric_jax import models
-
-    for module in (registry, models):
-        monkeypatch.setattr(module, "per_layer_decode", lambda backend=None: False)
-    stacked = sampling.generate_engine(params, cfg, prompts, **kw)
+    stacked = sampling.generate_engine(params, cfg.replace(decode_form="stacked"), prompts,
+                                       **kw)
+    # The stacked engine's state: [L, E, Hkv, S, Dh] arrays, not a tuple per layer.
+    state = jax.eval_shape(lambda: engine.init_state(
+        cfg.replace(decode_form="stacked"), 2, 32, 3, 5, jax.random.PRNGKey(0)))
+    assert not isinstance(state.cache.k, tuple) and state.cache.k.ndim == 5
     np.testing.assert_array_equal(stacked.tokens, per_layer.tokens)
     np.testing.assert_allclose(stacked.logprobs, per_layer.logprobs, rtol=0,
                                atol=logprob_atol(per_layer.logprobs, cfg.vocab_size))

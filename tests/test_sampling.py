@@ -613,6 +613,14 @@ def test_rollout_copy_is_the_decode_layout_and_a_no_op_where_it_already_is(tiny_
     a = sampling.generate(stacked, bf16, prompts, **kw)
     b = sampling.generate(per_layer, bf16, prompts, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
+    # The form is the config's (`ModelConfig.decode_form`), not a global: "stacked" decodes
+    # the stacked arrays (no per-layer copy is made), with the same tokens.
+    as_tpu = bf16.replace(decode_form="stacked")
+    assert sampling.decode_params(stacked, as_tpu) is stacked
+    np.testing.assert_array_equal(sampling.generate(stacked, as_tpu, prompts, **kw).tokens,
+                                  a.tokens)
+    with pytest.raises(ValueError, match="decode_form"):
+        bf16.replace(decode_form="layers")
     assert rollout_copy(params, cfg, parallel.make_mesh(1, 1, 1, jax.devices()[:1])) is params
     tp = parallel.make_mesh(4, 1, 2)
     on_tp = jax.device_put(params, models.param_shardings(params, tp))

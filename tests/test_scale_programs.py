@@ -126,11 +126,10 @@ def test_decode_step_gathers_no_weights(monkeypatch):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from drubric_jax import parallel, sampling
-    from drubric_jax.models import registry
 
-    monkeypatch.setattr(registry, "per_layer_decode", lambda: False)
-
-    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, dtype="bfloat16", param_dtype="bfloat16")
+    # Stacked weights: the loop runs in their form (`ModelConfig.decode_form`).
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, dtype="bfloat16", param_dtype="bfloat16",
+                              decode_form="stacked")
     mesh = parallel.make_mesh(1, 4, 2)
     rows, slots = 8, 256
     params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
@@ -461,7 +460,7 @@ def test_planner_matches_compiled_segmented_sampling(tmp_path, role):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("per_layer", [False, True], ids=["stacked", "per_layer"])
-def test_engine_programs_at_paper_shapes(monkeypatch, per_layer):
+def test_engine_programs_at_paper_shapes(per_layer):
     """The rollout engine's decode and insert programs (`sampling.engine`) for a 2-layer
     Qwen3-8B (bfloat16) on 8 devices (fsdp 4 x tensor 2), 8 slots of S = 1,024 positions,
     in the accelerators' stacked form and the GPUs' per-layer form, weights on the rollout
@@ -474,11 +473,10 @@ def test_engine_programs_at_paper_shapes(monkeypatch, per_layer):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from drubric_jax import parallel, sampling
-    from drubric_jax.models import registry
     from drubric_jax.sampling import engine
 
-    monkeypatch.setattr(registry, "per_layer_decode", lambda backend=None: per_layer)
-    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, dtype="bfloat16", param_dtype="bfloat16")
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, dtype="bfloat16", param_dtype="bfloat16",
+                              decode_form="per_layer" if per_layer else "stacked")
     mesh = parallel.make_mesh(1, 4, 2)
     slots, positions, rows, new, p_max = 8, 1024, 32, 896, 128
     params = jax.eval_shape(lambda: models.decode_params(

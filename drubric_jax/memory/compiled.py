@@ -156,7 +156,8 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     # A key struct: nothing is drawn.
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
     # The cache's segments as `generate` picks them (0: "auto" on this backend).
-    slots = sampling.cache_schedule(prompt, new, segments, models.per_layer_decode())
+    per_layer = models.is_per_layer(params) or models.decode_per_layer(cfg)
+    slots = sampling.cache_schedule(prompt, new, segments, per_layer)
     pre = analyse(sampling.prefill.lower(params, cfg, tokens, mask, key, new, mesh=mesh,
                                          num_slots=slots[0]))
     state = pre.outputs  # with the sharding the compiler picked for the cache
@@ -164,7 +165,7 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     method = sampling.Temperature(1.0)
     # The per-layer copy of the block weights `sampling.decode_params` makes (CPU and GPU),
     # unless the rollout copy was made in that form already (`models.rollout`).
-    if isinstance(params["layers"], (list, tuple)) or not models.per_layer_decode():
+    if models.is_per_layer(params) or not models.decode_per_layer(cfg):
         layers, loop_params = _NoCopy(), params
     else:
         layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
@@ -178,7 +179,8 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
                 slots))
         # The decode loop's peak comes on top of the state the prefill returned.
         return held + pre.extra, held + layers.output + pre.output + dec.extra
-    unstack = analyse(constrained_lib._decode_cache.lower(state.cache))
+    unstack = analyse(constrained_lib._decode_cache.lower(
+        state.cache, per_layer=models.is_per_layer(loop_params)))
     # The host loop holds the state without its cache, plus the cache of the moment.
     base = held + layers.output + pre.output - device_bytes(state.cache)
     peaks = [held + pre.extra, base + device_bytes(state.cache) + unstack.extra]
@@ -209,13 +211,14 @@ def engine_peaks(cfg: ModelConfig, params, slots: int, rows: int, prompt: int, n
 
     params, copy = rollout_copy(params, cfg, mesh)
     held = 0 if copy is None else copy.output
-    if isinstance(params["layers"], (list, tuple)) or not models.per_layer_decode():
+    if models.is_per_layer(params) or not models.decode_per_layer(cfg):
         layers, loop_params = _NoCopy(), params
     else:
         layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
         loop_params = {**params, "layers": layers.outputs}
-    state = jax.eval_shape(lambda: engine.init_state(cfg, slots, prompt + new, rows, new,
-                                                     jax.random.PRNGKey(0)))
+    state = jax.eval_shape(lambda: engine.init_state(
+        cfg, slots, prompt + new, rows, new, jax.random.PRNGKey(0),
+        per_layer=models.is_per_layer(loop_params)))
     state = _structs(state, engine.state_shardings(state, cfg, mesh))
     every = NamedSharding(mesh, PartitionSpec())
     tokens = jax.ShapeDtypeStruct((1, prompt), jnp.int32, sharding=every)

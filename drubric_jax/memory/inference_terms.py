@@ -151,7 +151,7 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
     """
     cfg = models_.base[models_.sources[role]]
     local, tensor = rows_per_device(rows, mesh), mesh.shape["tensor"]
-    per_layer = models.per_layer_decode(backend)
+    per_layer = models.decode_per_layer(cfg, backend)
     # The cache's segments as `sampling.generate` picks them (0: "auto").
     schedule = cache_schedule(prompt, new, segments, per_layer)
     field = f"rows per sampler call (rollout micro-batch); config.{role}.max_new_tokens"
@@ -271,7 +271,7 @@ def engine_sampling_terms(models_: RoleModels, role: str, mesh, slots: int, rows
     weights (its per-layer form on CPU and GPU, or the sampler's per-layer copy where no
     rollout copy is made) and `engine_terms`."""
     cfg = models_.base[models_.sources[role]]
-    per_layer = models.per_layer_decode(backend)
+    per_layer = models.decode_per_layer(cfg, backend)
     copy, layers = rollout_copy_bytes(models_.sampling_shapes(role), cfg, mesh, per_layer)
     form = ", per-layer blocks" if per_layer else ""
     weights = ([Term(f"rollout copy of the weights (decode layout, compute dtype{form})", copy,

@@ -25,6 +25,10 @@ class RopeScaling:
 
 
 MOE_DISPATCHES = ("capacity", "ragged")
+# The form decode loops run on (`models.decode_per_layer`): per-layer copies of the block
+# weights and the KV cache, the stacked [L, ...] arrays, or "auto": the backend's choice
+# (`models.per_layer_decode`: per-layer on CPU and GPU).
+DECODE_FORMS = ("auto", "per_layer", "stacked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,11 @@ class ModelConfig:
         moe_capacity_factor: C = min(N, ceil(factor * N * k / E)) rows per expert for N
             tokens; the (token, expert) pairs past an expert's C rows are dropped (that
             expert adds nothing to that token). 0 = C = N: nothing is ever dropped.
+        decode_form: the form decode loops run on (`DECODE_FORMS`): "per_layer" (a tuple
+            of L per-layer weight dicts and caches), "stacked" ([L, ...] arrays) or "auto"
+            (the backend's, `models.per_layer_decode`). Read on the host when the sampler
+            makes its weight copy (`models.decode_per_layer`); the traced loops follow the
+            form of the weights they are given.
     """
 
     vocab_size: int
@@ -101,6 +110,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     moe_dispatch: str = "capacity"
     moe_capacity_factor: float = 2.0
+    decode_form: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
@@ -120,6 +130,9 @@ class ModelConfig:
         if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok} "
                              f"must be in 1..num_experts={self.num_experts}")
+        if self.decode_form not in DECODE_FORMS:
+            raise ValueError(f"ModelConfig.decode_form must be one of {DECODE_FORMS}, got "
+                             f"{self.decode_form!r}")
         if self.moe_dispatch not in MOE_DISPATCHES:
             raise ValueError(f"ModelConfig.moe_dispatch must be one of {MOE_DISPATCHES}, "
                              f"got {self.moe_dispatch!r}")

@@ -170,21 +170,46 @@ def per_layer_decode(backend: Optional[str] = None) -> bool:
     the block weights and of the KV cache in device memory (peak 115 vs 59 GB at B = 256;
     the planner counts both). TPUs keep the stacked form (not measured here).
 
+    This is the default of `ModelConfig.decode_form = "auto"` (`decode_per_layer`), read on
+    the host; no traced function reads it.
+
     Args:
         backend: "cpu", "gpu" or "tpu" (the planner's target); None: `jax.default_backend()`.
     """
     return (backend or jax.default_backend()) in ("cpu", "gpu")
 
 
+def decode_per_layer(cfg: ModelConfig, backend: Optional[str] = None) -> bool:
+    """Whether decode loops of `cfg` run on per-layer weights and caches:
+    `cfg.decode_form`, "auto" being the backend's (`per_layer_decode(backend)`; the planner
+    passes its target). Host-side: the sampler entry points read it once, before anything
+    is traced, to make their weight copy (`decode_params`); the traced loops follow the
+    form of the weights given."""
+    if cfg.decode_form == "auto":
+        return per_layer_decode(backend)
+    return cfg.decode_form == "per_layer"
+
+
+def is_per_layer(params: dict) -> bool:
+    """Whether `params` are in the per-layer form (`decode_params`: "layers" a tuple of L
+    dicts). A static fact of the pytree, which traced decode loops dispatch on."""
+    return isinstance(params["layers"], (list, tuple))
+
+
 def decode_params(params: dict, cfg: ModelConfig) -> dict:
-    """Params in the form a decode loop runs on: per-layer arrays (`llama`) when
-    `per_layer_decode()`, else unchanged. Pair with `decode_cache`."""
-    return family(cfg).unstack_layers(params) if per_layer_decode() else params
+    """Params in the form a decode loop of `cfg` runs on (`decode_per_layer`): per-layer
+    arrays, else unchanged. Pair with `decode_cache`."""
+    if is_per_layer(params) or not decode_per_layer(cfg):
+        return params
+    return family(cfg).unstack_layers(params)
 
 
-def decode_cache(cache: KVCache) -> KVCache:
-    """The cache in the form `decode_params` implies (per-layer on CPU)."""
-    return cache_lib.unstack_cache(cache) if per_layer_decode() else cache
+def decode_cache(cache: KVCache, per_layer: bool) -> KVCache:
+    """The cache in the per-layer form when `per_layer` (as the loop's weights are,
+    `is_per_layer`), else unchanged."""
+    if not per_layer or isinstance(cache.k, tuple):
+        return cache
+    return cache_lib.unstack_cache(cache)
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:

@@ -72,9 +72,9 @@ def copy_program(params: dict, cfg: ModelConfig, mesh, per_layer: Optional[bool]
     structs carrying shardings) on `mesh`, or None when every leaf is already in the decode
     layout and its rollout dtype (nothing to copy). The planner lowers it on structs.
 
-    per_layer: make the copy in the per-layer form (None: `models.per_layer_decode()`),
+    per_layer: make the copy in the per-layer form (None: `models.decode_per_layer(cfg)`),
     when `params["layers"]` is stacked."""
-    from drubric_jax.models.registry import per_layer_decode
+    from drubric_jax.models.registry import decode_per_layer
 
     target = parallel.param_shardings(params, mesh, parallel.decode_rules(param_specs()))
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
@@ -83,7 +83,7 @@ def copy_program(params: dict, cfg: ModelConfig, mesh, per_layer: Optional[bool]
            and x.sharding.is_equivalent_to(sh, x.ndim)
            for (path, x), sh in zip(flat, wanted)):
         return None
-    per_layer = per_layer_decode() if per_layer is None else per_layer
+    per_layer = decode_per_layer(cfg) if per_layer is None else per_layer
     stacked = isinstance(params.get("layers"), dict)
     num_layers = (int(jax.tree.leaves(params["layers"])[0].shape[0])
                   if per_layer and stacked else 0)
@@ -99,7 +99,7 @@ def rollout_copy(params: dict, cfg: ModelConfig, mesh, per_layer: Optional[bool]
         cfg: the trainee's ModelConfig (its compute dtype).
         mesh: the run's mesh; None = no mesh (the params are returned).
         per_layer: the copy's block weights as a tuple of per-layer dicts, the form decode
-            loops run on (None: `models.per_layer_decode()`: CPU and GPU).
+            loops run on (None: `models.decode_per_layer(cfg)`: by default CPU and GPU).
 
     Returns:
         A new copy when a leaf's layout or dtype differs from the decode layout (per-layer

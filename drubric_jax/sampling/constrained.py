@@ -80,7 +80,7 @@ def _sample(state, words, force_stop, method, stop_ids, pad_id):
 
 
 _forward = jax.jit(sampler.forward_token, static_argnames="cfg", donate_argnums=(2,))
-_decode_cache = jax.jit(models.decode_cache)
+_decode_cache = jax.jit(models.decode_cache, static_argnames="per_layer")
 
 
 
@@ -138,8 +138,9 @@ def decode(params, cfg: models.ModelConfig, state: sampler.SamplerState, constra
     # -1 sets every bit: all tokens allowed until the first fill writes the rows' masks.
     mask = np.full((b, bitmask_words(state.logits.shape[-1])), -1, np.int32)
     layer_params = sampler.decode_params(params, cfg)  # one copy per call, not per step
-    # The per-layer form on CPU, as `sampler.decode_loop` uses.
-    state = state.replace(cache=_decode_cache(state.cache))
+    # The cache in the weights' form, as `sampler.decode_loop` makes it.
+    state = state.replace(cache=_decode_cache(state.cache,
+                                              per_layer=models.is_per_layer(layer_params)))
     # The forward of step t writes slot P + t, with P = the last segment's end minus N.
     slots = list(cache_slots[1:])
     first_slot = cache_slots[-1] - n if cache_slots else 0

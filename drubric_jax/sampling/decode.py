@@ -177,15 +177,16 @@ def layer_copy(layers, cfg: ModelConfig):
 
 
 def decode_params(params, cfg: ModelConfig):
-    """The weights in the form a decode loop runs on: on CPU and GPU (`models.per_layer_decode`) a
-    per-layer copy of the block weights (`models.decode_params`), made by a program of its
-    own; elsewhere `params` itself (no copy).
+    """The weights in the form a decode loop of `cfg` runs on (`models.decode_per_layer`:
+    `cfg.decode_form`, "auto" = per-layer on CPU and GPU): a per-layer copy of the block
+    weights (`models.decode_params`), made by a program of its own; else `params` itself
+    (no copy; also when they are per-layer already, e.g. the rollout copy).
 
     `generate` and `constrained.decode` make this copy once per call, before the loop. Made
     inside `decode_loop`'s program instead, the same copy took 40-165 ms longer per call
     (SmolLM2-135M float32, B = 1 and 8, 2-core CPU; the copy alone takes 36 ms).
     """
-    if not models.per_layer_decode() or isinstance(params["layers"], (list, tuple)):
+    if models.is_per_layer(params) or not models.decode_per_layer(cfg):
         return params
     # The other leaves are the caller's arrays, not copies.
     return {**params, "layers": layer_copy(params["layers"], cfg)}
@@ -199,13 +200,11 @@ def _loop(params, cfg: ModelConfig, state: SamplerState, method: Method, stop_id
     def cond(s):
         return (s.step < max_new) & ~jnp.all(s.done)
 
-    layer_params = models.decode_params(params, cfg)  # one copy per call, not one per step
-
     def body(s):
-        return forward_token(layer_params, cfg, *sample_token(s, method, stop_ids, pad_id))
+        return forward_token(params, cfg, *sample_token(s, method, stop_ids, pad_id))
 
-    # Per-layer cache on CPU and GPU (`models.per_layer_decode`).
-    state = state.replace(cache=models.decode_cache(state.cache))
+    # The cache takes the weights' form (a static fact of their pytree, no global).
+    state = state.replace(cache=models.decode_cache(state.cache, models.is_per_layer(params)))
     if not cache_slots:
         return jax.lax.while_loop(cond, body, state)
     for j, slots in enumerate(cache_slots):
@@ -226,10 +225,10 @@ def decode_loop(params, cfg: ModelConfig, state: SamplerState, method: Method,
     """Decodes until every row stopped or N tokens were generated (`lax.while_loop`), on
     the state's cache as it is (P + N slots; `decode_segments` grows a smaller one).
 
-    On CPU and GPU the loop runs on per-layer copies of the weights and of the cache
-    (`models.decode_params`, `models.decode_cache`); the returned cache is stacked again.
-    Pass `decode_params(params, cfg)` (as `generate` does) to make the weight copy outside
-    this program, where it is faster; stacked `params` are copied here.
+    The loop runs in the form of `params`: given per-layer weights (`decode_params(params,
+    cfg)`, as `generate` passes them: on CPU and GPU by default) it makes a per-layer copy
+    of the cache (`models.decode_cache`) and returns it stacked again; given stacked
+    weights (TPU, or `ModelConfig.decode_form = "stacked"`) it runs on the stacked arrays.
     """
     state = _loop(params, cfg, state, method, stop_ids, pad_id)
     return state.replace(cache=models.stack_cache(state.cache))  # into the donated buffers

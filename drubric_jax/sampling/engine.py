@@ -156,13 +156,17 @@ def state_shardings(state: EngineState, cfg: ModelConfig, mesh) -> EngineState:
 
 
 def init_state(cfg: ModelConfig, num_slots: int, cache_positions: int, num_rows: int,
-               max_new_tokens: int, key: jax.Array, mesh=None) -> EngineState:
+               max_new_tokens: int, key: jax.Array, mesh=None,
+               per_layer: bool | None = None) -> EngineState:
     """An engine with E = `num_slots` empty slots of S = `cache_positions` positions and a
-    zero [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says."""
+    zero [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says. The
+    cache is in the form of the decode weights: per-layer when `per_layer` (None:
+    `models.decode_per_layer(cfg)`), else stacked."""
     e, b, n = num_slots, num_rows, max_new_tokens
     # A ring (`KVCache.ring`), never `empty`: a step attends over every valid position.
-    cache = models.decode_cache(models.init_cache(cfg, e, cache_positions)).replace(
-        empty=False, ring=True)
+    cache = models.decode_cache(models.init_cache(cfg, e, cache_positions),
+                                models.decode_per_layer(cfg) if per_layer is None
+                                else per_layer).replace(empty=False, ring=True)
     state = EngineState(
         cache=cache, logits=jnp.zeros((e, cfg.vocab_size), jnp.float32),
         positions=jnp.zeros((e,), jnp.int32), steps=jnp.zeros((e,), jnp.int32),

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from drubric_jax import parallel
+from drubric_jax import models, parallel
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import engine
 from drubric_jax.sampling.buckets import bucket_length, left_pad
@@ -122,7 +122,7 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
     p_max = bucket_length(max(len(p) for p in prompts), min_bucket)
     loop_params = decode_params(params, cfg)
     state = engine.init_state(cfg, num_slots, p_max + max_new_tokens, b, max_new_tokens, key,
-                              mesh)
+                              mesh, per_layer=models.is_per_layer(loop_params))
     stop_arr = jnp.asarray(stop)
     counts = {"prefills": 0, "inserts": 0, "calls": 0, "steps": 0}
     free = list(range(num_slots))

@@ -134,7 +134,10 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     tokens, mask = left_pad(prompts, length, pad)
     # The prompts go to the device here; `_finish` brings the results back.
     ids = None if row_ids is None else put(np.asarray(row_ids, np.int32))
-    slots = cache_schedule(length, max_new_tokens, cache_segments, models.per_layer_decode())
+    # The loop's form: that of `decode_params(params, cfg)` (the weights' own, else
+    # `ModelConfig.decode_form`), read here on the host.
+    per_layer = models.is_per_layer(params) or models.decode_per_layer(cfg)
+    slots = cache_schedule(length, max_new_tokens, cache_segments, per_layer)
     state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh,
                     row_ids=ids, num_slots=slots[0])
     stop_arr = jnp.asarray(stop)
