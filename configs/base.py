@@ -168,7 +168,8 @@ def base_config() -> ml_collections.ConfigDict:
     # "static": batches of rollout_micro_batch rows, each decoded to its longest row
     # (`sampling.generate_chunked`); "engine": rollout_micro_batch decode slots, a finished
     # row's slot taking the next row, one prefill per prompt (`sampling.generate_engine`;
-    # one process; cache_segments does not apply).
+    # under several processes each runs the same host loop over every row; cache_segments
+    # does not apply).
     c.policy.sampler = "static"
     # Response lengths for `experiments.plan --time` only: quantiles "q:tokens,..." (e.g.
     # "0.1:300,0.5:1200,0.9:5000"); "" = every row runs to max_new_tokens.

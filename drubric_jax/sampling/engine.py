@@ -31,8 +31,9 @@ Under a host-side constraint (llguidance's JSON schema) each slot has its own ma
 renewed when a row is inserted, and the engine runs one step a call: the host fills the
 next masks while the device runs the forward (as `constrained.decode`).
 
-Not yet in the engine (issue "A rollout engine"): several processes; the static
-`generate` serves those. On one process's mesh the slots split over ("data", "fsdp").
+On a mesh the slots split over ("data", "fsdp") of every process's devices; under several
+processes each process's host runs the same loop over all the rows
+(`engine_host.generate_engine`).
 The memory planner counts the engine's programs (`memory.inference_terms.engine_terms`,
 compiled in `memory.compiled.engine_peaks`).
 
@@ -159,15 +160,26 @@ def init_state(cfg: ModelConfig, num_slots: int, cache_positions: int, num_rows:
                max_new_tokens: int, key: jax.Array, mesh=None,
                per_layer: bool | None = None) -> EngineState:
     """An engine with E = `num_slots` empty slots of S = `cache_positions` positions and a
-    zero [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says. The
-    cache is in the form of the decode weights: per-layer when `per_layer` (None:
-    `models.decode_per_layer(cfg)`), else stacked."""
-    e, b, n = num_slots, num_rows, max_new_tokens
+    zero [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says (made
+    there by one program, each device writing its own shard: no whole state on one
+    device first, and several processes each make their own). The cache is in the form of
+    the decode weights: per-layer when `per_layer` (None: `models.decode_per_layer(cfg)`),
+    else stacked."""
+    per_layer = models.decode_per_layer(cfg) if per_layer is None else per_layer
+    make = functools.partial(_new_state, cfg, num_slots, cache_positions, num_rows,
+                             max_new_tokens, per_layer)
+    if mesh is None:
+        return make(key)
+    shardings = state_shardings(jax.eval_shape(make, key), cfg, mesh)
+    return jax.jit(make, out_shardings=shardings)(key)
+
+
+def _new_state(cfg: ModelConfig, e: int, cache_positions: int, b: int, n: int,
+               per_layer: bool, key: jax.Array) -> EngineState:
     # A ring (`KVCache.ring`), never `empty`: a step attends over every valid position.
     cache = models.decode_cache(models.init_cache(cfg, e, cache_positions),
-                                models.decode_per_layer(cfg) if per_layer is None
-                                else per_layer).replace(empty=False, ring=True)
-    state = EngineState(
+                                per_layer).replace(empty=False, ring=True)
+    return EngineState(
         cache=cache, logits=jnp.zeros((e, cfg.vocab_size), jnp.float32),
         positions=jnp.zeros((e,), jnp.int32), steps=jnp.zeros((e,), jnp.int32),
         live=jnp.zeros((e,), bool), out_rows=jnp.zeros((e,), jnp.int32),
@@ -175,9 +187,6 @@ def init_state(cfg: ModelConfig, num_slots: int, cache_positions: int, num_rows:
         logprobs=jnp.zeros((b, n), jnp.float32), mask=jnp.zeros((b, n), bool),
         done=jnp.zeros((b,), bool), invalid=jnp.zeros((b,), bool),
         key=jnp.array(key, copy=True))  # a copy: the decode calls donate the state
-    if mesh is None:
-        return state
-    return jax.device_put(state, state_shardings(state, cfg, mesh))
 
 
 def _placed_row(layer: jax.Array, stored: jax.Array, slot, cells) -> jax.Array:

@@ -47,8 +47,32 @@ def slot_count(micro_batch: int, rows: int, shards: int) -> int:
 
 
 def engine_slots(micro_batch: int, rows: int, mesh=None) -> int:
-    """`slot_count` on `mesh`'s row shards (1 without a mesh)."""
-    return slot_count(micro_batch, rows, 1 if mesh is None else parallel.row_shards(mesh))
+    """`slot_count` on `mesh`'s row shards (1 without a mesh) for `rows`, this process's
+    rows: under several processes (each holding as many) the rollout has rows x the
+    process count, and `micro_batch` counts rows of the whole rollout."""
+    if mesh is None:
+        return slot_count(micro_batch, rows, 1)
+    return slot_count(micro_batch, rows * jax.process_count(), parallel.row_shards(mesh))
+
+
+def _gather_rows(prompts, row_ids) -> tuple:
+    """Every process's rows in process order: (prompts, row ids or None, this process's
+    slice of them). One process: the rows as given. A collective under several."""
+    if jax.process_count() == 1:
+        return list(prompts), row_ids, slice(0, len(prompts))
+    lengths = np.array([len(p) for p in prompts], np.int64)
+    tokens = np.zeros((len(prompts), int(lengths.max())), np.int64)
+    for i, p in enumerate(prompts):
+        tokens[i, :len(p)] = p
+    blocks = parallel.gather_ragged(tokens)
+    sizes = parallel.gather_ragged(lengths)
+    rows = [[int(t) for t in row[:n]] for block, ns in zip(blocks, sizes)
+            for row, n in zip(block, ns)]
+    start = sum(len(ns) for ns in sizes[:jax.process_index()])
+    ids = (None if row_ids is None else
+           [int(i) for block in parallel.gather_ragged(np.asarray(row_ids, np.int64))
+            for i in block])
+    return rows, ids, slice(start, start + len(prompts))
 
 
 def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
@@ -76,8 +100,12 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
         stats: optional dict, filled with "prefills" (prompt prefills run), "inserts",
             "calls" (decode calls) and "steps" (decode steps run).
         mesh: optional mesh (params on it, `models.param_shardings`): the slots split over
-            ("data", "fsdp"), the KV heads over "tensor" (`state_shardings`). One process
-            only, for now.
+            ("data", "fsdp"), the KV heads over "tensor" (`state_shardings`). Under several
+            processes each passes its own rows (as to `generate`) and gets them back: the
+            rows are gathered (process order), every process runs the same host loop over
+            all of them (the same inserts, the live flags gathered after each call, every
+            slot's matcher under a constraint), and the outputs are read from their
+            replicated copy.
         constraint: optional host-side constraint, one matcher per slot: the contract of
             `constrained.decode` (`reset(E)`, `fill`, `finished`, `advance` over the E
             slots) plus `reset_rows(slots)`, fresh matchers for the slots given (a row was
@@ -95,13 +123,12 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
     Raises:
         ValueError: no prompts, an empty prompt, empty stop_ids, num_slots < 1,
             steps_per_call < 1, row_ids not one id >= 0 per prompt; on a mesh, num_slots
-            not a multiple of data x fsdp, or several processes; a row had no allowed
-            token and allow_invalid is False.
+            not a multiple of data x fsdp; several processes without a mesh; a row (of any
+            process) had no allowed token and allow_invalid is False.
     """
+    if mesh is None and jax.process_count() > 1:
+        raise ValueError("the rollout engine under several processes needs the mesh")
     if mesh is not None:
-        if jax.process_count() > 1:
-            raise ValueError("the rollout engine runs in one process for now; use "
-                             "sampling.generate_chunked across processes")
         if num_slots % parallel.row_shards(mesh):
             raise ValueError(f"num_slots ({num_slots}) must be a multiple of data x fsdp "
                              f"({parallel.row_shards(mesh)})")
@@ -113,11 +140,14 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
     if num_slots < 1 or steps_per_call < 1:
         raise ValueError(f"num_slots ({num_slots}) and steps_per_call ({steps_per_call}) "
                          "must be >= 1")
+    if row_ids is not None and (len(row_ids) != len(prompts) or min(row_ids) < 0):
+        raise ValueError(f"row_ids must give one id >= 0 per prompt: {len(row_ids)} ids for "
+                         f"{len(prompts)} prompts")
+    own = len(prompts)
+    # Under several processes: every process's rows; `mine` is this process's slice.
+    prompts, row_ids, mine = _gather_rows(prompts, row_ids)
     b = len(prompts)
     ids = list(range(b)) if row_ids is None else [int(i) for i in row_ids]
-    if len(ids) != b or min(ids) < 0:
-        raise ValueError(f"row_ids must give one id >= 0 per prompt: {len(ids)} ids for "
-                         f"{b} prompts")
     pad = int(stop[0] if pad_id is None else pad_id)
     p_max = bucket_length(max(len(p) for p in prompts), min_bucket)
     loop_params = decode_params(params, cfg)
@@ -135,7 +165,7 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
         # -1 sets every bit: a slot's words are written by a fill before its row samples.
         words = np.full((num_slots, bitmask_words(cfg.vocab_size)), -1, np.int32)
         put = (jnp.asarray if mesh is None else functools.partial(
-            jax.device_put, device=parallel.batch_sharding(mesh)))
+            parallel.put, target=parallel.batch_sharding(mesh)))
     while nxt < b or live.any():
         while free and nxt < b:
             prompt = tuple(prompts[nxt])
@@ -158,8 +188,9 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
         if constraint is None:
             state, steps = engine.decode_steps(loop_params, cfg, state, method, stop_arr,
                                                pad, steps_per_call, jnp.asarray(nxt < b))
-            # One host transfer a call: the step count and the E live flags together.
-            steps, now = jax.device_get((steps, state.live))
+            # One host transfer a call: the step count and the E live flags together
+            # (gathered from every process's slots under several).
+            steps, now = parallel.fetch((steps, state.live))
             counts["calls"] += 1
             counts["steps"] += int(steps)
             now = np.array(now)
@@ -170,25 +201,30 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
             state, tok, emitted, freed = engine.sample_step(
                 state, put(words), put(constraint.finished()), method, stop_arr, pad)
             state = engine.forward_step(loop_params, cfg, state, tok, emitted)
-            tok, emitted, freed = jax.device_get((tok, emitted, freed))
+            tok, emitted, freed = parallel.fetch((tok, emitted, freed))
             constraint.advance(tok, emitted)
             counts["calls"] += 1
             counts["steps"] += 1
             now = live & ~freed
         ended = [int(s) for s in np.flatnonzero(live & ~now)]
-        if on_row_end is not None:
+        if on_row_end is not None:  # this process's rows, by their index in its prompts
             for slot in ended:
-                on_row_end(int(slot_row[slot]), slot)
+                if mine.start <= slot_row[slot] < mine.stop:
+                    on_row_end(int(slot_row[slot]) - mine.start, slot)
         free += ended
         live = now
-    tokens, logprobs, mask, done, invalid = jax.device_get(
+    # Replicated on every device: each process reads its own copy.
+    tokens, logprobs, mask, done, invalid = parallel.fetch(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
     if stats is not None:
         stats.update(counts)
     if invalid.any() and not allow_invalid:
         bad = np.flatnonzero(invalid).tolist()
         raise ValueError(f"rows {bad} reached a step with no allowed token (all logits -inf)")
-    prompt_tokens, prompt_mask = left_pad(prompts, p_max, pad)
+    tokens, logprobs, mask, done, invalid = (x[mine] for x in (tokens, logprobs, mask, done,
+                                                                invalid))
+    prompt_tokens, prompt_mask = left_pad(prompts[mine], p_max, pad)
+    b = own
     return Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
                    tokens=np.where(mask, tokens, pad).astype(np.int32),
                    logprobs=np.asarray(logprobs), mask=np.asarray(mask),
