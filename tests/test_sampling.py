@@ -627,11 +627,18 @@ def test_rollout_copy_is_the_decode_layout_and_a_no_op_where_it_already_is(tiny_
     assert rollout_copy(on_tp, cfg, tp) is on_tp
 
 
-def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
+def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model, monkeypatch):
     """Rollout micro-batches: one call is `generate` itself; several calls share the prompt
     bucket of the longest prompt, so their rows join, each call keyed fold_in(key, i); the
     short last call is padded to the others' rows (copies of its last prompt, dropped), so
-    all calls run one compiled program."""
+    all calls run one compiled program; the decode loops' per-layer weight copy (CPU) is
+    made once for all the calls."""
+    from drubric_jax.sampling import decode as decode_module
+
+    copies = []
+    layer_copy = decode_module.layer_copy
+    monkeypatch.setattr(decode_module, "layer_copy",
+                        lambda *a: copies.append(1) or layer_copy(*a))
     cfg, params = tiny_model
     prompts = [[5, 9, 12], [40], [7] * 20, [100, 200], [3000, 11]]
     kw = dict(key=jax.random.PRNGKey(4), max_new_tokens=5, method=sampling.Temperature(1.0),
@@ -641,7 +648,9 @@ def test_generate_chunked_shares_the_bucket_and_joins_the_rows(tiny_model):
     np.testing.assert_array_equal(one.tokens, whole.tokens)
     calls = []
     n_dec = sampling.decode_loop._cache_size()
+    copies.clear()
     parts = sampling.generate_chunked(params, cfg, prompts, 2, after_call=calls.append, **kw)
+    assert len(copies) == 1  # three calls, one weight copy
     assert sampling.decode_loop._cache_size() - n_dec == 1  # 2 + 2 + 1 rows: one program
     assert calls == [2, 2, 1] and parts.num_rows == 5  # each call's prompts, filler left out
     assert parts.prompt_tokens.shape == whole.prompt_tokens.shape  # one bucket for all

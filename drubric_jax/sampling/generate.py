@@ -43,7 +43,7 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
              pad_id: Optional[int] = None, constraint=None, min_bucket: int = 16,
              allow_invalid: bool = False, mesh=None,
              row_ids: Optional[Sequence[int]] = None, cache_segments: int = 0,
-             pad_rows: int = 0) -> Rollout:
+             pad_rows: int = 0, loop_params=None) -> Rollout:
     """Samples continuations of token-id prompts.
 
     Args:
@@ -83,6 +83,9 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
             last prompt (and of its row id), dropped from the result, so a short call
             (`generate_chunked`'s last) runs the program of the full ones instead of
             compiling its own. 0 = the prompts' count.
+        loop_params: the weights the decode loop runs on, `decode_params(params, cfg)`
+            made by the caller (`generate_chunked` makes the copy once for all its calls);
+            None: made here.
 
     Returns:
         Rollout of the B rows (host numpy; this process's rows), with the left-padded
@@ -135,21 +138,24 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, key:
     # The prompts go to the device here; `_finish` brings the results back.
     ids = None if row_ids is None else put(np.asarray(row_ids, np.int32))
     # The loop's form: that of `decode_params(params, cfg)` (the weights' own, else
-    # `ModelConfig.decode_form`), read here on the host.
-    per_layer = models.is_per_layer(params) or models.decode_per_layer(cfg)
+    # `ModelConfig.decode_form`), read here on the host; the copy itself is made after
+    # the prefill is dispatched.
+    per_layer = (models.is_per_layer(loop_params) if loop_params is not None else
+                 models.is_per_layer(params) or models.decode_per_layer(cfg))
     slots = cache_schedule(length, max_new_tokens, cache_segments, per_layer)
     state = prefill(params, cfg, put(tokens), put(mask), key, max_new_tokens, mesh=mesh,
                     row_ids=ids, num_slots=slots[0])
     stop_arr = jnp.asarray(stop)
     if constraint is None:
-        loop_params = decode_params(params, cfg)
+        loop_params = decode_params(params, cfg) if loop_params is None else loop_params
         if len(slots) == 1:
             state = decode_loop(loop_params, cfg, state, method, stop_arr, pad)
         else:
             state = decode_segments(loop_params, cfg, state.replace(cache=None), state.cache,
                                     method, stop_arr, pad, slots)
     else:
-        state = constrained.decode(params, cfg, state, constraint, method, stop_arr, pad,
+        state = constrained.decode(params if loop_params is None else loop_params, cfg,
+                                   state, constraint, method, stop_arr, pad,
                                    None if mesh is None else parallel.batch_sharding(mesh),
                                    cache_slots=slots)
     # This process's rows: where its prompts went (the whole batch on one process).
@@ -182,6 +188,8 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     row_ids its rows draw as that padded call's first rows.
     Under several processes `prompts` are this process's rows (`generate`), the same
     number on every process, and `rows_per_call` counts rows per process.
+    The decode loops' weights (`decode_params`: on CPU and GPU a per-layer copy of stacked
+    weights) are made once here for every call, not once per call.
     """
     n = len(prompts)
     row_ids = kw.pop("row_ids", None)
@@ -191,6 +199,7 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
     if kw.get("mesh") is not None:
         longest = parallel.agree_max(longest)  # one bucket on every process
     bucket = bucket_length(longest, min_bucket)
+    loop_params = decode_params(params, cfg)  # one copy for every call
     parts = []
     for i, start in enumerate(range(0, n, chunk)):
         rows = prompts[start:start + chunk]
@@ -198,7 +207,7 @@ def generate_chunked(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
             params, cfg, rows,
             key=key if chunk == n or row_ids is not None else jax.random.fold_in(key, i),
             row_ids=None if row_ids is None else row_ids[start:start + chunk],
-            min_bucket=bucket, pad_rows=chunk, **kw))
+            min_bucket=bucket, pad_rows=chunk, loop_params=loop_params, **kw))
         if after_call is not None:
             after_call(len(rows))
     return Rollout.concat(parts)
