@@ -22,13 +22,22 @@ def run(main) -> None:
       (`run_logging.quiet_third_party_logs`; `--verbose` keeps them).
     - A help flag exits with status 0 after the usage text: asking for help is not an
       error (absl exits with 1).
+    - A bad config value (`ConfigError`: the field and what is wrong) or a `--config.`
+      override naming no field (ml_collections' "Did you mean ...") ends with one
+      `error:` line and status 2, not a traceback.
 
     Raises:
-        SystemExit: as `app.run` does; status 0 where the command line asked for help.
+        SystemExit: as `app.run` does; status 0 where the command line asked for help,
+            2 for the input errors above.
     """
+    from drubric_jax.types import ConfigError
+
+    started = []
+
     def quiet_main(argv):
         from drubric_jax.rounds import run_logging
 
+        started.append(True)
         run_logging.quiet_third_party_logs(not VERBOSE.value)
         return main(argv)
 
@@ -39,3 +48,14 @@ def run(main) -> None:
         if e.code == 1 and any(a.split("=")[0] in _HELP_FLAGS for a in sys.argv[1:]):
             raise SystemExit(0) from None
         raise
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except AttributeError as e:
+        # Raised while the flags parse (main not started): an override of a field the
+        # config does not have. ml_collections quotes the name and its nearest field.
+        if started:
+            raise
+        text = str(e).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+        print(f"error: a --config override names no config field: {text}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -64,6 +64,10 @@ def main(argv):
     from drubric_jax import models
 
     f = flags.FLAGS
+    if not os.path.isfile(f.prompts):  # before the model loads: say what builds it
+        raise SystemExit(f"error: --prompts: no such file {f.prompts}\nBuild the checks "
+                         "world's prompts first: python -m experiments.make_checks_data "
+                         "--version=2 --out=DIR (its train.jsonl / heldout.jsonl)")
     source = models.DEFAULT_MODEL if f.model == "default" else f.model
     cfg, params, tokenizer = models.load_model(source, f.dtype)
     stats = write_anchors(f.prompts, f.out, cfg, params, tokenizer, k=f.k,

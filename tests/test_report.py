@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from drubric_jax.evaluation import coevolution as co
 from drubric_jax.evaluation import policy_eval
@@ -84,3 +85,22 @@ def test_help_exits_0_and_a_wrong_directory_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.report", str(tmp_path / "no")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "no such directory" in proc.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("override,says", [
+    ("--config.rounds.num_rounds=-1", "error: config.rounds.num_rounds: must be >= 1"),
+    ("--config.rounds.num_round=1", 'Did you mean "num_rounds"'),
+])
+def test_a_bad_config_override_is_one_error_line(tmp_path, override, says):
+    """`experiments.cli.run`: a bad value (`ConfigError`) or a misspelt field ends with
+    one `error:` line naming the field and status 2, not a traceback; nothing is
+    written to the workdir."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.run",
+                           "--config=configs/smollm2_cpu.py:tiny", override,
+                           f"--workdir={tmp_path / 'w'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and says in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "w" / "metrics.jsonl").exists()
