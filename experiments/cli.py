@@ -54,7 +54,7 @@ def run(main) -> None:
     except AttributeError as e:
         # Raised while the flags parse (main not started): an override of a field the
         # config does not have. ml_collections quotes the name and its nearest field.
-        if started:
+        if started or not any(a.startswith("--config.") for a in sys.argv[1:]):
             raise
         text = str(e).strip("'\"").replace("\\n", " ").replace("\\'", "'")
         print(f"error: a --config override names no config field: {text}", file=sys.stderr)
