@@ -107,6 +107,20 @@ def test_paired_difference_and_seed_spread_by_hand():
     assert np.isnan(cp.seed_spread([0.4])["sd"])
 
 
+def test_arm_versus_arm_per_seed_and_pooled_by_hand():
+    after = {("gold", 0): [1.0, 0.5, 1.0], ("gold", 1): [0.0, 1.0, 0.5],
+             ("rubric", 0): [0.5, 0.5, 0.0], ("rubric", 1): [1.0, 1.0, 1.0],
+             ("rubric", 2): [0.0, 0.0, 0.0]}
+    out = cp.arm_versus_arm(after, "rubric", "gold", [0, 1, 2], 200, 0)
+    assert set(out) == {"0", "1", "pooled"}  # seed 2 has no gold run
+    assert out["0"]["difference"] == pytest.approx(-0.5)  # (-0.5 + 0 - 1) / 3
+    # Seed means per prompt: rubric 0.75, 0.75, 0.5; gold 0.5, 0.75, 0.75.
+    assert out["pooled"]["difference"] == pytest.approx(0.0) and out["pooled"]["seeds"] == 2
+    assert_percentile_ci(out["pooled"]["ci"], lambda w: w @ np.array([0.25, 0.0, -0.25]) / 3,
+                         3, 200)
+    assert "pooled" not in cp.arm_versus_arm(after, "rubric", "gold", [0, 2], 200, 0)
+
+
 def test_pooled_over_seeds_pairs_each_prompts_seed_mean_with_p0():
     p0 = {"gold": [0.0, 0.5, 1.0], "gold_sampled": [0.0, 0.0, 1.0]}
     after = {("gold", 0): [1.0, 0.5, 1.0], ("gold", 1): [0.0, 1.0, 0.5]}

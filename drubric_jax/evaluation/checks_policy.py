@@ -275,7 +275,7 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
         "pooled" (and "pooled_sampled" where sampled scores exist): paired difference of
         each prompt's score averaged over the seeds against P_0's, and for an arm other
         than gold when gold ran: "share_of_gold" {seed or "pooled": `share_of_gold`}}},
-        "versus": {"A - B": {s: paired difference of the two arms' held-out scores}},
+        "versus": {"A - B": `arm_versus_arm`: per seed both ran, and pooled},
         "window"}. Train first / last: the mean of the first / last `window` steps.
 
     An arm is summarized over the seeds whose run has been evaluated (its heldout.json);
@@ -345,7 +345,22 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
             out["arms"][arm]["share_of_gold"] = shares
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
-            out["versus"][f"{b} - {a}"] = {str(s): paired_difference(
-                after[(b, s)], after[(a, s)], n_boot, seed) for s in seeds
-                if (a, s) in after and (b, s) in after}
+            out["versus"][f"{b} - {a}"] = arm_versus_arm(after, b, a, seeds, n_boot, seed)
+    return out
+
+
+def arm_versus_arm(after: dict, b: str, a: str, seeds: Sequence[int], n_boot: int,
+                   seed: int) -> dict:
+    """{seed: paired difference b - a of the held-out gold scores (`paired_difference`)}
+    over the seeds both arms have, and "pooled" where they share 2 or more: each prompt's
+    score averaged over those seeds, b's against a's (the CI resamples prompts, as
+    `pooled_over_seeds`). `after`: {(arm, seed): per-prompt scores}."""
+    both = [s for s in seeds if (a, s) in after and (b, s) in after]
+    out = {str(s): paired_difference(after[(b, s)], after[(a, s)], n_boot, seed)
+           for s in both}
+    if len(both) > 1:
+        out["pooled"] = {**paired_difference(
+            np.mean([after[(b, s)] for s in both], axis=0),
+            np.mean([after[(a, s)] for s in both], axis=0), n_boot, seed),
+            "seeds": len(both)}
     return out
