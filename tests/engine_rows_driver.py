@@ -34,31 +34,7 @@ def main() -> None:
                                    args.process_id)
     from drubric_jax import models, parallel, sampling
     from drubric_jax.models import config, rollout
-    from drubric_jax.sampling.constrained import pack_bitmask
-
-    class RowRule:
-        """At a row's even steps only the lower half of the vocabulary; complete (a forced
-        stop) after `limit` tokens. Every process runs it for every slot."""
-
-        def __init__(self, vocab, limit):
-            self.vocab, self.limit = vocab, limit
-
-        def reset(self, batch):
-            self.steps = np.zeros(batch, int)
-
-        def reset_rows(self, rows):
-            self.steps[list(rows)] = 0
-
-        def fill(self, bitmask, rows):
-            allowed = np.ones((len(self.steps), self.vocab), bool)
-            allowed[self.steps % 2 == 0, self.vocab // 2:] = False
-            bitmask[rows] = pack_bitmask(allowed)[rows]
-
-        def finished(self):
-            return self.steps >= self.limit
-
-        def advance(self, tokens, live):
-            self.steps[live] += 1
+    from helpers import RowRule
 
     cfg = config.TINY
     mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)

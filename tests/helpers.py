@@ -160,6 +160,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_json(driver: str, num_processes: int, *args, timeout: float) -> list:
+    """`launch_processes`, each process required to exit 0, then the last JSON line ("{...")
+    each printed, in process order."""
+    out = []
+    for rc, text in launch_processes(driver, num_processes, *args, timeout=timeout):
+        assert rc == 0, text[-3000:]
+        out.append(json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1]))
+    return out
+
+
 def launch_processes(driver: str, num_processes: int, *args, timeout: float) -> list:
     """Starts `num_processes` processes of `driver` (its args, then --num_processes,
     --process_id, --port and --devices: 8 fake CPU devices shared out); returns
@@ -305,3 +315,35 @@ def assert_percentile_ci(ci, statistic, n_units: int, n_boot: int, level: float 
         assert low <= bound <= high, (
             f"the {q:.3f} bound {bound!r} is outside [{low!r}, {high!r}], the exact "
             f"bootstrap quantiles at {q:.3f} -+ {eps:.4f} ({n_boot} replicates)")
+
+
+# ----------------------------------------------------------------------------- constraints
+
+
+class RowRule:
+    """A per-row constraint that bites, for both samplers: at a row's even steps only the
+    lower half of the vocabulary is allowed; a row is complete (forced to stop) after
+    `limit` tokens. It depends on the row's own tokens only, so a row in a slot of the
+    engine and the same row in a `generate` batch see the same masks."""
+
+    def __init__(self, vocab: int, limit: int):
+        self.vocab, self.limit = vocab, limit
+
+    def reset(self, batch):
+        self.steps = np.zeros(batch, int)
+
+    def reset_rows(self, rows):
+        self.steps[list(rows)] = 0
+
+    def fill(self, bitmask, rows):
+        from drubric_jax.sampling.constrained import pack_bitmask  # jax: after XLA_FLAGS
+
+        allowed = np.ones((len(self.steps), self.vocab), bool)
+        allowed[self.steps % 2 == 0, self.vocab // 2:] = False
+        bitmask[rows] = pack_bitmask(allowed)[rows]
+
+    def finished(self):
+        return self.steps >= self.limit
+
+    def advance(self, tokens, live):
+        self.steps[live] += 1

@@ -6,6 +6,7 @@ import pytest
 
 from drubric_jax import sampling
 from drubric_jax.sampling import engine
+from helpers import RowRule
 from tolerances import logprob_atol
 
 N = 10
@@ -98,35 +99,6 @@ def test_engine_rows_equal_generate(request, method):
     np.testing.assert_array_equal(got.lengths, got.mask.sum(-1))
 
 
-class _RowRule:
-    """A per-row constraint that bites, for both samplers: at a row's even steps only the
-    lower half of the vocabulary is allowed; a row is complete (forced to stop) after
-    `limit` tokens. It depends on the row's own tokens only, so a row in a slot of the
-    engine and the same row in a `generate` batch see the same masks."""
-
-    def __init__(self, vocab: int, limit: int):
-        self.vocab, self.limit = vocab, limit
-
-    def reset(self, batch):
-        self.steps = np.zeros(batch, int)
-
-    def reset_rows(self, rows):
-        self.steps[list(rows)] = 0
-
-    def fill(self, bitmask, rows):
-        from drubric_jax.sampling.constrained import pack_bitmask
-
-        allowed = np.ones((len(self.steps), self.vocab), bool)
-        allowed[self.steps % 2 == 0, self.vocab // 2:] = False
-        bitmask[rows] = pack_bitmask(allowed)[rows]
-
-    def finished(self):
-        return self.steps >= self.limit
-
-    def advance(self, tokens, live):
-        self.steps[live] += 1
-
-
 @pytest.mark.slow
 def test_engine_constrained_rows_equal_generate(tiny_model):
     """Under a constraint (one per slot, renewed at each insert; the host fills the masks
@@ -139,9 +111,9 @@ def test_engine_constrained_rows_equal_generate(tiny_model):
     kw = dict(key=jax.random.PRNGKey(6), max_new_tokens=8, method=sampling.Temperature(1.0),
               stop_ids=[2])
     got = sampling.generate_engine(params, cfg, prompts, num_slots=2, row_ids=ids,
-                                   constraint=_RowRule(cfg.vocab_size, 5), **kw)
+                                   constraint=RowRule(cfg.vocab_size, 5), **kw)
     alone = [sampling.generate(params, cfg, [p], row_ids=[i],
-                               constraint=_RowRule(cfg.vocab_size, 5), **kw)
+                               constraint=RowRule(cfg.vocab_size, 5), **kw)
              for p, i in zip(prompts, ids)]
     _assert_rows_equal(got, alone, cfg.vocab_size)
     assert (got.lengths == 6).all() and (got.tokens[:, 5] == 2).all()  # forced stops

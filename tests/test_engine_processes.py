@@ -2,13 +2,12 @@
 on 127.0.0.1 (4 fake CPU devices each) against one process with 8 devices, on the same
 (data, fsdp, tensor) = (2, 2, 2) mesh (tests/engine_rows_driver.py): each process passes
 its own block of rows and gets the rows one process gives them."""
-import json
 import os
 
 import numpy as np
 import pytest
 
-from helpers import launch_processes
+from helpers import launch_json
 from tolerances import logprob_atol
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_rows_driver.py")
@@ -16,11 +15,7 @@ TIMEOUT_S = 600  # a hang (a process waiting on its peer forever) fails
 
 
 def _launch(num_processes: int) -> list:
-    out = []
-    for rc, text in launch_processes(DRIVER, num_processes, timeout=TIMEOUT_S):
-        assert rc == 0, text[-3000:]
-        out.append(json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1]))
-    return out
+    return launch_json(DRIVER, num_processes, timeout=TIMEOUT_S)
 
 
 @pytest.mark.slow

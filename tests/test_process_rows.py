@@ -3,13 +3,12 @@
 with 8 devices: each process puts and reads back only its own rows, and the gathers give
 every process the same global values (no model: a few seconds per launch); and the tiny
 random-weight verifier judges each process's own rows and gives one process's P(yes)."""
-import json
 import os
 
 import numpy as np
 import pytest
 
-from helpers import launch_processes
+from helpers import launch_json
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_rows_driver.py")
 TIMEOUT_S = 600  # a hang (a process waiting on its peer forever) fails; a loaded 2-core
@@ -21,11 +20,7 @@ def _launch(num_processes: int) -> list:
 
 
 def _launch_driver(driver: str, num_processes: int) -> list:
-    out = []
-    for rc, text in launch_processes(driver, num_processes, timeout=TIMEOUT_S):
-        assert rc == 0, text[-3000:]
-        out.append(json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1]))
-    return out
+    return launch_json(driver, num_processes, timeout=TIMEOUT_S)
 
 
 @pytest.mark.slow
