@@ -27,7 +27,10 @@ files in it (nothing is copied from a previous results/):
 Writes `<out>/<kind>-<run dir name>.md` (+ `.png` where the kind has a plot) and
 `<out>/README.md`, an index naming each file's run directory and command. Given two or more
 coevolution run directories (seeds), also `<out>/coevolution-seeds.md`: their headline
-differences side by side and their spread (`evaluation.coevolution.across_seeds`).
+differences side by side and their spread (`evaluation.coevolution.across_seeds`); given
+two or more ablation run directories, `<out>/ablation-seeds.md`: each generator's metrics
+and each paired difference per run, their spread, and the runs' held-out lists pooled
+(`evaluation.ablation_seeds.across_seeds`).
 """
 import json
 import os
@@ -183,6 +186,34 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
     return kind, command
 
 
+def _ablation_across_seeds(run_dirs) -> str:
+    """ablation-seeds.md of several ablation runs (seeds): each run's summary recomputed
+    from its files, and the runs' held-out lists pooled (`ablation_seeds.pool_runs`)."""
+    from drubric_jax.evaluation import ablation, ablation_seeds
+
+    summaries, per_run, first = {}, {}, None
+    for run_dir in run_dirs:
+        s = _read(os.path.join(run_dir, "summary.json"))
+        name = os.path.basename(os.path.normpath(run_dir))
+        if name in summaries:
+            raise SystemExit(f"error: two ablation runs are named {name!r}; their tables "
+                             "would share a column")
+        first = first or s
+        names = list(s["generators"])
+        per_run[name] = ablation.load_heldout(run_dir, names)
+        comparisons = [tuple(k.split(" - ")) for k in s["comparisons"]]
+        summaries[name] = {**ablation.summarize(per_run[name], s.get("baseline", names[0]),
+                                                comparisons, s["n_bootstrap"], s.get("seed", 0)),
+                           "seed": s.get("seed", 0)}
+    pooled_values = ablation_seeds.pool_runs(per_run)
+    baseline = first.get("baseline", next(iter(first["generators"])))
+    comparisons = [tuple(k.split(" - ")) for k in first["comparisons"]
+                   if all(g in pooled_values for g in k.split(" - "))]
+    pooled = ablation.summarize(pooled_values, baseline, comparisons, first["n_bootstrap"],
+                                first.get("seed", 0))
+    return ablation_seeds.across_seeds(summaries, pooled)
+
+
 def main(argv):
     runs = argv[1:]
     if not runs:
@@ -200,7 +231,7 @@ def main(argv):
              + " ".join(runs) + f" --out={out}`; each file is recomputed from its run "
              "directory.", "", "| file | experiment | run directory | command |",
              "|---|---|---|---|"]
-    coevolution = []
+    coevolution, ablations = [], []
     for run_dir in runs:
         name = os.path.basename(os.path.normpath(run_dir))
         kind = kind_of(run_dir)
@@ -213,6 +244,15 @@ def main(argv):
         print(f"wrote {stem}.md ({kind})")
         if kind == "coevolution":
             coevolution.append(run_dir)
+        elif kind == "ablation":
+            ablations.append(run_dir)
+    if len(ablations) > 1:
+        path = os.path.join(out, "ablation-seeds.md")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(_ablation_across_seeds(ablations))
+        index.append(f"| [ablation-seeds.md](ablation-seeds.md) | ablation across runs | "
+                     f"{', '.join(f'`{r}`' for r in ablations)} | (the runs' commands) |")
+        print(f"wrote {path} (ablation across {len(ablations)} runs)")
     if len(coevolution) > 1:
         from drubric_jax.evaluation import coevolution as co
         from drubric_jax.evaluation import coevolution_rounds as cr

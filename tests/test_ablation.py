@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from drubric_jax.rounds.settings import data_spec
-from drubric_jax.evaluation import ablation
+from drubric_jax.evaluation import ablation, ablation_seeds
 from helpers import assert_percentile_ci, run_module
 
 
@@ -137,3 +137,40 @@ def test_heldout_note_names_where_the_heldout_lists_come_from():
     assert own == ("the first 16 anchor lists of the seeded shuffle (seed 0) of "
                    "heldout_anchors.jsonl (lists of prompts that never train); ids in "
                    "summary.json")
+
+
+def test_runs_pool_into_paired_lists_and_the_across_seeds_table():
+    """Two runs (seeds) of 4 held-out lists each pool into 8 (run, list) units: the pooled
+    paired difference is its mean over the 8 units and its CI the exact bootstrap over them
+    (a difference stays paired within its run); the table gives each run's difference, their
+    mean and sd (ddof 1) and the pooled figure. A generator one run lacks is left out."""
+    runs = {}
+    for r, shift in (("seed0", 0.02), ("seed1", -0.01)):
+        z = _per_list(10 + len(runs), u=4)
+        z["ids"] = [f"{r}-a{i}" for i in range(4)]  # each run draws its own lists
+        runs[r] = {"zero_shot": z, "full": dict(z, delta_gap=z["delta_gap"] + shift
+                                                + np.linspace(0, 0.01, 4))}
+    runs["seed1"]["disc_only"] = _per_list(9, u=4)  # only one run scored it
+    pooled = ablation_seeds.pool_runs(runs)
+    assert set(pooled) == {"zero_shot", "full"}
+    assert pooled["full"]["ids"][4] == "seed1/seed1-a0" and pooled["full"]["num_lists"] == 2
+    d = pooled["full"]["delta_gap"] - pooled["zero_shot"]["delta_gap"]
+    s = ablation.summarize(pooled, "zero_shot", [], n_boot=N_BOOT, seed=4)
+    got = s["vs_baseline"]["full"]["delta_gap"]
+    assert got["diff"] == pytest.approx((0.02 - 0.01) / 2 + 0.005)
+    assert_percentile_ci(got["ci"], lambda w: w @ d / U, U, N_BOOT)
+    summaries = {r: {**ablation.summarize({g: v[g] for g in ("zero_shot", "full")},
+                                          "zero_shot", [], 200, 0), "seed": i}
+                 for i, (r, v) in enumerate(runs.items())}
+    text = ablation_seeds.across_seeds(summaries, s)
+    row = next(line for line in text.splitlines()
+               if line.startswith("| full - zero_shot | Delta_gap |"))
+    per_run = [summaries[r]["vs_baseline"]["full"]["delta_gap"]["diff"] for r in runs]
+    assert per_run == pytest.approx([0.025, -0.005])
+    assert f"| {np.mean(per_run):+.3f} ({np.std(per_run, ddof=1):.3f}) |" in row
+    assert row.endswith(f"| {got['diff']:+.3f} [{got['ci'][0]:+.3f}, {got['ci'][1]:+.3f}] |")
+    with pytest.raises(ValueError, match="two or more runs"):
+        ablation_seeds.pool_runs({"seed0": runs["seed0"]})
+    with pytest.raises(ValueError, match="num_lists"):
+        ablation_seeds.pool_runs({"a": runs["seed0"],
+                            "b": {g: dict(v, num_lists=3) for g, v in runs["seed1"].items()}})

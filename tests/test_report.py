@@ -52,13 +52,40 @@ def _ifeval_dir_without_command(d):
         "setup": {"model": "m", "max_new_tokens": 8}}))
 
 
+def _ablation_dir(d, seed):
+    """An ablation run of one seed: each generator's per-list values on 4 held-out lists."""
+    rng = np.random.default_rng(seed)
+    d.mkdir()
+    names = ("zero_shot", "full", "disc_only")
+    for name in names:
+        (d / name).mkdir()
+        pairs = rng.integers(1, 5, 4).astype(float)
+        (d / name / "heldout.json").write_text(json.dumps({
+            "delta_gap": rng.normal(0, 0.1, 4).tolist(), "r_anchor": rng.normal(-2, 1, 4).tolist(),
+            "pairs": pairs.tolist(), "correct": (pairs // 2).tolist(),
+            "ties": (pairs - pairs // 2).tolist(), "valid": [2.0] * 4,
+            "ids": [f"s{seed}-{i}" for i in range(4)], "num_lists": 2}))
+    (d / "summary.json").write_text(json.dumps({
+        "kind": "ablation", "command": f"python -m experiments.ablation --config.seed={seed}",
+        "seed": seed, "baseline": "zero_shot", "n_bootstrap": 100,
+        "generators": {n: {} for n in names}, "comparisons": {"full - disc_only": {}}}))
+
+
 def test_report_renders_several_kinds_in_one_command(tmp_path):
     _coevolution_dir(tmp_path / "coevo")
     _eval_policy_dir(tmp_path / "evalp")
     out = tmp_path / "results"
     _ifeval_dir_without_command(tmp_path / "ife")
+    _ablation_dir(tmp_path / "ab0", 0)
+    _ablation_dir(tmp_path / "ab1", 1)
     run_module("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
-               str(tmp_path / "ife"), f"--out={out}", timeout=120)
+               str(tmp_path / "ife"), str(tmp_path / "ab0"), str(tmp_path / "ab1"),
+               f"--out={out}", timeout=120)
+    # Two ablation runs (seeds): each its own table, then both side by side and pooled.
+    seeds = (out / "ablation-seeds.md").read_text()
+    assert "pooled: 8 held-out anchor lists" in seeds
+    assert any(line.startswith("| full - disc_only | Delta_gap |") for line in seeds.splitlines())
+    assert "ablation-seeds.md" in (out / "README.md").read_text()
     coevo = (out / "coevolution-coevo.md").read_text()
     assert "| G2 on P2 - G1 on P2 |" in coevo and "| P2 - ~P2 |" in coevo
     assert (out / "coevolution-coevo.png").stat().st_size > 0

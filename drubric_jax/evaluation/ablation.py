@@ -167,7 +167,7 @@ def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed
         n_boot: Bt replicates; seed: their numpy seed.
 
     Returns:
-        {"n_lists": U, "metrics": the metrics reported (`metrics_of`),
+        {"n_lists": U, "baseline": baseline, "metrics": the metrics reported (`metrics_of`),
         "generators": {name: {metric: {"mean", "ci"}, "tie_rate",
         "valid_rate"}}, "vs_baseline": {name: {metric: {"diff", "ci", "zero_inside_ci"}}},
         "comparisons": {"a - b": same}}.
@@ -205,13 +205,13 @@ def summarize(per_generator: dict, baseline: str, comparisons, n_boot: int, seed
         generators[n]["tie_rate"] = float(ratio(np.sum(p["ties"]), np.sum(p["pairs"])))
         # Parse-valid rubric lists among the G sampled per anchor list.
         generators[n]["valid_rate"] = float(np.sum(p["valid"]) / (len(ids) * p["num_lists"]))
-    return {"n_lists": len(ids), "level": level, "n_bootstrap": n_boot,
+    return {"n_lists": len(ids), "level": level, "n_bootstrap": n_boot, "baseline": baseline,
             "metrics": list(metrics), "generators": generators,
             "vs_baseline": {n: diff(n, baseline) for n in names if n != baseline},
             "comparisons": {f"{a} - {b}": diff(a, b) for a, b in comparisons}}
 
 
-def _ci(x: dict, key: str = "mean") -> str:
+def ci_text(x: dict, key: str = "mean") -> str:
     """"mean [lo, hi]"; differences (key "diff") carry their sign."""
     lo, hi = x["ci"]
     f = "{:+.3f}" if key == "diff" else "{:.3f}"
@@ -231,7 +231,7 @@ def review_verdict(summary: dict, full: str = "full",
         lo, hi = d["delta_gap"]["ci"]
         above.append(lo > 0)
         where = "above 0" if lo > 0 else ("below 0" if hi < 0 else "0 inside the CI")
-        parts.append(f"{full} - {ab} = {_ci(d['delta_gap'], 'diff')} ({where})")
+        parts.append(f"{full} - {ab} = {ci_text(d['delta_gap'], 'diff')} ({where})")
     if not parts:
         return "no full-vs-ablation comparison was run"
     answer = "yes" if all(above) else "no (not shown at this size)"
@@ -254,8 +254,8 @@ def markdown_table(summary: dict, command: str, wall_s: dict, heldout_note: str)
               + "tie rate | valid lists |", "|---|---|---|---|" + "---|" * len(checks)
               + "---|---|"]
     for name, g in summary["generators"].items():
-        lines.append(f"| {name} | {_ci(g['delta_gap'])} | {_ci(g['r_anchor'])} | "
-                     f"{_ci(g['strict_acc'])} | " + "".join(f"{_ci(g[m])} | " for m in checks)
+        lines.append(f"| {name} | {ci_text(g['delta_gap'])} | {ci_text(g['r_anchor'])} | "
+                     f"{ci_text(g['strict_acc'])} | " + "".join(f"{ci_text(g[m])} | " for m in checks)
                      + f"{g['tie_rate']:.2f} | {g['valid_rate']:.2f} |")
     for title, block in (("Paired difference to the baseline", summary["vs_baseline"]),
                          ("Full objective minus each ablation", summary["comparisons"])):
@@ -269,7 +269,7 @@ def markdown_table(summary: dict, command: str, wall_s: dict, heldout_note: str)
                   "|---|---|---|---|" + "---|" * len(checks) + "---|"]
         for name, d in block.items():
             inside = " / ".join("yes" if d[m]["zero_inside_ci"] else "no" for m in shown)
-            lines.append(f"| {name} | " + "".join(f"{_ci(d[m], 'diff')} | " for m in shown)
+            lines.append(f"| {name} | " + "".join(f"{ci_text(d[m], 'diff')} | " for m in shown)
                          + f"{inside} |")
     lines += ["", review_verdict(summary), "",
               f"CIs: percentile bootstrap over held-out anchor lists ({summary['n_bootstrap']} "
@@ -331,3 +331,4 @@ def heldout_note(summary: dict) -> str:
               "never train)" if paths else "of the anchor rows, never trained on")
     return (f"the first {summary['n_lists']} anchor lists of the seeded shuffle (seed "
             f"{summary.get('seed', 0)}) {source}; ids in summary.json")
+
