@@ -88,6 +88,7 @@ def get_config(arg: str = ""):
 def get_sweep(hyper=None):
     """The paper's generator ablation as override dicts (METHOD section 6); run them with
     `python -m experiments.sweep --config=configs/smollm2_cpu.py --workdir=runs/ablation`
-    (4 default runs of ~15 min each; add `:tiny` for a smoke sweep)."""
+    (4 runs of `make run`'s config, each as long as `make run` (README); add `:tiny` for a
+    smoke sweep)."""
     del hyper
     return [{"config.variant": v} for v in ("full", "disc_only", "anchor_only", "static")]

@@ -66,7 +66,9 @@ def define_flags():
                       "prompt files, relative to SHARED/data or absolute")
     flags.DEFINE_string("shared_dir", "", "the shared folder (default ../shared)")
     flags.DEFINE_integer("max_base_chars", DEFAULT_MAX_BASE_CHARS,
-                         "longer base prompts are skipped")
+                         "longer base prompts are skipped (not given: "
+                         f"{DEFAULT_MAX_BASE_CHARS} for --version=1, {V2_MAX_BASE_CHARS} "
+                         "for --version=2)")
     flags.DEFINE_integer("max_checks", 3, "constraints per prompt: 1..this")
     flags.DEFINE_bool("force", False, "overwrite existing files")
     flags.DEFINE_integer("version", 1, "1: IFEval's ranges; 2: the calibrated pool (--pool)")
