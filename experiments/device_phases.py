@@ -325,7 +325,7 @@ def train(ctx: Context) -> None:
         loss_mask=np.arange(t_len)[None] >= p,
         old_logprobs=np.full((1, t_len), -np.log(cfg.vocab_size), np.float32),
         advantages=rng.standard_normal(1).astype(np.float32), truncated=np.zeros(1, bool),
-        prompt_len=p)
+        live=np.ones(1, bool), prompt_len=p)
     state = {"now": trainee.state}
 
     def step():

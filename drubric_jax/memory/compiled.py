@@ -118,7 +118,7 @@ def lower_train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg:
     batch = ts.Batch(tokens=arr((rows, t), jnp.int32), token_mask=arr((rows, t), bool),
                      loss_mask=arr((rows, t), bool), old_logprobs=arr((rows, t), jnp.float32),
                      advantages=arr((rows,), jnp.float32), truncated=arr((rows,), bool),
-                     prompt_len=prompt)
+                     live=arr((rows,), bool), prompt_len=prompt)
     return step.lower(state, batch, param_structs(base_cfg, mesh))
 
 

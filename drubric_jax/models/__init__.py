@@ -10,6 +10,7 @@ from drubric_jax.models.cache import (KVCache, add_chunk, repeat_rows, stack_cac
 from drubric_jax.models.config import ModelConfig, PRESETS, preset
 from drubric_jax.models.registry import (FAMILIES, apply, decode_cache, decode_params,
                                          decode_per_layer, family, forward_hidden,
+                                         forward_shared_hidden,
                                          init_cache, init_params, is_per_layer,
                                          leaf_sharder, logits_from_hidden, lora_targets,
                                          param_shardings, param_specs, per_layer_decode,

@@ -97,6 +97,101 @@ def attend(cfg, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     return materialized(q, k, v, valid, start)
 
 
+def attend_with_lse(cfg, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
+                    start: int) -> tuple[jax.Array, jax.Array]:
+    """Attention and each query's log-sum-exp, for joining attentions over disjoint key
+    sets (`join_parts`). Blockwise or materialized as `choose` picks for a cached call
+    (cuDNN returns no log-sum-exp).
+
+    Args:
+        cfg: ModelConfig (attention, attention_block_q, attention_block_kv).
+        q: [B, T, H, Dh]; k, v: [B, Hkv, S, Dh]; valid: bool[B, S].
+        start: static int, the slot of the first query (query t sees slot s iff valid and
+            s <= start + t; start >= S: every valid slot).
+
+    Returns:
+        (out [B, T, H, Dh] in v's dtype, lse float32[B, T, H]: log sum_s exp(q.k_s /
+        sqrt(Dh)) over the visible slots, -inf for a query that sees none, its out 0).
+    """
+    b, t, h, dh = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    impl = choose(cfg.attention, t, s, cached=True)
+    if impl == "blockwise":
+        bq, bc = min(cfg.attention_block_q, t), min(cfg.attention_block_kv, s)
+        out, lse = _flash_lse(bq, bc, int(start), q.reshape(b, t, hkv, h // hkv, dh), k, v,
+                              valid, jnp.asarray(start, jnp.int32))
+        return out.reshape(b, t, h, dh), lse.reshape(b, t, h)
+    causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
+    out, lse = _scores_and_values(q, k, v, (causal[None] & valid[:, None, :])[:, None, None])
+    return out.astype(v.dtype), lse
+
+
+def join_parts(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array,
+               lse_b: jax.Array) -> jax.Array:
+    """Attention over the union of two disjoint key sets from each set's attention and
+    log-sum-exp (`attend_with_lse`): softmax weights exp(lse_x - lse), lse = log(exp(lse_a)
+    + exp(lse_b)) (the merge step of FlashAttention's online softmax, Dao 2023, and of
+    Milakov & Gimelshein 2018).
+
+    Args:
+        out_a, out_b: [..., H, Dh]; lse_a, lse_b: float32[..., H] (-inf: that set holds no
+            visible key).
+
+    Returns:
+        float32[..., H, Dh]; 0 where neither set holds a visible key.
+    """
+    # The shift is a constant of the result (stop_gradient); finite where a key was seen.
+    top = jax.lax.stop_gradient(jnp.maximum(lse_a, lse_b))
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    w_a, w_b = jnp.exp(lse_a - top), jnp.exp(lse_b - top)   # exp(-inf) = 0: no NaN
+    total = w_a + w_b
+    out = (w_a[..., None] * out_a.astype(jnp.float32)
+           + w_b[..., None] * out_b.astype(jnp.float32))
+    return out / jnp.where(total > 0, total, 1.0)[..., None]
+
+
+def attend_shared_prefix(cfg, q: jax.Array, k: jax.Array, v: jax.Array,
+                         prefix_valid: jax.Array, suffix_valid: jax.Array) -> jax.Array:
+    """Attention of a batch of groups, each one prefix and R suffixes packed in a row as
+    [prefix (P) | suffix 1 (N) | ... | suffix R (N)]: the prefix attends to itself
+    causally; each suffix to the whole prefix and to itself causally, never to another
+    suffix. The function of attention over each [prefix; suffix] row on its own, with the
+    prefix's keys and values read in place by all R suffixes (one matmul per group and
+    head, no copy per suffix); autodiff sums the suffixes' gradients into the prefix
+    (METHOD 15, "Shared prefixes").
+
+    Args:
+        cfg: ModelConfig (attention and its block lengths).
+        q: [Gn, P + R*N, H, Dh]; k, v: [Gn, P + R*N, Hkv, Dh] (this call's keys, RoPE
+            applied).
+        prefix_valid: bool[Gn, P] real prefix tokens (the prompt bucket's left padding is
+            False); suffix_valid: bool[Gn, R, N] real suffix tokens.
+
+    Returns:
+        [Gn, P + R*N, H * Dh] in v's dtype.
+
+    The prefix's self-attention goes through `attend` (cuDNN on a GPU where it applies);
+    each suffix's two parts through `attend_with_lse` and are joined by `join_parts`.
+    """
+    gn, p = prefix_valid.shape
+    r, n = suffix_valid.shape[1:]
+    h, dh = q.shape[2:]
+    hkv = k.shape[2]
+    k_p, v_p = (x[:, :p].transpose(0, 2, 1, 3) for x in (k, v))             # [Gn,Hkv,P,Dh]
+    out_p = attend(cfg, q[:, :p], k_p, v_p, prefix_valid)                     # [Gn,P,H*Dh]
+    q_s = q[:, p:]                                                            # [Gn,R*N,H,Dh]
+    # Every query of the group's R suffixes against the one prefix (start = P: no causal
+    # cut inside the prefix).
+    out_a, lse_a = attend_with_lse(cfg, q_s, k_p, v_p, prefix_valid, p)
+    # Each suffix against its own keys, causally: rows of [Gn * R, N].
+    own = [x[:, p:].reshape(gn * r, n, hkv, dh).transpose(0, 2, 1, 3) for x in (k, v)]
+    out_b, lse_b = attend_with_lse(cfg, q_s.reshape(gn * r, n, h, dh), *own,
+                                   suffix_valid.reshape(gn * r, n), 0)
+    out_s = join_parts(out_a, lse_a, out_b.reshape(gn, r * n, h, dh),
+                       lse_b.reshape(gn, r * n, h))
+    return jnp.concatenate([out_p, out_s.astype(v.dtype).reshape(gn, r * n, h * dh)], axis=1)
+
+
 def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
                  start=0) -> jax.Array:
     """Attention through float32 scores [B, Hkv, G, T, S]; arguments as `attend`.
@@ -112,13 +207,23 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
     b, t, h, dh = q.shape
     chunks_k = k if isinstance(k, tuple) else (k,)
     chunks_v = v if isinstance(v, tuple) else (v,)
-    hkv, s = chunks_k[0].shape[1], sum(c.shape[2] for c in chunks_k)
-    g = h // hkv
+    s = sum(c.shape[2] for c in chunks_k)
     causal = jnp.arange(s)[None, :] <= start + jnp.arange(t)[:, None]          # [T, S]
     vis = (causal[None] & valid[:, None, :])[:, None, None]                     # [B,1,1,T,S]
     if t == 1:  # one query per row (decode), over the cache's chunks
         return decode_attention.attend_one(q, chunks_k, chunks_v, vis[:, :, :, 0],
                                            _MASK_VALUE)
+    out, _ = _scores_and_values(q, k, v, vis)
+    return out.astype(v.dtype).reshape(b, t, h * dh)
+
+
+def _scores_and_values(q, k, v, vis):
+    """The T > 1 path of `materialized`: (out float32[B, T, H, Dh], lse float32[B, T, H]),
+    lse = log sum_s exp(score) over the visible slots, -inf for a query that sees none
+    (its out is 0). q [B, T, H, Dh], k, v [B, Hkv, S, Dh], vis bool[B, 1, 1, T, S]."""
+    b, t, h, dh = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    g = h // hkv
     # The G query heads of a key/value head as G*T rows of one [G*T, Dh] x [Dh, S] matmul
     # per (row, key head): plain matmuls, where the 5-axis einsums made XLA CPU transpose
     # the scores and the output.
@@ -133,8 +238,13 @@ def materialized(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,
                      preferred_element_type=jnp.float32)
     # total >= 1 for a row that sees a key (its max term is exp(0)); 0, and out 0, if none.
     # (`where`, not `maximum(total, 1)`: maximum would halve the gradient at total == 1.)
-    out = (out / jnp.where(total > 0, total, 1.0)).astype(v.dtype)
-    return out.reshape(b, hkv, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
+    seen = total > 0
+    safe = jnp.where(seen, total, 1.0)
+    out = out / safe
+    # d lse / d score = the softmax row: `top` is a constant of the gradient.
+    lse = jnp.where(seen, top.reshape(b, hkv, g * t, 1) + jnp.log(safe), -jnp.inf)
+    out = out.reshape(b, hkv, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+    return out, lse.reshape(b, hkv, g, t).transpose(0, 3, 1, 2).reshape(b, t, h)
 
 
 def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, start=0,
@@ -278,13 +388,23 @@ def _flash_fwd(bq, bc, static_start, q, k, v, valid, start):
 
 
 def _flash_bwd(bq, bc, static_start, res, dout):
+    return _backward(bq, bc, static_start, res, dout, None)
+
+
+def _backward(bq, bc, static_start, res, dout, dlse):
     """FlashAttention-2 backward: per block pair p = exp(s - lse), dv += p^T do,
-    ds = p * (do v^T - rowsum(do * out)), dq += ds k, dk += ds^T q (times the scale)."""
+    ds = p * (do v^T - rowsum(do * out)), dq += ds k, dk += ds^T q (times the scale).
+
+    With a cotangent dlse [B, T, Hkv, G] of the log-sum-exp output (`_flash_lse`), whose
+    derivative by a score is that score's p: ds = p * (do v^T - rowsum(do * out) + dlse),
+    the same loop with rowsum(do * out) - dlse in place of the row sum."""
     q, k, v, valid, start, out, lse = res
     t, scale = q.shape[1], q.shape[-1] ** -0.5
     qb, (kb, vb, validb) = _q_blocks(q, bq), _kv_blocks(bc, k, v, valid)
     dob = _q_blocks(dout, bq)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B,T,Hkv,G]
+    if dlse is not None:
+        delta = delta - dlse.astype(jnp.float32)
     deltab = _q_blocks(delta, bq)
     nq, nc = qb.shape[0], kb.shape[0]
 
@@ -337,6 +457,35 @@ def _flash_bwd(bq, bc, static_start, res, dout):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _flash_lse(bq, bc, static_start, q, k, v, valid, start):
+    """`_flash` that also returns each query's log-sum-exp float32[B, T, Hkv, G] (-inf
+    for a query that sees no key), differentiable: what joins two attentions over disjoint
+    key sets (`join_parts`)."""
+    out, lse = _forward(bq, bc, static_start, q, k, v, valid, start)
+    return out, _lse_rows(lse, q.shape[1])
+
+
+def _lse_rows(lse, t):
+    """Blocked lse [nQ, B, Hkv, G, Q] (+inf where no key) -> [B, T, Hkv, G] (-inf there)."""
+    lse = _unblock_q(lse[..., None], t)[..., 0]
+    return jnp.where(jnp.isposinf(lse), -jnp.inf, lse)
+
+
+def _flash_lse_fwd(bq, bc, static_start, q, k, v, valid, start):
+    out, lse = _forward(bq, bc, static_start, q, k, v, valid, start)
+    return (out, _lse_rows(lse, q.shape[1])), (q, k, v, valid, start, out, lse)
+
+
+def _flash_lse_bwd(bq, bc, static_start, res, cotangents):
+    dout, dlse = cotangents
+    # A query that sees no key has p = 0 everywhere: its dlse meets only zeros.
+    return _backward(bq, bc, static_start, res, dout, jnp.where(jnp.isfinite(dlse), dlse, 0.0))
+
+
+_flash_lse.defvjp(_flash_lse_fwd, _flash_lse_bwd)
 
 
 def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array,

@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 from drubric_jax import parallel
 from drubric_jax.models import hf_config, lora
-from drubric_jax.models.attention import attend
+from drubric_jax.models.attention import attend, attend_shared_prefix
 from drubric_jax.models.cache import KVCache, call_slots, write_layer
 from drubric_jax.models.config import ModelConfig
 
@@ -215,14 +215,14 @@ def swiglu_mlp(cfg: ModelConfig, p: dict, h: jax.Array) -> jax.Array:
     return lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
 
 
-def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
+def _layer(cfg, p, x, positions, inv_freq, attention, mlp):
     """One pre-norm transformer block; `mlp(cfg, p, h)` is its feed-forward part
     (`swiglu_mlp`, or a mixture of experts: `models.qwen3_moe`).
 
-    `kv_fn(k, v)` gets this call's keys and values [B, T, Hkv, Dh] and returns
-    `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S]: what
-    the queries attend over (the cache's S slots, or this call's S = T tokens);
-    `start` is the slot of the first query (None without a cache), see `attention.attend`.
+    `attention(q, k, v)` gets this call's queries [B, T, H, Dh] and keys and values
+    [B, T, Hkv, Dh] (RoPE applied) and returns `(out [B, T, H * Dh], extra)`: over a cache
+    or this call's tokens (`_attend_over`), or a packed group's prefix and suffixes
+    (`forward_shared_hidden`); `extra` (e.g. the written cache) is returned beside x.
     """
     b, t, _ = x.shape
     x = parallel.constrain_rows(x)  # rows stay split: the weights are what gets gathered
@@ -237,11 +237,28 @@ def _layer(cfg, p, x, positions, inv_freq, start, kv_fn, mlp):
     # After the q/k norm, as Qwen3 orders them.
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
-    k_all, v_all, valid, extra = kv_fn(k, v)
-    x = parallel.constrain_rows(
-        x + lora.linear(p, "wo", attend(cfg, q, k_all, v_all, valid, start), cfg))
+    out, extra = attention(q, k, v)
+    x = parallel.constrain_rows(x + lora.linear(p, "wo", out, cfg))
     x = parallel.constrain_rows(x + mlp(cfg, p, rms_norm(x, p["mlp_norm"], cfg.norm_eps)))
     return x, extra
+
+
+def _attend_over(cfg, start, kv_fn):
+    """The `attention` of `_layer` for keys that `kv_fn(k, v)` gives: it returns
+    `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S] (the
+    cache's S slots, or this call's S = T tokens); `start` is the slot of the first query
+    (None without a cache), see `attention.attend`."""
+    def attention(q, k, v):
+        k_all, v_all, valid, extra = kv_fn(k, v)
+        return attend(cfg, q, k_all, v_all, valid, start), extra
+    return attention
+
+
+def _self_attention(cfg, token_mask):
+    """The `attention` of `_layer` without a cache: causal over this call's tokens,
+    token_mask bool[B, T] hiding the padding ones."""
+    return _attend_over(cfg, None, lambda k, v: (_heads_first(k), _heads_first(v),
+                                                 token_mask, None))
 
 
 def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
@@ -289,9 +306,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     if cache is None:
         def body(x, p):
             # No cache: the keys are this call's tokens; token_mask hides the padding ones.
-            x, _ = _layer(cfg, p, x, positions, inv_freq, None,
-                          lambda k, v: (_heads_first(k), _heads_first(v), token_mask, None),
-                          mlp)
+            x, _ = _layer(cfg, p, x, positions, inv_freq, _self_attention(cfg, token_mask), mlp)
             return x, None
 
         if isinstance(params["layers"], (list, tuple)):  # per-layer weights: a layer loop
@@ -327,7 +342,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                 vc = write_layer(vc, _heads_first(v), start)
                 return (*attended(k, v, kc, vc), (kc, vc))
 
-            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn, mlp)
+            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq,
+                                 _attend_over(cfg, attend_from, kv_fn), mlp)
             k_new.append(kc)
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index,
@@ -346,8 +362,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             # The whole stacked cache is the scan carry; this layer attends over its own slice.
             return (*attended(k, v, kc[i], vc[i]), (kc, vc))
 
-        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq, attend_from, kv_fn,
-                                       mlp)
+        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq,
+                                       _attend_over(cfg, attend_from, kv_fn), mlp)
         return (x, k_cache, v_cache), None
 
     if isinstance(params["layers"], (list, tuple)):
@@ -362,6 +378,80 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
     new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index, ring=cache.ring)
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
+
+
+def shared_prefix_positions(prefix_mask: jax.Array, suffix_mask: jax.Array) -> jax.Array:
+    """int32[Gn, P + R*N] RoPE positions of packed groups (`forward_shared_hidden`): the
+    positions each [prefix | suffix r] row would get on its own (`registry.positions_from_mask`
+    of the row): the prefix's real tokens 0, 1, ...; suffix r's continue after them.
+
+    Args:
+        prefix_mask: bool[Gn, P]; suffix_mask: bool[Gn, R, N].
+    """
+    gn = prefix_mask.shape[0]
+    pre = jnp.cumsum(prefix_mask.astype(jnp.int32), axis=-1)                 # [Gn, P]
+    suf = pre[:, -1, None, None] + jnp.cumsum(suffix_mask.astype(jnp.int32), axis=-1)
+    return jnp.maximum(jnp.concatenate([pre, suf.reshape(gn, -1)], axis=1) - 1, 0)
+
+
+def forward_shared_hidden(params: dict, cfg: ModelConfig, prefix_tokens: jax.Array,
+                          prefix_mask: jax.Array, tokens: jax.Array, token_mask: jax.Array,
+                          remat: bool = False, mlp=swiglu_mlp) -> tuple[jax.Array, jax.Array]:
+    """Runs the decoder over groups of one prefix and R suffixes, each prefix token once.
+
+    A group is packed as one row [prefix (P) | suffix 1 (N) | ... | suffix R (N)]; every
+    per-token part of a layer (norms, projections, LoRA, the MLP or mixture of experts) runs
+    on the packed row as on any row, and attention is `attention.attend_shared_prefix`: the
+    prefix causal over itself, each suffix over the whole prefix and causally over itself.
+    Suffix r's hidden states equal those of the row [prefix | suffix r] run alone by
+    `forward_hidden` (METHOD 15, "Shared prefixes"); the prefix's are computed once for
+    the R of them, and in the backward pass autodiff sums their R gradients into it.
+    Tokens: Gn (P + R N) against Gn R (P + N) for the rows run one by one.
+
+    Args:
+        params: parameter pytree (stacked layers).
+        cfg: architecture.
+        prefix_tokens: int32[Gn, P], each group's shared prefix (e.g. a prompt, left-padded
+            in its bucket); prefix_mask: bool[Gn, P] its real tokens.
+        tokens: int32[Gn, R, N], the R suffixes (e.g. completions, right-padded);
+            token_mask: bool[Gn, R, N] their real tokens.
+        remat: recompute each layer in the backward pass (`jax.checkpoint`).
+        mlp: the feed-forward part of every layer (as `forward_hidden`).
+
+    Returns:
+        (prefix hidden [Gn, P, D], suffix hidden [Gn, R, N, D]), final-norm, in the
+        compute dtype.
+
+    Raises:
+        ValueError: prefix and suffix shapes that do not belong together.
+    """
+    gn, p = prefix_tokens.shape
+    if prefix_mask.shape != (gn, p) or tokens.ndim != 3 or tokens.shape[0] != gn \
+            or token_mask.shape != tokens.shape:
+        raise ValueError(f"prefix tokens {prefix_tokens.shape} / mask {prefix_mask.shape} "
+                         f"and suffix tokens {tokens.shape} / mask {token_mask.shape} do not "
+                         "form groups [Gn, P] and [Gn, R, N]")
+    r, n = tokens.shape[1:]
+    prefix_mask, token_mask = jnp.asarray(prefix_mask, bool), jnp.asarray(token_mask, bool)
+    packed = jnp.concatenate([prefix_tokens, tokens.reshape(gn, r * n)], axis=1)
+    positions = shared_prefix_positions(prefix_mask, token_mask)
+    inv_freq = rope_inv_freq(cfg)
+    x = jnp.take(params["embed"], packed, axis=0).astype(cfg.compute_dtype)
+
+    def attention(q, k, v):
+        return attend_shared_prefix(cfg, q, k, v, prefix_mask, token_mask), None
+
+    def body(x, lp):
+        return _layer(cfg, lp, x, positions, inv_freq, attention, mlp)[0], None
+
+    body = jax.checkpoint(body) if remat else body
+    if isinstance(params["layers"], (list, tuple)):  # per-layer weights: a layer loop
+        for lp in params["layers"]:
+            x, _ = body(x, lp)
+    else:
+        x, _ = jax.lax.scan(body, x, params["layers"])
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    return x[:, :p], x[:, p:].reshape(gn, r, n, x.shape[-1])
 
 
 def _heads_first(x: jax.Array) -> jax.Array:

@@ -245,6 +245,18 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                 remat=remat, mlp=moe_mlp)
 
 
+def forward_shared_hidden(params: dict, cfg: ModelConfig, prefix_tokens: jax.Array,
+                          prefix_mask: jax.Array, tokens: jax.Array, token_mask: jax.Array,
+                          remat: bool = False) -> tuple[jax.Array, jax.Array]:
+    """`llama.forward_shared_hidden` (same arguments and outputs) with `moe_mlp` as every
+    layer's feed-forward part. Under the "capacity" dispatch a packed group is one row of
+    P + R N tokens, so an expert's capacity counts those tokens (`capacity`): the same
+    tokens are routed, and with a capacity factor that drops none (0, or large enough) the
+    outputs are the rows' own."""
+    return llama.forward_shared_hidden(params, cfg, prefix_tokens, prefix_mask, tokens,
+                                       token_mask, remat=remat, mlp=moe_mlp)
+
+
 def router_load(cfg: ModelConfig, router: jax.Array, h: jax.Array,
                 token_mask: Optional[jax.Array] = None) -> dict:
     """Router load of one layer: where the real tokens of h go, and what the capacity drops.
@@ -313,9 +325,8 @@ def router_load_counts(params: dict, cfg: ModelConfig, tokens: jax.Array,
             return moe_mlp(cfg_, p_, h)
 
         # `llama._layer`: the block of `forward_hidden` (no cache: keys are this call's).
-        x, _ = llama._layer(cfg, p, x, positions, inv_freq, None,
-                            lambda k, v: (llama._heads_first(k), llama._heads_first(v),
-                                          token_mask, None), mlp)
+        x, _ = llama._layer(cfg, p, x, positions, inv_freq,
+                            llama._self_attention(cfg, token_mask), mlp)
         return x, loads[0]
 
     _, loads = jax.lax.scan(body, x, params["layers"])

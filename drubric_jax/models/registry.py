@@ -5,6 +5,9 @@ A family is one module that implements, over a plain parameter pytree:
 
     init_params(cfg, key) -> params
     forward_hidden(params, cfg, tokens, positions, token_mask, cache, remat) -> (hidden, cache)
+    forward_shared_hidden(params, cfg, prefix_tokens, prefix_mask, tokens, token_mask, remat)
+        -> (prefix hidden, suffix hidden): groups of one prefix and R suffixes, the prefix
+        run once (the shared-prefix update)
     logits_from_hidden(params, cfg, hidden) -> float32[..., V]
     unstack_layers(params) -> params in the per-layer form used by decode loops
 
@@ -142,6 +145,22 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     """
     return family(cfg).forward_hidden(params, cfg, tokens, positions, token_mask, cache,
                                       remat=remat)
+
+
+def forward_shared_hidden(params: dict, cfg: ModelConfig, prefix_tokens: jax.Array,
+                          prefix_mask: jax.Array, tokens: jax.Array, token_mask: jax.Array,
+                          remat: bool = False) -> tuple[jax.Array, jax.Array]:
+    """Final-norm hidden states of groups of one prefix and R suffixes, each prefix run once:
+    (prefix [Gn, P, D], suffixes [Gn, R, N, D]); suffix r's equal the row [prefix | suffix
+    r] of `forward_hidden` (`llama.forward_shared_hidden`).
+
+    Args:
+        prefix_tokens: int32[Gn, P]; prefix_mask: bool[Gn, P] (left padding False).
+        tokens: int32[Gn, R, N]; token_mask: bool[Gn, R, N] (right padding False).
+        remat: recompute each layer in the backward pass (training).
+    """
+    return family(cfg).forward_shared_hidden(params, cfg, prefix_tokens, prefix_mask, tokens,
+                                             token_mask, remat=remat)
 
 
 def logits_from_hidden(params: dict, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:

@@ -219,3 +219,25 @@ def generator_advantages_by_id(rewards: dict, weights: dict, group_ids, num_grou
     for name, r in rewards.items():
         parts[name], flat[name] = group_advantages_by_id(r, group_ids, num_groups, mask)
     return _weighted_sum(parts, weights), flat
+
+
+def combined_flat(flat: dict, weights: dict):
+    """bool[num_groups]: the groups whose combined advantage (Eq. 24-25) is 0 by the flags,
+    every reward of nonzero weight flat there (a reward of weight 0 adds nothing).
+
+    Args:
+        flat: {name: bool[num_groups]}, each reward's flat flags
+            (`generator_advantages_by_id`).
+        weights: {name: float} w_n.
+
+    Raises:
+        ValueError: the names differ, or no reward.
+    """
+    if not flat or set(flat) != set(weights):
+        raise ValueError(f"flags {sorted(flat)} and weights {sorted(weights)} must name the "
+                         "same rewards, at least one")
+    out = None
+    for name, f in flat.items():
+        f = jnp.asarray(f, bool) | (weights[name] == 0)
+        out = f if out is None else out & f
+    return out

@@ -105,14 +105,31 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
     hidden, _ = models.forward_hidden(params, cfg, tokens, positions, token_mask, remat=remat)
     # First scored position: >= 1 (position 0 has no context) and <= T - 1.
     s0 = min(max(int(start), 1), t - 1) if t > 1 else 1
-    n = t - s0  # hidden[:, i] predicts tokens[:, i + 1]
+    # Hidden states at s0 - 1 .. T - 2 predict the targets at s0 .. T - 1.
+    logp, ent = _score(params, cfg, hidden[:, s0 - 1:-1], tokens[:, s0:], temperature, chunk)
+
+    def full(x):  # [R, T - s0] -> [R, T]: 0 before s0 and at masked tokens
+        x = jnp.concatenate([jnp.zeros((b, s0), jnp.float32), x], axis=1)
+        return jnp.where(token_mask, x, 0.0)
+
+    if return_entropy:
+        return full(logp), jax.lax.stop_gradient(full(ent))
+    return full(logp)
+
+
+def _score(params: dict, cfg: ModelConfig, hidden: jax.Array, targets: jax.Array,
+           temperature, chunk: int) -> tuple[jax.Array, jax.Array]:
+    """(logp, entropy) float32[R, n] of targets int32[R, n] from the hidden states
+    [R, n, D] that predict them, the output head and softmax run over time chunks of
+    `chunk` tokens under `jax.checkpoint` (one float32[R, chunk, V] logits buffer live in
+    the forward and the backward pass). Entropy carries no gradient."""
+    b, n = targets.shape
     c = max(1, min(chunk, n))
     num_chunks = -(-n // c)
-    # The scored span padded to whole chunks; the padding is scored, then cut off in `unchunk`.
+    # The scored span padded to whole chunks; the padding is scored, then cut off below.
     pad = num_chunks * c - n
-    # Hidden states at s0 - 1 .. T - 2 predict the targets at s0 .. T - 1.
-    h = jnp.pad(hidden[:, s0 - 1:-1], ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(tokens[:, s0:], ((0, 0), (0, pad)))
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
     h = h.reshape(b, num_chunks, c, -1).swapaxes(0, 1)          # [chunks, R, c, D]
     targets = targets.reshape(b, num_chunks, c).swapaxes(0, 1)  # [chunks, R, c]
 
@@ -131,11 +148,54 @@ def sequence_logprobs(params: dict, cfg: ModelConfig, tokens: jax.Array,
     logp, ent = jax.lax.map(lambda xs: score(*xs), (h, targets))
 
     def unchunk(x):
-        x = x.swapaxes(0, 1).reshape(b, num_chunks * c)[:, :n]
-        x = jnp.concatenate([jnp.zeros((b, s0), jnp.float32), x], axis=1)
-        return jnp.where(token_mask, x, 0.0)
+        return x.swapaxes(0, 1).reshape(b, num_chunks * c)[:, :n]
 
-    logp = unchunk(logp)
+    return unchunk(logp), jax.lax.stop_gradient(unchunk(ent))
+
+
+def shared_prefix_logprobs(params: dict, cfg: ModelConfig, prefix_tokens: jax.Array,
+                           prefix_mask: jax.Array, tokens: jax.Array, token_mask: jax.Array,
+                           temperature=1.0, *, chunk: int = 512,
+                           return_entropy: bool = False, remat: bool = True):
+    """Per-token log-probs of groups of R suffixes that share one prefix (METHOD 11, 15):
+
+        logp[g, r, n] = log softmax(logits([prefix_g | suffix_gr[:n]]) / temperature)
+                        [suffix_gr[n]]
+
+    the values `sequence_logprobs` gives each row [prefix | suffix] at start = P, with the
+    prefix run once per group (`models.forward_shared_hidden`). Suffix token 0 is scored
+    from the prefix's last position (P - 1: the prompt bucket is left-padded, so it holds
+    the prefix's last real token), token n > 0 from suffix token n - 1.
+
+    Args:
+        params, cfg: the model.
+        prefix_tokens: int32[Gn, P] (left-padded); prefix_mask: bool[Gn, P].
+        tokens: int32[Gn, R, N] (right-padded); token_mask: bool[Gn, R, N].
+        temperature: the sampler's, float or float32[Gn, R]; 0 is scored at 1.
+        chunk: tokens per logits chunk (static).
+        return_entropy: also return the entropy of each next-token distribution.
+        remat: recompute each layer in the backward pass (`TrainConfig.remat`).
+
+    Returns:
+        logp float32[Gn, R, N] (0 where token_mask is False), and with return_entropy the
+        entropy float32[Gn, R, N] in nats (same zeros; no gradient).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    token_mask = jnp.asarray(token_mask, bool)
+    gn, r, n = tokens.shape
+    h_prefix, h = models.forward_shared_hidden(params, cfg, jnp.asarray(prefix_tokens, jnp.int32),
+                                               prefix_mask, tokens, token_mask, remat=remat)
+    # What predicts suffix token n: the prefix's last state (n = 0, one per group, shared by
+    # its R suffixes), else the suffix's state n - 1.
+    last = jnp.broadcast_to(h_prefix[:, None, -1:], (gn, r, 1, h.shape[-1]))
+    h = jnp.concatenate([last, h[:, :, :-1]], axis=2).reshape(gn * r, n, -1)
+    temp = jnp.asarray(temperature, jnp.float32)
+    temp = temp.reshape(gn * r) if temp.ndim else temp
+    logp, ent = _score(params, cfg, h, tokens.reshape(gn * r, n), temp, chunk)
+
+    def grouped(x):
+        return jnp.where(token_mask, x.reshape(gn, r, n), 0.0)
+
     if return_entropy:
-        return logp, jax.lax.stop_gradient(unchunk(ent))
-    return logp
+        return grouped(logp), grouped(ent)
+    return grouped(logp)

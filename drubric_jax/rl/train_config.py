@@ -44,6 +44,7 @@ TRAINER_RULES: dict[str, tuple[Callable, str]] = {
     "logits_chunk": (lambda v: v >= 1, "must be >= 1"),
     "mu_dtype": (lambda v: v in DTYPES, f"must be one of {DTYPES}"),
     "remat": (lambda v: isinstance(v, bool), "must be True or False"),
+    "shared_prefix": (lambda v: isinstance(v, bool), "must be True or False"),
 }
 
 
@@ -94,6 +95,9 @@ class TrainConfig:
     logits_chunk: int = 128         # tokens per logits chunk (bounds the [R, chunk, V] buffer)
     mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
     remat: bool = True              # recompute each layer in the backward pass (see below)
+    # Each group's shared prefix (a prompt, a generator input) forward and backward once,
+    # its R rows beside it (`train_step.GroupBatch`); False: every row runs its prefix again.
+    shared_prefix: bool = True
 
     def __post_init__(self):
         check_trainer(dataclasses.asdict(self), "TrainConfig")

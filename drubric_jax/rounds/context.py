@@ -125,7 +125,8 @@ class PhaseStep:
     """The output of a rollout function (trace: per-prompt records for trace/round_N.html)."""
 
     rollout: Rollout
-    advantages: np.ndarray
+    advantages: np.ndarray  # float32[R], this process's rows (Eq. 21 / Eq. 25)
+    live: np.ndarray        # bool[R], the rows whose group is not flat (`train_step.live_rows`)
     metrics: dict
     timer: Timer
     trace: list = dataclasses.field(default_factory=list)

@@ -123,6 +123,10 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     """One GRPO step (Eq. 23) of `role` on a rollout; returns host metrics. The frozen
     reference's log-probs (pi_ref) are computed inside the step (`train_step`).
 
+    The batch is the rollout's live groups (`train_batch`): with the trainee's
+    `shared_prefix` (the default) each group's prompt runs once beside its rows and the
+    flat groups are cut out; without it a row per response, flat rows masked.
+
     A step whose groups are all flat (`all_groups_flat`) is not sent to the train step at
     all: it would leave the state exactly as it is (`train_step.train_step`) after a full
     forward and backward. Its metrics are then those the train step gives a batch with no
@@ -132,22 +136,47 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     Raises:
         FloatingPointError: a non-finite metric, naming `global_step`.
     """
-    rollout, advantages, timer = step.rollout, step.advantages, step.timer
     if all_groups_flat(step):
         return {"update_skipped": 1.0, "active_rows": 0.0, "num_tokens": 0.0,
                 **dict.fromkeys(("loss", "pg_loss", "kl", "grad_norm", "update_norm",
                                  "clip_fraction"), 0.0)}
     trainee = ctx.roles.trainee(role)
-    # A global batch, rows over (data, fsdp), from every process's own rows (jit refuses
+    batch, rows = train_batch(step, trainee.train_config, ctx.mesh)
+    # A global batch, rows (groups) over (data, fsdp), from every process's own (jit refuses
     # numpy under several processes).
-    batch = parallel.put_process_rows(train_step.batch_from_rollout(rollout, advantages), ctx.mesh,
-                                      rollout.num_rows * jax.process_count())
+    batch = parallel.put_process_rows(batch, ctx.mesh, rows)
     hostmem.release_free_memory()  # sampling/verification garbage, before the gradients
-    with timer("update"):
+    with step.timer("update"):
         trainee.state, metrics = trainee.step_fn(trainee.state, batch,
                                                  trainee.reference_params)
         metrics = train_step.check_finite(metrics, global_step)
     return metrics
+
+
+def train_batch(step: PhaseStep, train_cfg, mesh) -> tuple:
+    """(this process's part of the step's batch, the global batch's leading size).
+
+    With `train_cfg.shared_prefix`: a `train_step.GroupBatch` of this process's live groups,
+    padded to the smallest `train_step.group_buckets` count that holds every process's
+    (one compiled update per count); counts are multiples of this process's row shards,
+    and of a micro-batch's groups when they exceed one micro-batch. Else the per-row
+    `train_step.Batch` of all its rows.
+    """
+    rollout, live = step.rollout, step.live
+    if not train_cfg.shared_prefix:
+        return (train_step.batch_from_rollout(rollout, step.advantages, live),
+                rollout.num_rows * jax.process_count())
+    ids = np.asarray(rollout.group_ids)
+    groups = len(np.unique(ids))
+    r = rollout.num_rows // max(groups, 1)
+    per_micro = max(1, train_cfg.micro_batch_size // max(r, 1))
+    shards = 1 if mesh is None else parallel.row_shards(mesh) // jax.process_count()
+    # Every process pads to the same count: the most live groups any process holds.
+    most = parallel.agree_max(len(np.unique(ids[live])))
+    count = next(c for c in train_step.group_buckets(groups, max(shards, 1))
+                 if c >= max(most, 1) and (c <= per_micro or c % per_micro == 0))
+    batch = train_step.group_batch(rollout, step.advantages, live, count)
+    return batch, count * jax.process_count()
 
 
 # ----------------------------------------------------------------------------- phases
@@ -208,14 +237,15 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     verdicts_c = gather_items(inputs.verdicts)                               # [B, G, K, M]
     # Row b * G + g: list g of input b (METHOD 11: by id), over the whole batch.
     ids = np.repeat(np.arange(b, dtype=np.int32), g)
-    adv, _ = adv_lib.generator_advantages_by_id(
-        {name: r.reshape(-1) for name, r in values.items()},
-        ctx.settings.generator_weights, ids, b)
+    weights = ctx.settings.generator_weights
+    adv, flats = adv_lib.generator_advantages_by_id(
+        {name: r.reshape(-1) for name, r in values.items()}, weights, ids, b)
     adv = np.asarray(adv)  # [B * G], every input's lists
+    # An input's lists train nothing when every reward that weighs in is flat there.
+    flat = np.asarray(adv_lib.combined_flat(flats, weights))                # [B]
     metrics = dict(
         **generator_reward_metrics(values, ids, b),
-        # A group trains nothing when its combined advantage (Eq. 25) is zero everywhere.
-        flat_group_fraction=float(np.mean(np.all(adv.reshape(b, g) == 0, axis=1))),
+        flat_group_fraction=float(np.mean(flat)),
         **rubric_stats(rb.weights.reshape(b * g, m), rb.item_mask.reshape(b * g, m),
                        rb.list_valid.reshape(-1), verdicts_c.reshape(b * g, k, m)),
         **verifier_moe_metrics(vstats))
@@ -226,7 +256,8 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
                                             rb.item_mask.reshape(b * g, m),
                                             [t for t in truth for _ in range(g)]),
                        **item_rate_metrics(rb.counters))
-    return PhaseStep(rb.rollout, process_part(adv, rb.rollout, g), metrics, timer)
+    return PhaseStep(rb.rollout, process_part(adv, rb.rollout, g),
+                     train_step.live_rows(rb.rollout.group_ids, flat), metrics, timer)
 
 
 def policy_rollout(ctx: Context, key, items) -> PhaseStep:
@@ -256,7 +287,7 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     # The metrics (and the trace) read every prompt's scores and verdicts: [B, K], [B, K, M].
     scores, valid, v = (gather_items(x) for x in (np.asarray(scores), np.asarray(valid), v))
     # Group ids of the whole batch (rollout holds this process's rows only).
-    adv, metrics = _policy_advantages(scores.reshape(-1), np.repeat(np.arange(b), k), b)
+    adv, flat, metrics = _policy_advantages(scores.reshape(-1), np.repeat(np.arange(b), k), b)
     metrics.update(
         rubric_invalid_fraction=float(1 - np.mean(valid)),
         **rubric_stats(rb.weights[:, 0], rb.item_mask[:, 0], rb.list_valid[:, 0], v),
@@ -277,7 +308,8 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
                        if on] for j in range(k)],
          "scores": [float(s) for s in scores[i]], "valid": bool(rb.list_valid[i, 0])}
         for i in range(min(b, config.log.trace_prompts))]
-    return PhaseStep(rollout, process_part(adv, rollout, k), metrics, timer, trace)
+    return PhaseStep(rollout, process_part(adv, rollout, k),
+                     train_step.live_rows(rollout.group_ids, flat), metrics, timer, trace)
 
 
 def rule_policy_rollout(ctx: Context, key, items,
@@ -294,11 +326,13 @@ def rule_policy_rollout(ctx: Context, key, items,
         own_scores = np.array([reward_fn(items[b], responses[b * k + i % k])
                                for i, b in enumerate(rollout.group_ids)], np.float32)
         scores = parallel.gather_rows(own_scores) if ctx.mesh is not None else own_scores
-    adv, metrics = _policy_advantages(scores, np.repeat(np.arange(len(items)), k), len(items))
+    adv, flat, metrics = _policy_advantages(scores, np.repeat(np.arange(len(items)), k),
+                                            len(items))
     trace = [{"prompt": items[i].prompt, "responses": responses[i * k:(i + 1) * k],
               "scores": [float(s) for s in scores[i * k:(i + 1) * k]]}
              for i in range(min(len(items), ctx.config.log.trace_prompts))]
-    return PhaseStep(rollout, process_part(adv, rollout, k), metrics, timer, trace)
+    return PhaseStep(rollout, process_part(adv, rollout, k),
+                     train_step.live_rows(rollout.group_ids, flat), metrics, timer, trace)
 
 
 def _checks_world(ctx: Context) -> bool:
@@ -313,8 +347,9 @@ def _true_checks(ctx: Context, items) -> list:
             for x in items]
 
 
-def _policy_advantages(scores, group_ids, num_groups: int) -> tuple[np.ndarray, dict]:
-    """Eq. 21 advantages float32[R] of R policy rewards grouped by prompt id, and their
-    metrics (`step_metrics.policy_reward_metrics`)."""
+def _policy_advantages(scores, group_ids, num_groups: int) -> tuple:
+    """Eq. 21 advantages float32[R] of R policy rewards grouped by prompt id, each group's
+    flat flag bool[num_groups], and their metrics (`step_metrics.policy_reward_metrics`)."""
     adv, flat = adv_lib.group_advantages_by_id(scores, group_ids, num_groups)
-    return np.asarray(adv), policy_reward_metrics(scores, group_ids, num_groups, flat)
+    flat = np.asarray(flat)
+    return np.asarray(adv), flat, policy_reward_metrics(scores, group_ids, num_groups, flat)

@@ -57,15 +57,18 @@ def engine_steps(lengths: np.ndarray, slots: int) -> int:
     return max(ends)
 
 
-def length_metrics(lengths) -> dict:
+def length_metrics(lengths, rows=None) -> dict:
     """{"response_length_mean", "response_length_p10", "_p50", "_p90"} of a step's
     responses' lengths `lengths: int[R]` (tokens; percentiles interpolated linearly), as
-    float32 scalars (jittable): the train step logs them, `spec_from_metrics` reads them."""
+    float32 scalars (jittable): the train step logs them, `spec_from_metrics` reads them.
+    `rows` (bool[R], optional) keeps only those rows (NaN if none)."""
     import jax.numpy as jnp
 
     x = jnp.asarray(lengths, jnp.float32)
-    p10, p50, p90 = jnp.percentile(x, jnp.array([10.0, 50.0, 90.0]))
-    return {"response_length_mean": jnp.mean(x), "response_length_p10": p10,
+    if rows is not None:
+        x = jnp.where(jnp.asarray(rows, bool), x, jnp.nan)
+    p10, p50, p90 = jnp.nanpercentile(x, jnp.array([10.0, 50.0, 90.0]))
+    return {"response_length_mean": jnp.nanmean(x), "response_length_p10": p10,
             "response_length_p50": p50, "response_length_p90": p90}
 
 
