@@ -92,8 +92,12 @@ def test_rule_reward_rises():
         r = rollout(state.params, jax.random.fold_in(k_steps, step))
         reward = target_fraction(r.tokens, r.mask)
         curve.append(float(reward.mean()))
-        adv, _ = adv_lib.group_advantages_by_id(reward, group_ids, B)
-        state, _ = step_fn(state, ts.batch_from_rollout(r, np.asarray(adv)))
+        adv, flat = adv_lib.group_advantages_by_id(reward, group_ids, B)
+        # The run's layout: each prompt's K rows one group, its prompt run once; flat
+        # groups cut (a batch of B groups, filler flagged dead: one compiled step).
+        r = r.replace(group_ids=group_ids)
+        state, _ = step_fn(state, ts.group_batch(r, np.asarray(adv),
+                                                 ts.live_rows(group_ids, flat), B))
 
     first, last = np.mean(curve[:WINDOW]), np.mean(curve[-WINDOW:])
     assert sigma > 0, null  # a reward with no spread could not be learnt (flat groups)

@@ -43,7 +43,8 @@ def _batch(params, cfg):
     prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
     ro = sampling.generate(params, cfg, prompts, key=jax.random.PRNGKey(2), max_new_tokens=6,
                            method=sampling.Temperature(1.0), stop_ids=[3])
-    return ts.batch_from_rollout(ro, np.array([1.0, -1.0, 0.5, -0.5], np.float32))
+    return ts.batch_from_rollout(ro, np.array([1.0, -1.0, 0.5, -0.5], np.float32),
+                                 np.ones(4, bool))
 
 
 def _step(cfg, tc, state, batch, ref):
@@ -121,7 +122,8 @@ def test_lora_rollouts_sample_from_the_adapted_policy(tmp_path):
                    if k in {lora.names(t)[1] for t in trainee.cfg.lora_targets})
         rollout, _ = phases.sample_responses(run.ctx, jax.random.PRNGKey(3),
                                              [run.data.prompts[0].prompt], [[]], 2, Timer())
-        batch = ts.batch_from_rollout(rollout, np.zeros(rollout.num_rows, np.float32))
+        batch = ts.batch_from_rollout(rollout, np.zeros(rollout.num_rows, np.float32),
+                                     np.ones(rollout.num_rows, bool))
         t = c.policy.temperature
 
         def logp(params, cfg):

@@ -98,7 +98,7 @@ def setup(tiny_model):
                                max_new_tokens=N_NEW, method=sampling.Temperature(TEMPERATURE),
                                stop_ids=STOP_IDS)
     adv = np.array([1.5, -1.0, 0.5, -0.5, 1.0, -1.5, 0.25, -0.25], np.float32)
-    batch = ts.batch_from_rollout(sample, adv)
+    batch = ts.batch_from_rollout(sample, adv, np.ones(len(adv), bool))
     noise = models.init_params(cfg, jax.random.PRNGKey(7))
     ref = jax.tree.map(lambda p, n: p + 0.05 * n, params, noise)
     optimizer = train_config.make_optimizer(CFG)
@@ -368,29 +368,31 @@ def test_zero_advantages_at_the_reference_give_exactly_no_update(setup, micro):
 
 
 @pytest.mark.slow  # 10-21 s on 2 cores (make test-fast leaves it out)
-def test_zero_advantage_groups_leave_params_unchanged(setup, one_step):
-    """Rows with advantage exactly 0 (flat groups, Eq. 21) do not enter the update (Eq. 23).
+def test_flat_group_rows_leave_the_update(setup, one_step):
+    """Rows of flat groups (the flag of Eq. 21's groups, METHOD 11) do not enter the update
+    (Eq. 23).
 
     A batch whose groups are all flat makes no update: from a state with non-zero AdamW
     moments (after one step, where AdamW on zero gradients would still move every param
     through its momentum and weight decay), params, opt_state and step come back bit for
     bit. A mixed batch gives the gradient and the update of the same batch with the flat
-    groups removed, for every aggregation (dr_grpo divides by the active rows x T) and
+    groups removed, for every aggregation (dr_grpo divides by the live rows x N) and
     with beta > 0 (a flat row's KL term must not pull toward pi_ref either); the tolerance
     is the float32 summation one of `assert_grads_close` / `assert_adam_first_steps_close`
     (the two batches sum their rows in another order)."""
     cfg, params, batch, optimizer, steps, _, ref = setup
-    # Groups of 2 rows; groups 1 and 3 (rows 2, 3, 6, 7) are flat.
+    # Groups of 2 rows; groups 1 and 3 (rows 2, 3, 6, 7) are flat: advantage 0, flag down.
     flat_rows = np.array([0, 0, 1, 1, 0, 0, 1, 1], bool)
     mixed = batch.replace(advantages=np.where(flat_rows, 0.0, batch.advantages)
-                          .astype(np.float32))
+                          .astype(np.float32), live=~flat_rows)
     keep = np.flatnonzero(~flat_rows)
     reduced = jax.tree.map(lambda x: np.asarray(x)[keep], batch)
 
     # All flat, from a state with momentum: nothing changes, not even the step counter.
     state, _ = one_step
     before = jax.device_get(state)
-    all_flat = batch.replace(advantages=np.zeros_like(batch.advantages))
+    all_flat = batch.replace(advantages=np.zeros_like(batch.advantages),
+                             live=np.zeros_like(batch.live))
     new_state, metrics = steps[CFG](copy_tree(state), all_flat, ref)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state), before)
     assert float(metrics["active_rows"]) == 0 and float(metrics["update_skipped"]) == 1
@@ -420,6 +422,28 @@ def test_zero_advantage_groups_leave_params_unchanged(setup, one_step):
     assert int(s_mixed.step) == 1 and float(m_mixed["update_skipped"]) == 0
     assert float(m_mixed["active_rows"]) == 4
     close(m_mixed["num_tokens"], m_reduced["num_tokens"], atol=0)
+
+
+def test_a_row_at_its_group_mean_stays_in_the_update(setup):
+    """A row of a live group whose advantage is exactly 0 (its reward at its group's mean,
+    graded scores) stays in the update: it counts in the per-response divisor, in the
+    tokens and in the KL term (Eq. 23); only the flat flag takes rows out (METHOD 11).
+
+    On the first (on-policy) step the ratio is 1, so pg_loss = -(1/R) sum_i A_i over the
+    R live rows, the zero row included: -sum(A) / 8, not / 7."""
+    cfg, params, batch, _, _, _, ref = setup
+    adv = np.array([1.5, 0.0, 0.5, -0.5, 1.0, -1.5, 0.25, -0.25], np.float32)
+    at_mean = batch.replace(advantages=adv)
+    _, m = jit_grads(cfg, CFG)(params, at_mean, ref)
+    close(m["pg_loss"], -adv.sum() / 8, atol=1e-5)
+    state, metrics = jit_step(cfg, CFG, train_config.make_optimizer(CFG))(
+        ts.init_train_state(copy_tree(params), train_config.make_optimizer(CFG)), at_mean, ref)
+    assert float(metrics["active_rows"]) == 8
+    close(metrics["num_tokens"], batch.loss_mask.sum(), atol=0)
+    # The same row flagged flat leaves: the divisor is 7 and its tokens are gone.
+    dead = at_mean.replace(live=np.arange(8) != 1)
+    _, m_dead = jit_grads(cfg, CFG)(params, dead, ref)
+    close(m_dead["pg_loss"], -adv.sum() / 7, atol=1e-5)
 
 
 def _dot_count(compiled) -> int:
