@@ -209,6 +209,10 @@ def base_config() -> ml_collections.ConfigDict:
     # The request is never cut to fit input_budget, only the responses (world v2: the
     # constraints a request ends with must reach the generator).
     c.generator.keep_prompt = False
+    # False: an input's G lists show its K responses in one drawn order, one shared prompt
+    # that the update runs once (train.shared_prefix); True: an order per list (the update
+    # must then run per row: generator.train.shared_prefix = False).
+    c.generator.orders_per_list = False
     c.generator.train = trainer_config(5e-6)
 
     c.verifier = ml_collections.ConfigDict()

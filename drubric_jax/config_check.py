@@ -152,6 +152,9 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
              "must be >= 0 (0 = auto, 1 = one cache of P + N slots)")
     check_trainer(p.train, "config.policy.train", rows=p.prompts_per_step * p.num_responses)
     need(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
+    need(not (g.get("orders_per_list", False) and g.train.shared_prefix),
+         "generator.train.shared_prefix", "must be False with generator.orders_per_list: "
+         "lists that show the responses in their own orders share no prompt to run once")
     need(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")
     # Each generator reward's weight (Eq. 24-25; rl.generator_rewards), lambda included.
     for name, row in GENERATOR_REWARDS.items():

@@ -254,12 +254,14 @@ def test_group_mean_rewards_skip_unscorable_rows():
     with none scorable has mean nan."""
     scores = np.array([1.0, np.nan, 0.0, np.nan, np.inf, 3.0], np.float32)
     ids = np.array([0, 0, 0, 1, 1, 2], np.int32)
-    adv, m = phases._policy_advantages(scores, ids, 3)
+    adv, flat, m = phases._policy_advantages(scores, ids, 3)
     np.testing.assert_allclose(m["group_mean_rewards"][:1], [0.5])
     assert np.isnan(m["group_mean_rewards"][1]) and m["group_mean_rewards"][2] == 3.0
     assert m["unscorable_fraction"] == pytest.approx(0.5)
     assert m["policy_reward"] == pytest.approx(4.0 / 3.0)
     assert np.all(np.isfinite(adv)) and adv[1] == adv[3] == adv[4] == adv[5] == 0.0
+    # Groups 1 (no scorable row) and 2 (one row) are flat; group 0 is live.
+    np.testing.assert_array_equal(flat, [False, True, True])
 
 
 @pytest.mark.parametrize("mode", ["hard", "soft"])

@@ -142,9 +142,37 @@ def test_response_orders_equal_the_per_row_loop(batch):
     order_key = jax.random.split(jax.random.PRNGKey(3))[0]  # the `batch` fixture's key
     for b, k in enumerate([3, 2]):
         for g in range(2):
-            np.testing.assert_array_equal(batch.orders[b, g, :k],
-                                          _order_by_row(order_key, b * 2 + g, k))
+            # One order an input (its global index), shown to each of its G lists.
+            np.testing.assert_array_equal(batch.orders[b, g, :k], _order_by_row(order_key, b, k))
             assert (batch.orders[b, g, k:] == -1).all()
+
+
+def test_an_input_s_lists_share_one_prompt_unless_orders_per_list(tiny_model, tok, batch):
+    """By default an input's G lists see its responses in one drawn order, so their prompts
+    are one token sequence (the update runs it once: `train_step.group_batch` accepts the
+    group); with orders_per_list each list draws its own order, by its row id b * G + g,
+    and a group's prompts differ (the grouped update refuses them)."""
+    from drubric_jax.rl import train_step as ts
+
+    ro = batch.rollout
+    for b in range(2):
+        rows = np.flatnonzero(ro.group_ids == b)
+        assert len(rows) == 2
+        np.testing.assert_array_equal(ro.prompt_tokens[rows[0]], ro.prompt_tokens[rows[1]])
+    ones = (np.ones(ro.num_rows, np.float32), np.ones(ro.num_rows, bool))
+    assert ts.group_batch(ro, *ones).tokens.shape[:2] == (2, 2)
+    cfg, params = tiny_model
+    per_list = RubricGenerator(cfg, tok, max_items=2, max_item_chars=10, max_new_tokens=64,
+                               input_budget=640, orders_per_list=True)
+    inputs = [RubricInput(PROMPT, tuple(RESPONSES))]
+    got = per_list.generate_batch(params, jax.random.PRNGKey(3), inputs, num_lists=4,
+                                  temperature=1.0)
+    order_key = jax.random.split(jax.random.PRNGKey(3))[0]
+    for g in range(4):
+        np.testing.assert_array_equal(got.orders[0, g], _order_by_row(order_key, g, 3))
+    assert len({tuple(o) for o in got.orders[0].tolist()}) > 1  # 4 draws of 3! = 6 orders
+    with pytest.raises(ValueError, match="different prompts"):
+        ts.group_batch(got.rollout, np.ones(4, np.float32), np.ones(4, bool))
 
 
 def test_static_variant_shows_no_responses(tiny_gen, tok):

@@ -1,10 +1,13 @@
 """The rubric generator G_phi(x, C): prompts, constrained sampling, parsing (METHOD 1, 2, 8).
 
 For an input (prompt x, response set C) the generator writes G rubric lists, each a set of
-weighted items {(r_m, w_m)} (METHOD 2), as JSON. Each list is sampled from its own chat
-prompt in which the K responses appear as "Response 1..K" in an order drawn from the key
-(`response_orders`), so the generator cannot learn the sampling order and the G lists see
-different orders. Decoding is
+weighted items {(r_m, w_m)} (METHOD 2), as JSON. The lists are sampled from a chat prompt in
+which the K responses appear as "Response 1..K" in an order drawn from the key
+(`response_orders`), so the generator cannot learn the sampling order. By default the G
+lists of an input share one drawn order, so they share one prompt: the GRPO update runs
+that input once for its G lists (`rl.train_step.GroupBatch`, METHOD 15); with
+`orders_per_list` each list draws its own order (the lists then share only the template
+and the request, and the update must run per row: `train.shared_prefix = False`). Decoding is
 constrained to `rubric_format.RUBRIC_JSON_SCHEMA` with llguidance (the paper uses SGLang
 structured output, METHOD 8); the text is then parsed by `rubric_format.parse_rubric_output`
 (METHOD 11 item rules) and padded to M = max_items.
@@ -90,7 +93,8 @@ class RubricGenerator:
                  max_item_chars: int = 200, max_new_tokens: int = 512, input_budget: int = 2048,
                  min_bucket: int = MIN_PROMPT_BUCKET, mesh=None, rows_per_call: int = 0,
                  per_row_keys: bool = False, fmt=LLM_FORMAT, cache_segments: int = 0,
-                 keep_prompt: bool = False, sampler: str = "static"):
+                 keep_prompt: bool = False, sampler: str = "static",
+                 orders_per_list: bool = False):
         if max_new_tokens < 8 or input_budget < 64:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 8 and "
                              f"input_budget ({input_budget}) >= 64")
@@ -98,6 +102,9 @@ class RubricGenerator:
         self.rows_per_call, self.cache_segments, self.keep_prompt = (
             int(rows_per_call), int(cache_segments), bool(keep_prompt))
         self.sampler = sampling.check_sampler(sampler)
+        # False: an input's G lists show its responses in one drawn order (one shared
+        # prompt); True: each list draws its own (module docstring).
+        self.orders_per_list = bool(orders_per_list)
         # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
         self.per_row_keys = bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
@@ -157,8 +164,9 @@ class RubricGenerator:
                        static: Union[bool, Sequence[bool]] = False) -> RubricBatch:
         """G rubric lists for each of B inputs, sampled in one constrained batch.
 
-        Randomness: `key` splits into an order key (list (b, g) shows the responses in
-        `jax.random.permutation(fold_in(order_key, b * G + g), K)`) and the sampler key.
+        Randomness: `key` splits into an order key (input b's lists show the responses in
+        `jax.random.permutation(fold_in(order_key, b), K)`; with `orders_per_list`, list
+        (b, g) in `permutation(fold_in(order_key, b * G + g), K)`) and the sampler key.
         Temperature 0 is greedy.
 
         Args:
@@ -220,10 +228,17 @@ class RubricGenerator:
         for i, inp in enumerate(inputs):
             if not statics[i] and not inp.responses:
                 raise ValueError(f"input {first + i} has no responses (use static=True)")
-        # One order per list (b, g) of a dynamic input: its G lists see different ones.
+        # One order per dynamic input (drawn by its global index), shown to its G lists; or
+        # one per list (b, g), drawn by its global row id.
         dynamic = [(i, j) for i in range(b) if not statics[i] for j in range(g)]
-        perms = response_orders(order_key, [(first + i) * g + j for i, j in dynamic],
-                                [len(inputs[i].responses) for i, _ in dynamic])
+        if self.orders_per_list:
+            perms = response_orders(order_key, [(first + i) * g + j for i, j in dynamic],
+                                    [len(inputs[i].responses) for i, _ in dynamic])
+        else:
+            shown = [i for i in range(b) if not statics[i]]
+            per_input = dict(zip(shown, response_orders(
+                order_key, [first + i for i in shown], [len(inputs[i].responses) for i in shown])))
+            perms = [per_input[i] for i, _ in dynamic]
         perm_of = dict(zip(dynamic, perms))
         prompts = []
         for i, inp in enumerate(inputs):

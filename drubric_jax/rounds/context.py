@@ -105,7 +105,8 @@ class Context:
             per_row_keys=config.per_row_keys,
             fmt=get_format(kind, tuple(gen_cfg.get("check_pool", ()))),
             keep_prompt=bool(gen_cfg.get("keep_prompt", False)),
-            sampler=gen_cfg.get("sampler", "static"))
+            sampler=gen_cfg.get("sampler", "static"),
+            orders_per_list=bool(gen_cfg.get("orders_per_list", False)))
         return cls(config, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks,
                    settings or read_settings(config))
 
