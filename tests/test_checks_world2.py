@@ -184,8 +184,12 @@ def test_world_v2_run_stops_before_its_files_exist(tmp_path):
     c = get_config(f"world=checks,tiny,checks_dir={tmp_path}/w")
     assert c.data.checks_world_version == 2 and c.data.refuse_cut_constraints
     with pytest.raises(FileNotFoundError, match=r"make_checks_data --version=2 "
-                                                r"--out=.*/w"):
+                                                r"--out=.*/w") as e:
         data.check_data_sources(data_spec(c))
+    # Every command that builds the world: the prompts, then the four splits' anchor lists.
+    for split in ("gen_sft", "gen_rl", "dev", "heldout"):
+        assert (f"make_checks_anchors --split={split} --prompts={tmp_path}/w/{split}.jsonl "
+                f"--out={tmp_path}/w/{split}_anchors.jsonl") in str(e.value)
     c1 = get_config(f"world=checks,world_version=1,checks_dir={tmp_path}/w1")
     assert c1.data.checks_world_version == 1 and not c1.data.refuse_cut_constraints
     assert c1.lora.rank == 0 and c1.policy.max_prompt_tokens == 128

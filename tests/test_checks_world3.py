@@ -476,3 +476,19 @@ def test_prompt_splits_are_disjoint(tmp_path, smollm2_tokenizer):
         check_prompt_split(str(w / "dev.jsonl"), "")
     with pytest.raises(ValueError, match="has no anchor lists"):
         check_prompt_split(str(w / "policy.jsonl"), "policy")
+
+
+def test_docs_give_the_commands_that_build_the_split_world():
+    """README.md and docs/CHECKS_WORLD.md show world v2's build commands exactly as
+    `configs.checks_world.build_commands` prints them when a run starts without its files
+    (the data, then the anchor lists of gen_sft, gen_rl, dev and heldout)."""
+    from configs.checks_world import DEFAULT_DIRS, build_commands
+    from drubric_jax.data import splits
+
+    lines = build_commands(2, f"../{DEFAULT_DIRS[2]}").splitlines()
+    assert len(lines) == 1 + len(splits.ANCHORED)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for doc in ("README.md", os.path.join("docs", "CHECKS_WORLD.md")):
+        text = open(os.path.join(repo, doc), encoding="utf-8").read().splitlines()
+        for line in lines:
+            assert line in text, (doc, line)
