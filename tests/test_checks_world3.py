@@ -320,18 +320,18 @@ def test_list_recovery_keeps_the_masked_items_and_scores_them_by_hand():
 
 
 def _anchors_of(rows_path, out_path):
-    """Anchor rows of a split's prompt file without a model: two fixed responses ranked by
-    their gold score, the prompt row's id, text and meta (split included), as
-    make_checks_anchors writes them."""
+    """Anchor rows of a split's prompt file without a model: the helpers' fixed responses
+    (enough of them pass the anchor filter) ranked by their gold score, the prompt row's id,
+    text and meta (split included), as make_checks_anchors writes them."""
     from drubric_jax.data import load_jsonl
+    from helpers import ANSWERS
 
-    answers = ["A short answer.", "Another, longer answer with a comma."]
     with open(out_path, "w", encoding="utf-8") as f:
         for r in load_jsonl(rows_path):
-            g = [gold_score(r.meta["checks"], y) for y in answers]
+            g = [gold_score(r.meta["checks"], y) for y in ANSWERS]
             f.write(json.dumps({"id": r.id, "source": r.source, "prompt": r.prompt,
-                                "responses": answers, "scores": g,
-                                "ranking": sorted(range(2), key=lambda j: -g[j]),
+                                "responses": ANSWERS, "scores": g,
+                                "ranking": sorted(range(len(g)), key=lambda j: -g[j]),
                                 "meta": r.meta}) + "\n")
 
 
@@ -344,7 +344,7 @@ def test_prompt_splits_are_disjoint(tmp_path, smollm2_tokenizer):
     row, the split it found and the split it wanted."""
     from configs.smollm2_cpu import get_config
     from drubric_jax.checks import world_data
-    from drubric_jax.data import check_data_sources, load_jsonl, splits
+    from drubric_jax.data import check_data_sources, load_data, load_jsonl, splits
     from drubric_jax.evaluation.checks_policy import heldout_setup
     from drubric_jax.rounds import gold_curve
     from drubric_jax.rounds.settings import data_spec
@@ -424,6 +424,11 @@ def test_prompt_splits_are_disjoint(tmp_path, smollm2_tokenizer):
     with pytest.raises(splits.SplitError, match=r"config\.data\.prompt_paths\[0\]: "
                        + refused("heldout", "policy", w / "heldout.jsonl")):
         check_data_sources(data_spec(bad))
+    # The loader refuses it too (rows named by their place among those read).
+    with pytest.raises(splits.SplitError, match=re.escape(str(w / "heldout.jsonl")) +
+                       r": row 1 read: row 'checks_world/heldout/[^']+': field 'meta\.split' "
+                       r"is 'heldout', but the policy's RL reads the 'policy' split"):
+        load_data(data_spec(bad))
     # The generator's RL given G_sft's anchor lists; Q2's held-out lists given dev's.
     bad = c.copy_and_resolve_references()
     bad.data.anchor_paths = (str(w / "gen_sft_anchors.jsonl"),)

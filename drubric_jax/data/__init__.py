@@ -44,8 +44,9 @@ from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_js
                                       demo_prompt_path, nectar_row_to_anchor,
                                       prompts_from_jsonl, prompts_from_records,
                                       split_hh_transcript)
-from drubric_jax.data.splits import (SPLITS, STAGE_SPLITS, SplitError, anchor_file,
-                                     check_disjoint, prompt_file, require_split, split_of)
+from drubric_jax.data.splits import (SPLITS, STAGE_NAMES, STAGE_SPLITS, SplitError,
+                                     anchor_file, check_disjoint, prompt_file, require_split,
+                                     split_of)
 from drubric_jax.data.tfds_build import build_tfds, default_split_names, expand_jsonl_entries
 from drubric_jax.data.tfds_source import (is_tfds_spec, parse_tfds_spec, record_from_example,
                                           record_to_example, records_from_tfds)

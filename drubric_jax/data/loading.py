@@ -30,7 +30,7 @@ from drubric_jax.data.schema import AnchorList, PromptItem, load_jsonl
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
                                       anchor_lists_from_records, demo_anchor_path,
                                       demo_prompt_path, prompts_from_jsonl, prompts_from_records)
-from drubric_jax.data.splits import STAGE_SPLITS, require_split
+from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
 from drubric_jax.data.tfds_source import is_tfds_spec, records_from_tfds
 
 
@@ -298,7 +298,7 @@ def load_data(d: DataSpec, num_hosts: int = 1) -> LoadedData:
                             ("heldout_anchors", heldout_files),
                             ("policy_prompts", prompt_files)):
             for f in files:
-                require_split(f.rows, STAGE_SPLITS[role], f.path)
+                require_split(f.rows, STAGE_SPLITS[role], f.path, STAGE_NAMES[role])
     prompts = [p for f in prompt_files for p in f.rows]
     _check_fills_batch("prompts", len(prompts), prompt_files, "policy.prompts_per_step",
                        d.prompts_per_step, "data.max_prompt_rows", d.max_prompt_rows, num_hosts)
@@ -430,7 +430,8 @@ def check_data_sources(d: DataSpec) -> dict:
         if d.require_splits:
             # Each stage reads its own split (issue 53): a file of another split (a path
             # overridden by hand) stops the run here, before any weights load.
-            require_split(records, STAGE_SPLITS[stage], f"{field}: {path}")
+            require_split(records, STAGE_SPLITS[stage], f"{field}: {path}",
+                          STAGE_NAMES[stage])
         if kind == "anchors" and not any(r.responses for r in records):
             raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
                              "to build anchor lists from")

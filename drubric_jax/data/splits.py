@@ -57,6 +57,16 @@ STAGE_SPLITS = {
     "policy_heldout": "heldout",    # the policy's held-out evaluation (Q1, Q4)
 }
 
+# What each stage is, in error messages.
+STAGE_NAMES = {
+    "policy_prompts": "the policy's RL",
+    "generator_anchors": "the generator's RL",
+    "heldout_anchors": "the held-out anchor lists (Delta_gap, Q2)",
+    "sft_pairs": "G_sft's pairs",
+    "sft_eval": "G_sft's per-epoch recovery",
+    "policy_heldout": "the policy's held-out evaluation",
+}
+
 SPLIT_FIELD = "meta.split"
 
 
@@ -101,11 +111,13 @@ def require_split(rows: Iterable, want: str, where: str, stage: str = "") -> Non
 
     Args:
         rows: records with `.meta` (dict), `.id` and optionally `.line` (the file's line,
-            `data.load_jsonl`); a row without `.line` is named by its 1-based position.
+            `data.load_jsonl`); a row without `.line` is named by its 1-based position
+            among `rows` ("row 3 read").
         want: the split this stage reads (one of SPLITS).
         where: the file (with the config field that named it, e.g.
             "config.data.prompt_paths[0]: /w/policy.jsonl").
-        stage: what reads it, for the message ("" = PURPOSE[want]).
+        stage: what reads it, for the message (e.g. `STAGE_NAMES[key]`; "" = "this
+            stage").
 
     Raises:
         SplitError: a row whose `meta["split"]` is not `want` (or absent), naming `where`,
@@ -117,13 +129,14 @@ def require_split(rows: Iterable, want: str, where: str, stage: str = "") -> Non
         got = split_of(getattr(r, "meta", None))
         if got == want:
             continue
-        line = getattr(r, "line", None) or i + 1
+        line = getattr(r, "line", None)
+        at = f"{where}:{line}" if line else f"{where}: row {i + 1} read"
         found = (f"is {got!r}" if got is not None else
                  "is missing (a file written before the splits: rebuild the world with "
                  "experiments.make_checks_data --version=2)")
         raise SplitError(
-            f"{where}:{line}: row {getattr(r, 'id', '?')!r}: field '{SPLIT_FIELD}' {found}, "
-            f"but {stage or PURPOSE[want]} reads the {want!r} split ({prompt_file(want)}"
+            f"{at}: row {getattr(r, 'id', '?')!r}: field '{SPLIT_FIELD}' {found}, "
+            f"but {stage or 'this stage'} reads the {want!r} split ({prompt_file(want)}"
             + (f" or {anchor_file(want)}" if want in ANCHORED else "") + ")")
 
 

@@ -137,13 +137,13 @@ def heldout_setup(config, path: str, rows: int, batch: int) -> tuple[list, dict]
     """
     from drubric_jax.data.schema import load_jsonl
     from drubric_jax.data.sources import prompts_from_jsonl
-    from drubric_jax.data.splits import STAGE_SPLITS, require_split
+    from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
 
     if config.data.get("require_splits", False):
         records = load_jsonl(path)
         require_split(records[:int(rows)] if rows else records,
                       STAGE_SPLITS["policy_heldout"], path,
-                      stage="the policy's held-out evaluation")
+                      STAGE_NAMES["policy_heldout"])
     items = prompts_from_jsonl(path)
     items = items[:int(rows)] if rows else items
     e = config.get("experiment", {})

@@ -31,8 +31,9 @@ def load_items(config) -> list:
     """The first `rounds.heldout_gold_rows` prompts of `rounds.heldout_gold_path` (0 = all);
     [] when the curve is off (`heldout_gold_every` 0).
 
-    Under config.data.require_splits every row must be of `rounds.heldout_gold_split`
-    ("dev" while settings are chosen from the curve, "heldout" where it is reported).
+    Under config.data.require_splits every row of the file must be of
+    `rounds.heldout_gold_split` ("dev" while settings are chosen from the curve, "heldout"
+    where it is reported).
 
     Raises:
         FileNotFoundError / ValueError: a missing file or a row without true checks
@@ -61,9 +62,12 @@ def load_items(config) -> list:
                                 f"{it.id!r}")
     want = r.get("heldout_gold_split", "")
     if config.data.get("require_splits", False) and want:
-        # Each stage reads its own split (issue 53): the curve's rows are dev's while the
-        # policy trains, heldout's where the curve is the reported result.
-        require_split(items, want, f"config.rounds.heldout_gold_path: {path}",
+        # Each stage reads its own split (issue 53): the curve's file is dev's while the
+        # policy trains, heldout's where the curve is the reported result. Every row of
+        # the file, read with its line numbers.
+        from drubric_jax.data.schema import load_jsonl
+
+        require_split(load_jsonl(path), want, f"config.rounds.heldout_gold_path: {path}",
                       stage="the held-out gold curve (config.rounds.heldout_gold_split)")
     return items
 

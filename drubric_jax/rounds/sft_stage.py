@@ -112,18 +112,18 @@ def read_sft_rows(s) -> tuple[list, list, list]:
         FileNotFoundError / ValueError: a missing file or a bad row (`data.load_jsonl`).
     """
     from drubric_jax.data.schema import load_jsonl
-    from drubric_jax.data.splits import STAGE_SPLITS, require_split
+    from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
 
     rows = load_jsonl(s.train_anchors)
     rows = rows[:int(s.train_rows)] if s.train_rows else rows
     require_split(rows, STAGE_SPLITS["sft_pairs"],
                   f"config.sft.train_anchors: {s.train_anchors}",
-                  stage="G_sft's pairs (config.sft.train_anchors)")
+                  stage=f"{STAGE_NAMES['sft_pairs']} (config.sft.train_anchors)")
     eval_rows = load_jsonl(s.eval_anchors)
     eval_rows = eval_rows[:int(s.eval_rows)] if s.eval_rows else eval_rows
     require_split(eval_rows, STAGE_SPLITS["sft_eval"],
                   f"config.sft.eval_anchors: {s.eval_anchors}",
-                  stage="G_sft's per-epoch recovery (config.sft.eval_anchors)")
+                  stage=f"{STAGE_NAMES['sft_eval']} (config.sft.eval_anchors)")
     return rows, load_jsonl(s.heldout_prompts), eval_rows
 
 
