@@ -34,13 +34,13 @@ generator writes 4 JSON lists of <= 256 tokens from a ~1,400-token prompt), and 
 held-out constraint F1 of each generator beside Delta_gap, R_anchor and pairwise accuracy.
 In world v2 (the default world_version; checks world III's Q2, from G_sft with
 `--config.model.generator=runs/g_sft192/export/generator`): the world's LoRA learning rate
-(1e-4), lists of K = 8 responses, all 192 training anchor lists, and 16 held-out lists drawn
-from heldout_anchors.jsonl (held-out prompts, `data.heldout_anchor_paths`).
+(1e-4), lists of K = 8 responses, all 64 anchor lists of the gen_rl split
+(gen_rl_anchors.jsonl), and 16 held-out lists drawn from the heldout split's
+heldout_anchors.jsonl (`data.heldout_anchor_paths`); a file of another split stops the run
+(`data.splits`, issue 53).
 """
-import os
-
 from configs.base import experiment_base
-from configs.checks_world import V2_LORA
+from configs.checks_world import V2_LORA, world_files
 
 
 def get_config(arg: str = ""):
@@ -66,14 +66,13 @@ def get_config(arg: str = ""):
         if c.data.checks_world_version == 2:
             # World v2 (checks world III's Q2, from G_sft: --config.model.generator=DIR):
             # the world's LoRA learning rate (1e-5 is for full fine-tuning), lists of K = 8
-            # responses as G_sft saw, every training anchor list, and held-out lists of
-            # held-out prompts (heldout_anchors.jsonl: G_sft never trained on them; a
-            # split of anchors.jsonl would score prompts it did).
-            from configs.sft_generator import HELDOUT_ANCHORS, heldout_anchors_build
+            # responses as G_sft saw, every anchor list of the gen_rl split, and held-out
+            # lists of the heldout split (heldout_anchors.jsonl: prompts neither G_sft nor
+            # the generator's RL ever saw, nor used to choose a setting; issue 53).
             c.generator.train.learning_rate = V2_LORA["generator_lr"]
             c.data.max_responses, c.data.max_anchor_rows = 8, 0
-            c.data.heldout_anchor_paths = (os.path.join(c.data.checks_dir, HELDOUT_ANCHORS),)
-            c.data.checks_build += "\n" + heldout_anchors_build(c.data.checks_dir)
+            c.data.heldout_anchor_paths = (
+                world_files(2, c.data.checks_dir)["heldout_anchors"],)
     if opts.get("tiny"):
         c.rounds.generator_steps = 1
         c.data.heldout_anchor_rows = 4 if scale == "smollm2_cpu" else 2

@@ -109,11 +109,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.name = "demo"            # "demo" (packaged demo set) | "shared" (../shared/data) | "custom"
     c.data.shared_dir = ""          # root of the shared data; "" = ../shared next to the repo
-    # The checks world's files (train.jsonl, heldout.jsonl, anchors.jsonl; METHOD 13), read
+    # The checks world's directory (METHOD 13; configs/checks_world.py names its files), read
     # by the `world=checks` switch of configs/smollm2_cpu.py when it builds the paths ("" =
-    # $DRUBRIC_CHECKS_DIR, else ../checks_world next to the repo); recorded here.
+    # $DRUBRIC_CHECKS_DIR, else ../checks_world_v2_splits next to the repo); recorded here.
     c.data.checks_dir = ""
     c.data.checks_world_version = 0  # 1 | 2 in the checks world (configs/smollm2_cpu.py); 0 = none
+    # Every stage reads its own split (world v2's five disjoint splits, `data.splits`; issue
+    # 53): prompt_paths rows must be the "policy" split, anchor_paths "gen_rl",
+    # heldout_anchor_paths "heldout" (meta.split), else the run stops naming the row.
+    c.data.require_splits = False
     c.data.checks_build = ""         # the commands that write the checks world's files
     # Refuse a prompt row whose constraints a role's input budget would cut (world v2,
     # `checks.fit`): the policy's prompt budget, the generator's input with K responses.
@@ -153,6 +157,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rounds.heldout_gold_every = 0
     c.rounds.heldout_gold_rows = 0
     c.rounds.heldout_gold_path = ""
+    # The split the gold curve's rows must be when data.require_splits ("dev" while settings
+    # are chosen from the curve, "heldout" where it is the reported result; "" = any).
+    c.rounds.heldout_gold_split = ""
 
     c.policy = ml_collections.ConfigDict()
     c.policy.prompts_per_step = 2   # prompts x per policy step

@@ -18,14 +18,17 @@ Arms (`drubric_jax.evaluation.checks_policy.ARMS`), each from P_0 with the same 
                     e.g. the export/generator of a generator-only run on the anchor lists;
                     `{seed}` in it is each run's seed, so seed S can read the generator
                     that experiments.ablation's seed S trained)
-The checks world's files come from `checks_dir` (configs/smollm2_cpu.py `checks_world`);
+The checks world's files come from `checks_dir` (configs/checks_world.py `checks_world`);
 held-out prompts are its heldout.jsonl, never trained on.
 Switches after ':': scale=smollm2_cpu (default) | qwen3_8b, tiny, checks_dir=DIR,
 world_version=2 (default) | 1.
-World v2 (issue 40; data in ../checks_world_v2): SmolLM2-135M with rank-16 LoRA, beta = 0,
+World v2 (issues 40 and 53; data in ../checks_world_v2_splits): the policy trains on the
+policy split (policy.jsonl), the held-out evaluation reads the heldout split
+(heldout.jsonl) and the gold curve logged while it trains the dev split (dev.jsonl); a file
+of another split stops the run (`data.splits`). SmolLM2-135M with rank-16 LoRA, beta = 0,
 V2_PROMPTS_PER_STEP prompts x K = 8 responses of <= 64 tokens a step for V2_POLICY_STEPS
-steps; held-out answers greedy and 1 sample per prompt at temperature 1; the held-out gold
-curve on the first 64 held-out prompts every 10 steps (`rounds.gold_curve`).
+steps; held-out answers greedy and 1 sample per prompt at temperature 1; the gold curve on
+the first 64 dev prompts every 10 steps (`rounds.gold_curve`).
 World v1 (`world_version=1`, the runs of results/checks_world): 2 prompts x K = 4 a step,
 `experiment.policy_steps` = 20 steps of full fine-tuning at learning rate 1e-5, held-out
 answers greedy.
@@ -70,16 +73,17 @@ def get_config(arg: str = ""):
     if v2:
         # World v2 (issue 40): no generator trains here, so no anchor list is read; LoRA
         # trainees, beta = 0 and K = 8 come from configs/checks_world.py.
-        c.data.anchor_paths = ()
+        c.data.anchor_paths = c.data.heldout_anchor_paths = ()
         c.policy.prompts_per_step = V2_PROMPTS_PER_STEP
         c.experiment.policy_steps = V2_POLICY_STEPS
         c.experiment.eval_samples = 1       # held-out answers per prompt at the temperature
         c.experiment.eval_batch = 64
         c.checkpoint.every_steps = 10
         c.checkpoint.max_to_keep = 1
-        # The held-out gold curve: the first 64 held-out prompts every 10 policy steps.
+        # The gold curve: the first 64 dev prompts every 10 policy steps (dev.jsonl and
+        # the dev split, configs/checks_world.py: the sweep chose settings from it; the
+        # reported held-out split is read once, by the evaluation after training).
         c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = 10, 64
-        c.rounds.heldout_gold_path = os.path.join(c.data.checks_dir, "heldout.jsonl")
     if opts.get("tiny"):
         c.experiment.policy_steps, c.experiment.seeds, c.experiment.window = 2, "0", 1
         c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = (1, 4) if v2 else (0, 0)

@@ -126,8 +126,10 @@ def world_v2_rounds(c, scale: str, tiny: bool) -> None:
     on the first V2_GOLD_ROWS held-out prompts before round 0 and after each round, and the
     training samples' proxy-minus-gold gap. The world's LoRA learning rates and K = 8 stay
     (configs/checks_world.py); Q1's policy batch (2 prompts a step); the generator's
-    training lists are all 192 anchor lists, K = 8 responses each; the policy's reward
-    lists are greedy, as G_sft's recovery was measured and Q1's rubric_sft arm used them.
+    training lists are all anchor lists of the gen_rl split, K = 8 responses each, the
+    policy's prompts the policy split; the gold curve is the reported result, so it reads
+    the heldout split (`rounds.heldout_gold_split`; issue 53); the policy's reward lists
+    are greedy, as G_sft's recovery was measured and Q1's rubric_sft arm used them.
     G_0 is G_sft: pass --config.model.generator=runs/g_sft192/export/generator."""
     from configs.checks_policy import V2_PROMPTS_PER_STEP
 
@@ -135,14 +137,16 @@ def world_v2_rounds(c, scale: str, tiny: bool) -> None:
     e.evaluation = "rounds"
     c.rounds.num_rounds = V2_ROUNDS
     c.rounds.heldout_gold_path = e.eval_file
+    c.rounds.heldout_gold_split = "heldout"  # the curve is Q3's reported result
     # Far apart: a point before round 0's first policy step and one after each round's last.
     c.rounds.heldout_gold_every = 10 ** 6
     c.rounds.heldout_gold_rows = V2_GOLD_ROWS
     c.policy.rubric_temperature = 0.0
     c.data.max_responses, c.data.max_anchor_rows = 8, 0
-    # Q1's policy prompts (all of train.jsonl) and every anchor list trains: nothing here
-    # scores held-out anchor lists (rounds.heldout_eval is off).
+    # Every prompt of the policy split and every anchor list of the gen_rl split trains:
+    # nothing here scores held-out anchor lists (rounds.heldout_eval is off).
     c.data.max_prompt_rows, c.data.heldout_anchor_rows = 0, 0
+    c.data.heldout_anchor_paths = ()
     if scale == "smollm2_cpu" and not tiny:
         from configs.checks_world import V2_LORA
 

@@ -11,7 +11,7 @@ The argument after ':' is a comma-separated list of switches:
     world=llm|checks   checks: the checkable-item world (METHOD 13, `checks_world` below):
                        items are IFEval checks judged by their checkers, no verifier model;
                        data from checks_dir=DIR (default $DRUBRIC_CHECKS_DIR, else
-                       ../checks_world_v2 next to the repo)
+                       ../checks_world_v2_splits next to the repo)
     world_version=2|1  the checks world's version: 2 (default) the calibrated pool, budgets
                        that cut no constraint, LoRA trainees; 1 the world of the runs in
                        results/checks_world (data in ../checks_world)

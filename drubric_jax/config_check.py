@@ -115,6 +115,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
          "must be >= 0 (0 = every row)")
     need(not c.rounds.get("heldout_gold_every", 0) or bool(c.rounds.heldout_gold_path),
          "rounds.heldout_gold_path", "needed when rounds.heldout_gold_every > 0")
+    from drubric_jax.data.splits import SPLITS
+    need(c.rounds.get("heldout_gold_split", "") in ("",) + SPLITS, "rounds.heldout_gold_split",
+         f"must be one of {SPLITS} or '' (any split), got "
+         f"{c.rounds.get('heldout_gold_split', '')!r}")
     p, g = c.policy, c.generator
     pool = tuple(g.get("check_pool", ()))
     # An unknown verifier kind is reported by its own check below, not as the pool's.

@@ -1,7 +1,7 @@
 """Builds shared-schema JSONL files into a TFDS dataset (array_record), one split per file,
 for `tfds:NAME[:SPLIT]` data entries (docs/CONFIGS.md, "TFDS datasets").
 
-    python -m experiments.build_tfds --jsonl=../checks_world_v2 --name=checks_world_v2 \\
+    python -m experiments.build_tfds --jsonl=../checks_world_v2_splits --name=checks_world_v2_splits \\
         --data_dir=$HOME/tensorflow_datasets
     python -m experiments.build_tfds --jsonl=../shared/data --exclude='ifeval/*' \\
         --name=drubric_shared --data_dir=$HOME/tensorflow_datasets

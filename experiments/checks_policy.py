@@ -57,7 +57,10 @@ def main(argv):
         raise SystemExit(f"error: no such file {heldout_path}" + (
             "\nBuild the checks world's files first (from the repository root):\n  "
             + build.replace("\n", "\n  ") if build else ""))
-    items, budgets = cp.heldout_setup(c, heldout_path, e.heldout_rows, e.eval_batch)
+    try:  # a file of another split (world v2) stops here, naming the row and both splits
+        items, budgets = cp.heldout_setup(c, heldout_path, e.heldout_rows, e.eval_batch)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
 
     def evaluate(model: str, path: str, stage: str):
         if os.path.exists(path):

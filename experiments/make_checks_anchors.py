@@ -7,6 +7,17 @@ instruction-level accuracy for one prompt, Zhou et al. 2023, arXiv:2311.07911).
         --max_new_tokens=256 --limit=64
 
 --prompts is a file of experiments.make_checks_data (prompt rows with `meta["checks"]`).
+World v2's files are splits (`drubric_jax.data.splits`), one anchor file per split that
+needs them (gen_sft, gen_rl, dev, heldout), written next to it as <split>_anchors.jsonl:
+
+    python -m experiments.make_checks_anchors --split=gen_rl \\
+        --prompts=../checks_world_v2_splits/gen_rl.jsonl \\
+        --out=../checks_world_v2_splits/gen_rl_anchors.jsonl --k=8 --temperature=1.0 \\
+        --max_new_tokens=64
+
+--split names the split the prompts must be (checked before the model loads: a row of
+another split stops the command, naming the file, row and both splits); a file whose rows
+carry a split needs it. Each anchor row keeps its prompt's meta, its split included.
 Each prompt is one user turn in the model's chat template (`text.tokenizer.chat_ids`),
 sampled K times by `sampling.generate` in fixed batches of --batch prompts (by position in
 the file). Row i's k-th response draws with `row_ids` i * K + k under
@@ -57,6 +68,34 @@ def define_flags():
     flags.DEFINE_integer("limit", 0, "first N prompts only; 0 = all")
     flags.DEFINE_integer("batch", 8, "prompts decoded together (K rows each)")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params dtype")
+    flags.DEFINE_string("split", "", "world v2: the split of --prompts (gen_sft, gen_rl, "
+                        "dev, heldout); required when its rows carry one")
+
+
+def check_prompt_split(path: str, split: str, limit: int = 0) -> None:
+    """Checks, before any model loads, that the first `limit` rows (0: all) of the prompt
+    file `path` are of `split` (`data.splits.require_split`); with no split given, that
+    no row carries one.
+
+    Raises:
+        ValueError: a split without anchor lists; a row of another split, or a split file
+            without --split (names the file, row and split).
+    """
+    from drubric_jax.data import splits
+    from drubric_jax.data.schema import load_jsonl
+
+    rows = load_jsonl(path)
+    rows = rows[:limit] if limit else rows
+    if split:
+        splits.anchor_file(split)  # raises for a split without anchor lists (policy)
+        splits.require_split(rows, split, f"--prompts: {path}",
+                             stage=f"--split={split} (its anchor lists)")
+        return
+    for r in rows:
+        if splits.split_of(r.meta) is not None:
+            raise ValueError(f"--prompts: {path}:{r.line}: row {r.id!r}: field "
+                             f"'{splits.SPLIT_FIELD}' is {splits.split_of(r.meta)!r}: pass "
+                             f"--split={splits.split_of(r.meta)} (a split world's file)")
 
 
 def main(argv):
@@ -67,7 +106,11 @@ def main(argv):
     if not os.path.isfile(f.prompts):  # before the model loads: say what builds it
         raise SystemExit(f"error: --prompts: no such file {f.prompts}\nBuild the checks "
                          "world's prompts first: python -m experiments.make_checks_data "
-                         "--version=2 --out=DIR (its train.jsonl / heldout.jsonl)")
+                         "--version=2 --out=DIR (its split files, e.g. gen_rl.jsonl)")
+    try:
+        check_prompt_split(f.prompts, f.split, f.limit)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     source = models.DEFAULT_MODEL if f.model == "default" else f.model
     cfg, params, tokenizer = models.load_model(source, f.dtype)
     stats = write_anchors(f.prompts, f.out, cfg, params, tokenizer, k=f.k,

@@ -71,9 +71,12 @@ def main(argv):
     os.makedirs(workdir, exist_ok=True)
     names = [s.strip() for s in e.settings.split(",") if s.strip()]
     cfgs = {n: setting_config(c, n) for n in names}  # every setting checked before compute
-    items, budgets = cp.heldout_setup(
-        c, os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"]), e.heldout_rows,
-        e.eval_batch)
+    try:  # a file of another split (world v2) stops here, naming the row and both splits
+        items, budgets = cp.heldout_setup(
+            c, os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"]), e.heldout_rows,
+            e.eval_batch)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
 
     def timed(stage, path, fn):
         if os.path.exists(path):

@@ -43,8 +43,8 @@ def main(argv):
              f"pair(s); generator {c.model.generator} with rank-{c.lora.rank} LoRA, "
              f"learning rate {s.learning_rate}, warm-up {s.warmup_steps}; inputs padded to "
              f"{summary['input_bucket']} tokens, targets to {summary['target_bucket']}; "
-             f"held-out lists at temperature {s.eval_temperature} (0 = greedy) on "
-             f"{os.path.basename(s.heldout_anchors)}; seed {c.seed}.")
+             f"dev lists at temperature {s.eval_temperature} (0 = greedy) on "
+             f"{os.path.basename(s.eval_anchors)}; seed {c.seed}.")
     command = shlex.join(["python", "-m", "experiments.sft_generator"] + sys.argv[1:])
     evals = checks_sft.summaries(summary["evals"], int(s.n_bootstrap), int(c.seed))
     wall = run_logging.wall_times(workdir)

@@ -83,22 +83,51 @@ def _write_jsonl(path, rows):
             f.write(json.dumps(r) + "\n")
 
 
+# World v2's splits in `write_checks_world`: each split's prompts are PROMPTS with its own
+# lead sentence (the policy split's: none), so no two splits share a prompt text.
+SPLIT_LEADS = {"policy": "", "gen_sft": "For a class. ", "gen_rl": "For a blog. ",
+               "dev": "For a diary. ", "heldout": "For a letter. "}
+
+
+def _anchor_row(row: dict) -> dict:
+    """The anchor row of a prompt row: ANSWERS ranked by their gold score (best first),
+    the prompt's id, text and meta (its split included), as make_checks_anchors writes."""
+    from drubric_jax.checks import gold_score
+
+    g = [gold_score(row["meta"]["checks"], y) for y in ANSWERS]
+    ranking = sorted(range(len(ANSWERS)), key=lambda j: -g[j])  # best first
+    return {**row, "responses": ANSWERS, "ranking": ranking}
+
+
+def checks_split_rows(split: str) -> list:
+    """World v2's rows of one split for `write_checks_world`: PROMPTS with the split's lead
+    sentence, ids "cw/<i>" (the policy split) or "cw/<split>/<i>", `meta["split"]` set."""
+    return [{"id": f"cw/{i}" if split == "policy" else f"cw/{split}/{i}",
+             "source": f"checks_world:{split}", "prompt": SPLIT_LEADS[split] + p,
+             "meta": {"checks": t, "split": split}} for i, (p, t) in enumerate(PROMPTS)]
+
+
 def write_checks_world(directory) -> None:
-    """train.jsonl, heldout.jsonl and anchors.jsonl in the layout the checks world's data
-    scripts write (prompt rows with meta.checks; anchor lists ranked best first)."""
+    """Both layouts the checks world's data scripts write, in one directory:
+    world v1's train.jsonl (PROMPTS, ids cw/<i>) and anchors.jsonl (ids cw/a<i>), and
+    world v2's five splits (`data.splits`: gen_sft.jsonl, gen_rl.jsonl, policy.jsonl,
+    dev.jsonl, heldout.jsonl, 3 rows each, `checks_split_rows`) with the anchor lists of
+    gen_sft, gen_rl, dev and heldout (<split>_anchors.jsonl); heldout.jsonl serves both
+    (world v1 ignores meta.split). Prompt rows carry meta.checks; anchor lists are ANSWERS
+    ranked best first by the gold score."""
+    from drubric_jax.data import splits
+
     rows = [{"id": f"cw/{i}", "source": "checks_world", "prompt": p, "meta": {"checks": t}}
             for i, (p, t) in enumerate(PROMPTS)]
     _write_jsonl(os.path.join(directory, "train.jsonl"), rows)
-    _write_jsonl(os.path.join(directory, "heldout.jsonl"), rows[:1])
-    from drubric_jax.checks import gold_score
-
-    anchors = []
-    for i, (p, t) in enumerate(PROMPTS):
-        g = [gold_score(t, y) for y in ANSWERS]
-        ranking = sorted(range(len(ANSWERS)), key=lambda j: -g[j])  # best first
-        anchors.append({"id": f"cw/a{i}", "source": "checks_world", "prompt": p,
-                        "responses": ANSWERS, "ranking": ranking, "meta": {"checks": t}})
-    _write_jsonl(os.path.join(directory, "anchors.jsonl"), anchors)
+    _write_jsonl(os.path.join(directory, "anchors.jsonl"),
+                 [_anchor_row(dict(r, id=f"cw/a{i}")) for i, r in enumerate(rows)])
+    for split in splits.SPLITS:
+        part = checks_split_rows(split)
+        _write_jsonl(os.path.join(directory, splits.prompt_file(split)), part)
+        if split in splits.ANCHORED:
+            _write_jsonl(os.path.join(directory, splits.anchor_file(split)),
+                         [_anchor_row(r) for r in part])
 
 
 def one_round_config():

@@ -206,17 +206,22 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
             f"checks_dir={data}", f"--workdir={work}", "--config.experiment.heldout_rows=0"]
     run_module(*base, "--config.experiment.arms=gold", timeout=600)
     p0 = json.loads((work / cp.P0_FILE).read_text())
-    assert len(p0["gold"]) == 1 and p0["ids"] == ["cw/0"]  # heldout.jsonl: one row
+    # heldout.jsonl: the heldout split's 3 rows (tests/helpers.py write_checks_world).
+    assert p0["ids"] == [f"cw/heldout/{i}" for i in range(3)] and len(p0["gold"]) == 3
     gold_eval = work / "seed0" / "gold" / cp.HELDOUT_FILE
     stamp = gold_eval.stat().st_mtime_ns
     # World v2 (the default): greedy and sampled held-out scores, the held-out gold curve
     # (before each step and after the last), and a checkpoint of the policy alone (the gold
     # arm loads no generator, so it exports none).
     h = json.loads(gold_eval.read_text())
-    assert len(h["gold_sampled"]) == 1 and h["samples"] == 1 and h["by_check"]
+    assert len(h["gold_sampled"]) == 3 and h["samples"] == 1 and h["by_check"]
     assert not (work / "seed0" / "gold" / "export" / "generator").exists()
+    # The gold curve while the policy trains reads the dev split (3 rows), not heldout.
     curve = cp.gold_curve(str(work / "seed0" / "gold" / "metrics.jsonl"))
-    assert curve["steps"] == [0, 1, 2] and curve["rows"] == [1, 1, 1]
+    assert curve["steps"] == [0, 1, 2] and curve["rows"] == [3, 3, 3]
+    cfg = json.loads((work / "seed0" / "gold" / "config.json").read_text())
+    assert cfg["rounds"]["heldout_gold_path"] == str(data / "dev.jsonl")
+    assert cfg["data"]["prompt_paths"] == [str(data / "policy.jsonl")]
     # An untrained tiny generator (G_0 itself) stands in for a trained one in round 2.
     from drubric_jax import models
     gen = tmp_path / "gen"

@@ -31,7 +31,9 @@ def _bases(n, long_every=0):
     for i in range(n):
         text = f"Tell me about topic number {i} in a few words."
         if long_every and i % long_every == 0:
-            text = " ".join(["Describe the history of the city and its people."] * 30)
+            # Distinct texts: the builder skips a repeated base prompt before measuring it.
+            text = f"City {i}. " + " ".join(["Describe the history of the city and its "
+                                              "people."] * 30)
         out.append(PromptItem(id=f"b{i}", source="t", prompt=text))
     return out
 
@@ -54,12 +56,13 @@ def test_no_constraint_is_cut_from_a_role_input(tok):
 
     # Every third base prompt is ~300 tokens: the builder must skip each of them.
     stats = {}
-    rows = make_checks_data.make_rows_v2(_bases(60, long_every=3), 0, 12, 8, SMALL_POOL,
+    rows = make_checks_data.make_rows_v2(_bases(60, long_every=3), 0,
+                                         {"policy": 12, "heldout": 8}, SMALL_POOL,
                                          n_calibration=10, fits=fits, stats=stats)
     assert stats["cut"] >= 1
     long_response = " ".join(["word"] * 200)  # cut to N_TOKENS tokens below
     resp = tok.decode(tok.encode(long_response, add_special_tokens=False)[:N_TOKENS])
-    for row in rows["train"] + rows["heldout"]:
+    for row in rows["policy"] + rows["heldout"]:
         sentences = [check_rubrics.checks.render(t["check"], t["args"])
                      for t in row["meta"]["checks"]]
         # The policy sees every constraint sentence: the real prompt renderer at its budget.
@@ -86,7 +89,7 @@ def test_no_constraint_is_cut_from_a_role_input(tok):
             fit.check_rows_fit([mid], tok, policy_budget=POLICY_BUDGET, where="f",
                                generator=dict(k=K, response_tokens=N_TOKENS, budget=400,
                                               render=render, keep_prompt=keep))
-    assert fit.check_rows_fit(rows["train"], tok, policy_budget=POLICY_BUDGET, where="f",
+    assert fit.check_rows_fit(rows["policy"], tok, policy_budget=POLICY_BUDGET, where="f",
                               generator=dict(k=K, response_tokens=N_TOKENS, budget=GEN_BUDGET,
                                              render=render, keep_prompt=True))["rows"] == 12
 
@@ -94,11 +97,13 @@ def test_no_constraint_is_cut_from_a_role_input(tok):
 def test_calibration_prompts_never_train_or_heldout():
     bases = _bases(50)
     cal = {b.id for b in make_checks_data.calibration_bases(bases, 0, 10)}
-    rows = make_checks_data.make_rows_v2(bases, 0, 25, 15, SMALL_POOL, n_calibration=10)
+    rows = make_checks_data.make_rows_v2(bases, 0, {"policy": 25, "heldout": 15}, SMALL_POOL,
+                                         n_calibration=10)
     used = {r["meta"]["base_id"] for s in rows.values() for r in s}
     assert len(cal) == 10 and not cal & used
     with pytest.raises(ValueError, match="ran out of base prompts"):
-        make_checks_data.make_rows_v2(bases, 0, 30, 15, SMALL_POOL, n_calibration=10)
+        make_checks_data.make_rows_v2(bases, 0, {"policy": 30, "heldout": 15}, SMALL_POOL,
+                                      n_calibration=10)
 
 
 def test_calibrated_pool_is_read_from_its_table(tmp_path):
@@ -120,9 +125,9 @@ def test_calibrated_pool_is_read_from_its_table(tmp_path):
     kept = pool.load_pool(str(path))
     assert [v.label for v in kept] == labels[2:5]
     # The builder draws only the pool's variants, with arguments inside their ranges.
-    rows = make_checks_data.make_rows_v2(_bases(40), 3, 20, 10, kept, checks=(1, 3),
-                                         n_calibration=5)
-    for row in rows["train"] + rows["heldout"]:
+    rows = make_checks_data.make_rows_v2(_bases(40), 3, {"policy": 20, "heldout": 10}, kept,
+                                         checks=(1, 3), n_calibration=5)
+    for row in rows["policy"] + rows["heldout"]:
         assert 1 <= len(row["meta"]["checks"]) <= 3
         for t in row["meta"]["checks"]:
             validate(t["check"], t["args"])
@@ -179,8 +184,12 @@ def test_world_v2_run_stops_before_its_files_exist(tmp_path):
     c = get_config(f"world=checks,tiny,checks_dir={tmp_path}/w")
     assert c.data.checks_world_version == 2 and c.data.refuse_cut_constraints
     with pytest.raises(FileNotFoundError, match=r"make_checks_data --version=2 "
-                                                r"--out=.*/w"):
+                                                r"--out=.*/w") as e:
         data.check_data_sources(data_spec(c))
+    # Every command that builds the world: the prompts, then the four splits' anchor lists.
+    for split in ("gen_sft", "gen_rl", "dev", "heldout"):
+        assert (f"make_checks_anchors --split={split} --prompts={tmp_path}/w/{split}.jsonl "
+                f"--out={tmp_path}/w/{split}_anchors.jsonl") in str(e.value)
     c1 = get_config(f"world=checks,world_version=1,checks_dir={tmp_path}/w1")
     assert c1.data.checks_world_version == 1 and not c1.data.refuse_cut_constraints
     assert c1.lora.rank == 0 and c1.policy.max_prompt_tokens == 128

@@ -1,8 +1,10 @@
 """Checks world III: the oracle generator's reward (`rl.rule_rewards.checks_oracle`), the
 generator's supervised warm start G_sft (`rl.sft`, `checks.sft_data`,
-`evaluation.checks_sft`, `rounds.sft_stage`, `experiments.sft_generator`)."""
+`evaluation.checks_sft`, `rounds.sft_stage`, `experiments.sft_generator`), and world v2's
+five disjoint prompt splits, each stage reading its own (`data.splits`; issue 53)."""
 import json
 import os
+import re
 import types
 
 import jax
@@ -199,19 +201,23 @@ def test_sft_target_is_what_the_constrained_generator_can_write():
 
 
 def _write_world3(d):
-    """A tiny world v2: training anchor rows and held-out anchor rows with pool checks."""
-    truths = _pool_draws(4, seed=5, max_checks=1)
+    """A tiny world v2 (`data.splits`): the gen_sft split's anchor rows (2 prompts), the dev
+    split's (2), and a held-out prompt file, each row tagged with its split."""
+    truths = _pool_draws(5, seed=5, max_checks=1)
     answers = ["Yes.", "No, never.", "Maybe so. P.S. hi", "* a\n* b"]
-    rows = {"train": [], "heldout": [], "anchors": [], "heldout_anchors": []}
+    files = {"gen_sft_anchors": [], "dev_anchors": [], "heldout": []}
     for i, t in enumerate(truths):
-        split = "train" if i < 2 else "heldout"
+        split = "gen_sft" if i < 2 else "dev" if i < 4 else "heldout"
         p = f"Say something, number {i}. {t[0]['check']}"
-        row = {"id": f"{split}/{i}", "source": "cw", "prompt": p, "meta": {"checks": t}}
-        rows[split].append(row)
-        rows["anchors" if split == "train" else "heldout_anchors"].append(
+        row = {"id": f"{split}/{i}", "source": "cw", "prompt": p,
+               "meta": {"checks": t, "split": split}}
+        if split == "heldout":
+            files["heldout"].append(row)
+            continue
+        files[f"{split}_anchors"].append(
             {**row, "responses": answers, "ranking": [0, 1, 2, 3], "ties": False,
              "scores": [gold_score(t, y) for y in answers]})
-    for name, rs in rows.items():
+    for name, rs in files.items():
         with open(os.path.join(d, f"{name}.jsonl"), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rs)
 
@@ -229,7 +235,7 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     out = run_module(*args, timeout=600)
     rec = [json.loads(x) for x in (work / "recovery.jsonl").read_text().splitlines()]
     assert [(r["step"], r["epoch"]) for r in rec] == [(0, 0), (2, 1)]
-    assert rec[1]["ids"] == ["heldout/2", "heldout/3"]
+    assert rec[1]["ids"] == ["dev/2", "dev/3"]  # recovery is measured on the dev split
     summary = json.loads((work / "summary.json").read_text())
     assert summary["kind"] == "checks_sft" and [e["step"] for e in summary["evals"]] == [0, 2]
     for r, e in zip(rec, summary["evals"]):
@@ -264,7 +270,7 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
                    timeout=300)
     assert not (tmp_path / "more").exists()
     # A missing world file stops at once, naming the command that builds it.
-    os.remove(world / "heldout_anchors.jsonl")
+    os.remove(world / "dev_anchors.jsonl")
     with pytest.raises(AssertionError, match="make_checks_anchors"):
         run_module(*args[:2], f"--workdir={tmp_path / 'other'}", timeout=300)
 
@@ -308,3 +314,186 @@ def test_list_recovery_keeps_the_masked_items_and_scores_them_by_hand():
     assert list_recovery(texts, [False] * 3, truth) == ([], (0.0, 0.0, 0.0, 0.0))
     with pytest.raises(ValueError):
         list_recovery(texts, [True] * 3, [])
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def _anchors_of(rows_path, out_path):
+    """Anchor rows of a split's prompt file without a model: the helpers' fixed responses
+    (enough of them pass the anchor filter) ranked by their gold score, the prompt row's id,
+    text and meta (split included), as make_checks_anchors writes them."""
+    from drubric_jax.data import load_jsonl
+    from helpers import ANSWERS
+
+    with open(out_path, "w", encoding="utf-8") as f:
+        for r in load_jsonl(rows_path):
+            g = [gold_score(r.meta["checks"], y) for y in ANSWERS]
+            f.write(json.dumps({"id": r.id, "source": r.source, "prompt": r.prompt,
+                                "responses": ANSWERS, "scores": g,
+                                "ranking": sorted(range(len(g)), key=lambda j: -g[j]),
+                                "meta": r.meta}) + "\n")
+
+
+def test_prompt_splits_are_disjoint(tmp_path, smollm2_tokenizer):
+    """World v2's builder on small synthetic source files: five splits, one file each,
+    pairwise disjoint by prompt text and by base prompt (two sources' rows that differ only
+    in case and punctuation are one base prompt: it lands in one split at most), every row
+    tagged with its split, the manifest listing each split's rows and seed, the same seed
+    byte-identical; then a stage given another stage's split stops, naming the file, the
+    row, the split it found and the split it wanted."""
+    from configs.smollm2_cpu import get_config
+    from drubric_jax.checks import world_data
+    from drubric_jax.data import check_data_sources, load_data, load_jsonl, splits
+    from drubric_jax.evaluation.checks_policy import heldout_setup
+    from drubric_jax.rounds import gold_curve
+    from drubric_jax.rounds.settings import data_spec
+    from drubric_jax.rounds.sft_stage import read_sft_rows
+    from experiments.make_checks_anchors import check_prompt_split
+
+    topics = ["rivers", "bread", "chess", "owls", "tides", "maps", "bees", "clocks", "salt",
+              "kites", "glass", "moss", "caves", "wool", "rain", "ink", "trams", "figs",
+              "coral", "lamps", "sand", "bells", "frost", "yarn", "ferns", "boats", "tea",
+              "dunes", "reeds", "wells", "hives", "forts", "comets", "pears", "sleds"]
+    src_a, src_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    src_a.write_text("".join(json.dumps({"id": f"a/{i}", "source": "t:a", "prompt":
+                                         f"Tell me about {w} in a few words."}) + "\n"
+                             for i, w in enumerate(topics)), encoding="utf-8")
+    # The same requests as a/0..a/4, reworded only in case and punctuation.
+    src_b.write_text("".join(json.dumps({"id": f"b/{i}", "source": "t:b", "prompt":
+                                         f"tell me about {w.upper()} in a few words!"}) + "\n"
+                             for i, w in enumerate(topics[:5])), encoding="utf-8")
+    sizes = {"gen_sft": 6, "gen_rl": 4, "policy": 5, "dev": 3, "heldout": 7}
+    kw = dict(seed=3, version=2, sources=[str(src_a), str(src_b)], shared_dir=str(tmp_path),
+              pool=V2_POOL, n_calibration=4, sizes=sizes, tokenizer=smollm2_tokenizer)
+    m = world_data.make(str(tmp_path / "w"), **kw)
+    world_data.make(str(tmp_path / "w2"), **kw)
+    for s in splits.SPLITS + ("manifest",):
+        name = "manifest.json" if s == "manifest" else splits.prompt_file(s)
+        assert (tmp_path / "w" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
+    assert list(m["splits"]) == list(splits.SPLITS)
+    rows = {}
+    for s in splits.SPLITS:
+        entry = m["splits"][s]
+        assert entry["rows"] == sizes[s] and entry["seed"] == 3
+        assert entry["file"] == f"{s}.jsonl"
+        rows[s] = load_jsonl(tmp_path / "w" / entry["file"])
+        assert len(rows[s]) == sizes[s]
+        assert all(r.meta["split"] == s and r.id.startswith(f"checks_world/{s}/")
+                   for r in rows[s])
+    # The reported held-out split comes first in the seed's order (`splits.CUT_ORDER`).
+    assert m["splits"]["heldout"]["positions"][0] == 0
+    calibration = {splits.base_key(b.prompt) for b in world_data.calibration_bases(
+        world_data.base_prompts([str(src_a), str(src_b)], 300), 3, 4)}
+    for i, a in enumerate(splits.SPLITS):
+        text_a = {r.prompt for r in rows[a]}
+        base_a = {splits.base_key(r.meta["base_prompt"]) for r in rows[a]}
+        assert len(base_a) == len(rows[a]) and not base_a & calibration
+        for b in splits.SPLITS[i + 1:]:
+            assert not text_a & {r.prompt for r in rows[b]}, (a, b)
+            assert not base_a & {splits.base_key(r.meta["base_prompt"]) for r in rows[b]}, (a, b)
+    # Both spellings of a request were available; at most one of them was used, and the
+    # builder counted the other it met.
+    used = [r.meta["base_id"] for s in splits.SPLITS for r in rows[s]]
+    pairs = [(f"a/{i}", f"b/{i}") for i in range(5)]
+    assert all(not (x in used and y in used) for x, y in pairs)
+    assert m["base_prompts"].get("near_duplicate", 0) >= 1
+    # check_disjoint refuses a base prompt in two splits.
+    raw = {s: [{"id": r.id, "prompt": r.prompt, "meta": r.meta} for r in rows[s]]
+           for s in ("dev", "heldout")}
+    raw["dev"].append({"id": "x", "prompt": "Other text.", "meta": dict(
+        raw["heldout"][0]["meta"], split="dev")})
+    with pytest.raises(ValueError, match="share a base prompt"):
+        splits.check_disjoint(raw)
+
+    # Each stage reads its own split. The anchor lists of the four anchored splits:
+    w = tmp_path / "w"
+    for s in splits.ANCHORED:
+        _anchors_of(w / splits.prompt_file(s), w / splits.anchor_file(s))
+    c = get_config(f"world=checks,tiny,checks_dir={w}")
+    c.data.heldout_anchor_rows = 2
+    check_data_sources(data_spec(c))  # every file its stage's split: passes
+
+    def refused(found, wanted, path):
+        return (rf"{re.escape(str(path))}:1: row 'checks_world/{found}/[^']+': field "
+                rf"'meta\.split' is '{found}', but .* reads the '{wanted}' split")
+
+    # The policy's RL given the held-out prompts (a path overridden by hand).
+    bad = c.copy_and_resolve_references()
+    bad.data.prompt_paths = (str(w / "heldout.jsonl"),)
+    with pytest.raises(splits.SplitError, match=r"config\.data\.prompt_paths\[0\]: "
+                       + refused("heldout", "policy", w / "heldout.jsonl")):
+        check_data_sources(data_spec(bad))
+    # The loader refuses it too (rows named by their place among those read).
+    with pytest.raises(splits.SplitError, match=re.escape(str(w / "heldout.jsonl")) +
+                       r": row 1 read: row 'checks_world/heldout/[^']+': field 'meta\.split' "
+                       r"is 'heldout', but the policy's RL reads the 'policy' split"):
+        load_data(data_spec(bad))
+    # The generator's RL given G_sft's anchor lists; Q2's held-out lists given dev's.
+    bad = c.copy_and_resolve_references()
+    bad.data.anchor_paths = (str(w / "gen_sft_anchors.jsonl"),)
+    with pytest.raises(splits.SplitError, match=refused("gen_sft", "gen_rl",
+                                                        w / "gen_sft_anchors.jsonl")):
+        check_data_sources(data_spec(bad))
+    bad = c.copy_and_resolve_references()
+    bad.data.heldout_anchor_paths = (str(w / "dev_anchors.jsonl"),)
+    with pytest.raises(splits.SplitError, match=refused("dev", "heldout",
+                                                        w / "dev_anchors.jsonl")):
+        check_data_sources(data_spec(bad))
+    # Held-out lists cut from the generator's RL lists are refused in a split world.
+    bad = c.copy_and_resolve_references()
+    bad.data.heldout_anchor_paths = ()
+    with pytest.raises(ValueError, match="config.data.heldout_anchor_paths"):
+        check_data_sources(data_spec(bad))
+    # The gold curve while the policy trains reads dev, not the reported held-out split.
+    c.rounds.heldout_gold_every = 1
+    assert [x.id for x in gold_curve.load_items(c)] == [r.id for r in rows["dev"]]
+    c.rounds.heldout_gold_path = str(w / "heldout.jsonl")
+    with pytest.raises(splits.SplitError, match=refused("heldout", "dev", w / "heldout.jsonl")):
+        gold_curve.load_items(c)
+    # The policy's held-out evaluation reads heldout, not the policy's prompts.
+    assert len(heldout_setup(c, str(w / "heldout.jsonl"), 0, 4)[0]) == 7
+    with pytest.raises(splits.SplitError, match=refused("policy", "heldout",
+                                                        w / "policy.jsonl")):
+        heldout_setup(c, str(w / "policy.jsonl"), 0, 4)
+    # G_sft: pairs from gen_sft, its per-epoch F1 on dev.
+    sft = types.SimpleNamespace(train_anchors=str(w / "gen_sft_anchors.jsonl"),
+                                eval_anchors=str(w / "dev_anchors.jsonl"),
+                                heldout_prompts=str(w / "heldout.jsonl"),
+                                train_rows=0, eval_rows=0)
+    train, held, dev = read_sft_rows(sft)
+    assert (len(train), len(held), len(dev)) == (6, 7, 3)
+    sft.eval_anchors = str(w / "heldout_anchors.jsonl")
+    with pytest.raises(splits.SplitError, match=r"config\.sft\.eval_anchors: " + refused(
+            "heldout", "dev", w / "heldout_anchors.jsonl")):
+        read_sft_rows(sft)
+    sft.eval_anchors, sft.train_anchors = str(w / "dev_anchors.jsonl"), str(
+        w / "gen_rl_anchors.jsonl")
+    with pytest.raises(splits.SplitError, match=refused("gen_rl", "gen_sft",
+                                                        w / "gen_rl_anchors.jsonl")):
+        read_sft_rows(sft)
+    # The anchor lists' command: --split names the file's split, and a split file needs it.
+    check_prompt_split(str(w / "gen_rl.jsonl"), "gen_rl")
+    with pytest.raises(splits.SplitError, match=refused("gen_sft", "gen_rl",
+                                                        w / "gen_sft.jsonl")):
+        check_prompt_split(str(w / "gen_sft.jsonl"), "gen_rl")
+    with pytest.raises(ValueError, match="pass --split=dev"):
+        check_prompt_split(str(w / "dev.jsonl"), "")
+    with pytest.raises(ValueError, match="has no anchor lists"):
+        check_prompt_split(str(w / "policy.jsonl"), "policy")
+
+
+def test_docs_give_the_commands_that_build_the_split_world():
+    """README.md and docs/CHECKS_WORLD.md show world v2's build commands exactly as
+    `configs.checks_world.build_commands` prints them when a run starts without its files
+    (the data, then the anchor lists of gen_sft, gen_rl, dev and heldout)."""
+    from configs.checks_world import DEFAULT_DIRS, build_commands
+    from drubric_jax.data import splits
+
+    lines = build_commands(2, f"../{DEFAULT_DIRS[2]}").splitlines()
+    assert len(lines) == 1 + len(splits.ANCHORED)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for doc in ("README.md", os.path.join("docs", "CHECKS_WORLD.md")):
+        text = open(os.path.join(repo, doc), encoding="utf-8").read().splitlines()
+        for line in lines:
+            assert line in text, (doc, line)

@@ -21,6 +21,8 @@ Pure Python + numpy (METHOD = ../shared/docs/METHOD.md). One job per module:
   a run used (to refuse resuming a workdir with other data).
 - `iterators`: `shuffled_order`, `host_shard`, `EpochIterator` (deterministic, per-host,
   resumable batching).
+- `splits`: the checks world's five disjoint prompt splits (`SPLITS`, `STAGE_SPLITS`) and
+  `require_split`, the check that a stage reads only its own (`SplitError`).
 
 Every public name is re-exported here, so `from drubric_jax import data;
 data.EpochIterator` works.
@@ -42,6 +44,9 @@ from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_js
                                       demo_prompt_path, nectar_row_to_anchor,
                                       prompts_from_jsonl, prompts_from_records,
                                       split_hh_transcript)
+from drubric_jax.data.splits import (SPLITS, STAGE_NAMES, STAGE_SPLITS, SplitError,
+                                     anchor_file, check_disjoint, prompt_file, require_split,
+                                     split_of)
 from drubric_jax.data.tfds_build import build_tfds, default_split_names, expand_jsonl_entries
 from drubric_jax.data.tfds_source import (is_tfds_spec, parse_tfds_spec, record_from_example,
                                           record_to_example, records_from_tfds)

@@ -30,6 +30,7 @@ from drubric_jax.data.schema import AnchorList, PromptItem, load_jsonl
 from drubric_jax.data.sources import (anchor_lists_from_hf, anchor_lists_from_jsonl,
                                       anchor_lists_from_records, demo_anchor_path,
                                       demo_prompt_path, prompts_from_jsonl, prompts_from_records)
+from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
 from drubric_jax.data.tfds_source import is_tfds_spec, records_from_tfds
 
 
@@ -100,6 +101,10 @@ class DataSpec:
         (`checks.TRUE_CHECK_REWARDS`), else "".
       checks_build: config.data.checks_build (the commands that write a checks world's
         files, printed when one is missing; "" outside the checks world).
+      require_splits: config.data.require_splits: every row of prompt_paths must be the
+        "policy" split, of anchor_paths "gen_rl", of heldout_anchor_paths "heldout"
+        (`meta["split"]`, `data.splits.STAGE_SPLITS`), and held-out lists come from
+        heldout_anchor_paths only (world v2's splits; issue 53).
     """
 
     name: str
@@ -121,6 +126,7 @@ class DataSpec:
     reads_anchors: bool = True
     true_checks_reward: str = ""
     checks_build: str = ""
+    require_splits: bool = False
 
 
 class _FileRows(NamedTuple):
@@ -258,10 +264,13 @@ def load_data(d: DataSpec, num_hosts: int = 1) -> LoadedData:
       ValueError: fewer training anchors than num_hosts * generator.anchors_per_step, or
         fewer prompts than num_hosts * policy.prompts_per_step; the message names the files,
         what each lost (filters, duplicates) and the config fields.
+      data.splits.SplitError (a ValueError): under d.require_splits, a row of another split
+        than its stage's (`_check_split_setup`, `data.splits.require_split`).
       FileNotFoundError / ValueError: as `resolve_data_paths` and `load_jsonl` (and
         `records_from_tfds` for "tfds:" entries).
     """
     anchor_paths, prompt_paths = resolve_data_paths(d)
+    _check_split_setup(d)
     anchor_files = _read_anchors(d, anchor_paths)
     anchors = [a for f in anchor_files for a in f.rows]
     # A seeded shuffle across files: the held-out split is the same on every host and rerun.
@@ -284,6 +293,12 @@ def load_data(d: DataSpec, num_hosts: int = 1) -> LoadedData:
                            num_hosts, f" after config.data.heldout_anchor_rows="
                            f"{d.heldout_anchor_rows} held out")
     prompt_files = _read_prompts(d, prompt_paths)
+    if d.require_splits:  # every row its stage's split (check_data_sources names the line)
+        for role, files in (("generator_anchors", anchor_files),
+                            ("heldout_anchors", heldout_files),
+                            ("policy_prompts", prompt_files)):
+            for f in files:
+                require_split(f.rows, STAGE_SPLITS[role], f.path, STAGE_NAMES[role])
     prompts = [p for f in prompt_files for p in f.rows]
     _check_fills_batch("prompts", len(prompts), prompt_files, "policy.prompts_per_step",
                        d.prompts_per_step, "data.max_prompt_rows", d.max_prompt_rows, num_hosts)
@@ -309,19 +324,38 @@ def _refuse_shared_prompts(heldout: list, heldout_files: list, train: list,
 
 
 def _configured_files(d: DataSpec) -> list:
-    """[(kind, config field that names the file, path)] of every configured data entry."""
+    """[(kind, config field that names the file, path, stage)] of every configured data
+    entry; stage is its key in `data.splits.STAGE_SPLITS` (generator_anchors,
+    heldout_anchors, policy_prompts)."""
     anchors, prompts = resolve_data_paths(d)
-    heldout = [("anchors", f"config.data.heldout_anchor_paths[{i}]", p)
+    heldout = [("anchors", f"config.data.heldout_anchor_paths[{i}]", p, "heldout_anchors")
                for i, p in enumerate(d.heldout_anchor_paths)]
     if d.name == "custom":
-        return ([("anchors", f"config.data.anchor_paths[{i}]", p) for i, p in enumerate(anchors)]
-                + heldout + [("prompts", f"config.data.prompt_paths[{i}]", p)
+        return ([("anchors", f"config.data.anchor_paths[{i}]", p, "generator_anchors")
+                 for i, p in enumerate(anchors)]
+                + heldout + [("prompts", f"config.data.prompt_paths[{i}]", p, "policy_prompts")
                              for i, p in enumerate(prompts)])
     field = f"config.data.name={d.name}"
     if d.name == "shared":
         field += f" (config.data.shared_dir={d.shared_dir!r})"
-    return ([("anchors", field, p) for p in anchors] + heldout
-            + [("prompts", field, p) for p in prompts])
+    return ([("anchors", field, p, "generator_anchors") for p in anchors] + heldout
+            + [("prompts", field, p, "policy_prompts") for p in prompts])
+
+
+def _check_split_setup(d: DataSpec) -> None:
+    """Under d.require_splits, held-out lists split off the generator's RL lists would score
+    prompts of another split: they must come from heldout_anchor_paths.
+
+    Raises:
+        ValueError: d.heldout_anchor_rows > 0 with no heldout_anchor_paths (names both
+            fields).
+    """
+    if d.require_splits and d.heldout_anchor_rows and not d.heldout_anchor_paths:
+        raise ValueError(
+            f"config.data.heldout_anchor_rows={d.heldout_anchor_rows} with no "
+            "config.data.heldout_anchor_paths: under config.data.require_splits the "
+            "held-out lists are the heldout split's anchor lists (heldout_anchors.jsonl), "
+            "never a part of the generator's RL lists (config.data.anchor_paths)")
 
 
 class MissingDataFile(FileNotFoundError):
@@ -355,16 +389,21 @@ def check_data_sources(d: DataSpec) -> dict:
         no TFDS dataset ..." for a TFDS split that is not built.
       ImportError: a "tfds:" entry without tensorflow_datasets installed (names the extra).
       ValueError: "<config field>: <path>:<line>: field '<name>' ..." for a bad row, or an
-        anchor file without ranked rows; under checks_gold, "<config field>: <path>:<line>:
-        row '<id>' ...: field 'meta.checks' ..." for a prompt row without valid true checks.
+        anchor file without ranked rows; under d.require_splits a row of another split
+        than its stage's, "<config field>: <path>:<line>: row '<id>': field 'meta.split' is
+        '<found>', but <stage> reads the '<wanted>' split" (`data.splits.SplitError`), or
+        held-out lists with no heldout_anchor_paths (`_check_split_setup`); under
+        checks_gold, "<config field>: <path>:<line>: row '<id>' ...: field 'meta.checks'
+        ..." for a prompt row without valid true checks.
     """
     rows = {}
+    _check_split_setup(d)
     # The checkers (seconds to import) load only when a reward reads the true checks.
     reward = d.true_checks_reward
     gold_rule = bool(reward)
     if gold_rule:
         from drubric_jax import checks
-    for kind, field, path in _configured_files(d):
+    for kind, field, path, stage in _configured_files(d):
         if path.startswith("hf:"):
             continue
         try:
@@ -388,6 +427,11 @@ def check_data_sources(d: DataSpec) -> dict:
             for r in records:
                 checks.true_checks_of(r.meta, f"{field}: {path}:{r.line}: row {r.id!r} "
                                               f"(config.policy.reward={reward})")
+        if d.require_splits:
+            # Each stage reads its own split (issue 53): a file of another split (a path
+            # overridden by hand) stops the run here, before any weights load.
+            require_split(records, STAGE_SPLITS[stage], f"{field}: {path}",
+                          STAGE_NAMES[stage])
         if kind == "anchors" and not any(r.responses for r in records):
             raise ValueError(f"{field}: {path} has no ranked rows ('responses' + 'ranking') "
                              "to build anchor lists from")

@@ -125,9 +125,25 @@ def heldout_setup(config, path: str, rows: int, batch: int) -> tuple[list, dict]
     """The held-out prompts of `path` (the first `rows`; 0 = all) and the `heldout_gold`
     arguments of a run config: its policy's prompt and answer lengths, dtype and
     temperature, `batch` prompts per sampler call, `experiment.eval_samples` samples per
-    prompt (0: greedy only), the config's seed."""
-    from drubric_jax.data.sources import prompts_from_jsonl
+    prompt (0: greedy only), the config's seed.
 
+    Under config.data.require_splits (world v2's splits) every row of `path` answered must
+    be of the heldout split (`data.splits.STAGE_SPLITS["policy_heldout"]`).
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        data.splits.SplitError (a ValueError): a row of another split, naming the file,
+            its line and id, the split found and "heldout".
+    """
+    from drubric_jax.data.schema import load_jsonl
+    from drubric_jax.data.sources import prompts_from_jsonl
+    from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
+
+    if config.data.get("require_splits", False):
+        records = load_jsonl(path)
+        require_split(records[:int(rows)] if rows else records,
+                      STAGE_SPLITS["policy_heldout"], path,
+                      STAGE_NAMES["policy_heldout"])
     items = prompts_from_jsonl(path)
     items = items[:int(rows)] if rows else items
     e = config.get("experiment", {})

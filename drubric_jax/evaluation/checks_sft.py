@@ -1,15 +1,15 @@
-"""The report of the generator's warm start G_sft (checks world III, METHOD 13): held-out
+"""The report of the generator's warm start G_sft (checks world III, METHOD 13): its
 constraint recovery, how well its lists name the true checks of prompts it never trained
-on.
+on (world v2's dev split, where its recipe is chosen; issue 53).
 
-`rounds.sft_stage.heldout_recovery` gives, per held-out row (a held-out prompt x, K of
+`rounds.sft_stage.heldout_recovery` gives, per evaluated row (a prompt x never paired, K of
 P_0's responses, its true checks T(x)), precision, recall and F1 of one list with
 arguments matched (the check id and every argument equal), F1 on check ids alone, whether
 the row was recovered exactly (F1 = 1) and whether the list was valid (an invalid list
 scores 0, METHOD 11). Here: the mean over rows with a percentile-bootstrap 95% CI over
 rows (`evaluation.intervals`), and the table.
 
-Axis legend (docs/CONVENTIONS.md): U held-out rows, M items, Bt bootstrap replicates.
+Axis legend (docs/CONVENTIONS.md): U evaluated rows, M items, Bt bootstrap replicates.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def markdown(evals: Sequence[dict], command: str, setup: str, wall: dict) -> str
     def ci(s):
         return f"{s['mean']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]"
 
-    lines = ["# G_sft: held-out constraint recovery of the generator's warm start", "",
+    lines = ["# G_sft: constraint recovery of the generator's warm start", "",
              "A deviation for scale, not part of the paper's method: this supervised stage",
              "stands in for the zero-shot competence of the paper's 8B generator.", "",
              setup, "", "    " + command, "",
@@ -61,7 +61,8 @@ def markdown(evals: Sequence[dict], command: str, setup: str, wall: dict) -> str
                      f"{ci(s['constraint_f1_check_id'])} | {ci(s['constraint_precision'])} | "
                      f"{ci(s['constraint_recall'])} | {s['exact']['mean']:.3f} | "
                      f"{s['valid']['mean']:.3f} |")
-    lines += ["", f"Rows: {evals[0]['summary']['rows'] if evals else 0} held-out prompts; "
+    lines += ["", f"Rows: {evals[0]['summary']['rows'] if evals else 0} prompts never paired "
+              "(the file the setup names: the dev split's anchor rows in world v2's splits); "
               "95% CIs are percentile bootstrap over them.", "",
               "Wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()), ""]
     return "\n".join(lines)

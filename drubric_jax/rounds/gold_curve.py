@@ -4,7 +4,8 @@ METHOD 13; issue 40).
 Every `config.rounds.heldout_gold_every` policy steps of a round (and after its last; a
 round after the first skips its step 0, whose policy the last round's final point scored),
 the loop has the current policy answer the first `config.rounds.heldout_gold_rows` prompts of
-`config.rounds.heldout_gold_path` (the checks world's heldout.jsonl: never trained on),
+`config.rounds.heldout_gold_path` (never trained on: world v2's dev.jsonl while the policy
+trains, its heldout.jsonl where the curve is the reported result; world v1's heldout.jsonl),
 greedy and once at the training temperature, and logs the mean gold score g(x, y) of each
 as a `kind = "heldout_gold"` metrics row. The keys are functions of the step (`loop.
 phase_key`), so a resumed run draws the same samples. Host-side scoring; the sampler is
@@ -20,6 +21,7 @@ import jax
 import numpy as np
 
 from drubric_jax import parallel, sampling
+from drubric_jax.data.splits import require_split
 from drubric_jax.rounds.phases import decode, policy_prompt_ids
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.types import Role
@@ -29,9 +31,15 @@ def load_items(config) -> list:
     """The first `rounds.heldout_gold_rows` prompts of `rounds.heldout_gold_path` (0 = all);
     [] when the curve is off (`heldout_gold_every` 0).
 
+    Under config.data.require_splits every row of the file must be of
+    `rounds.heldout_gold_split` ("dev" while settings are chosen from the curve, "heldout"
+    where it is reported).
+
     Raises:
         FileNotFoundError / ValueError: a missing file or a row without true checks
             (`meta.checks`), naming the config field, file and row.
+        data.splits.SplitError (a ValueError): a row of another split (names the file, row,
+            the split found and the one wanted).
     """
     r = config.rounds
     if not r.get("heldout_gold_every", 0):
@@ -52,6 +60,15 @@ def load_items(config) -> list:
     for i, it in enumerate(items):
         true_checks_of(it.meta, f"config.rounds.heldout_gold_path: {path}: row {i + 1} "
                                 f"{it.id!r}")
+    want = r.get("heldout_gold_split", "")
+    if config.data.get("require_splits", False) and want:
+        # Each stage reads its own split (issue 53): the curve's file is dev's while the
+        # policy trains, heldout's where the curve is the reported result. Every row of
+        # the file, read with its line numbers.
+        from drubric_jax.data.schema import load_jsonl
+
+        require_split(load_jsonl(path), want, f"config.rounds.heldout_gold_path: {path}",
+                      stage="the held-out gold curve (config.rounds.heldout_gold_split)")
     return items
 
 

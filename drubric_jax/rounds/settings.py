@@ -75,7 +75,8 @@ def generator_reward_weights(config) -> Optional[dict]:
 def data_spec(config) -> DataSpec:
     """The `data.DataSpec` of a run config (configs/base.py layout): config.data's fields,
     the seed, both batch sizes, whether the run reads anchor lists, the reward that reads
-    true checks, the checks world's build commands."""
+    true checks, the checks world's build commands, whether each file must be its stage's
+    split."""
     d = config.data
     reward = str(config.policy.reward)
     return DataSpec(
@@ -92,7 +93,8 @@ def data_spec(config) -> DataSpec:
         prompts_per_step=int(config.policy.prompts_per_step),
         reads_anchors=uses_anchors(config),
         true_checks_reward=reward if reward in TRUE_CHECK_REWARDS else "",
-        checks_build=d.get("checks_build", "") or "")
+        checks_build=d.get("checks_build", "") or "",
+        require_splits=bool(d.get("require_splits", False)))
 
 
 def read(config) -> RunSettings:

@@ -8,14 +8,16 @@ checks as the constrained JSON it emits) (`checks.sft_data`). The rubric-reward
 experiments then start from its export.
 
     run_sft(config, workdir) -> dict of the stage and its evaluations
-    heldout_recovery(...)   constraint recovery of one list per held-out row
+    heldout_recovery(...)   constraint recovery of one list per evaluated row (the dev
+                            split's anchor rows)
+    read_sft_rows(...)      the stage's rows, each file checked to be its split
 
 Writes in `workdir`:
     checkpoints/            the LoRA adapters and their AdamW moments, and the stage's
                             position (`rounds.checkpoint`); a rerun resumes from the last
     metrics.jsonl           one row per update (nll, token_accuracy, grad_norm, seconds)
-    recovery.jsonl          one row per held-out evaluation (`heldout_recovery`): step 0,
-                            then after each epoch
+    recovery.jsonl          one row per evaluation on the dev split (`heldout_recovery`):
+                            step 0, then after each epoch
     export/generator/       the adapters merged into the base, a Hugging Face directory
                             (`model.generator` of the experiments that start from G_sft),
                             and sft_step.json: the update it holds
@@ -26,7 +28,10 @@ The stage runs on one device; an 8B generator needs no warm start.
 
 Config (`configs/sft_generator.py`): `model.generator`, `generator.*` (the generator's
 prompt, schema and budgets: the same inputs the co-evolution loop gives it), `lora.*`,
-`data.checks_dir` and `sft.*` (files, pairs, epochs, batch, optimizer, evaluation).
+`data.checks_dir` and `sft.*` (files, pairs, epochs, batch, optimizer, evaluation). Its
+files are world v2's splits (`data.splits`, issue 53): pairs from the gen_sft split's anchor
+rows, recovery on the dev split's, and a row of another split stops the stage before any
+weight loads (`read_sft_rows`).
 """
 from __future__ import annotations
 
@@ -57,7 +62,8 @@ def heldout_recovery(generator, params, rows, key: jax.Array,
             (`rows_per_call` bounds the rows decoded at once).
         params: its params (adapters attached for a LoRA trainee).
         rows: U records with `.id`, `.prompt`, `.responses` (P_0's K answers), `.history`
-            and `.meta["checks"]` (a held-out anchors file of make_checks_anchors).
+            and `.meta["checks"]` (anchor rows of prompts never paired: the dev split's
+            dev_anchors.jsonl of make_checks_anchors).
         key: PRNG key of the response orders (and of the samples when temperature > 0).
         temperature: 0 = greedy.
 
@@ -93,16 +99,40 @@ def heldout_recovery(generator, params, rows, key: jax.Array,
             "ids": [r.id for r in rows], "lists": lists}
 
 
-def _examples(config, tokenizer, generator):
-    """(examples, input id lists, target id lists, held-out eval rows) of the config."""
-    from drubric_jax.checks.sft_data import sft_examples
+def read_sft_rows(s) -> tuple[list, list, list]:
+    """(training anchor rows, held-out prompt rows, dev anchor rows) of `config.sft`, each
+    file its split (world v2's splits, `data.splits`; issue 53): the first
+    `sft.train_rows` rows of `sft.train_anchors` must be the gen_sft split (G_sft's pairs)
+    and the first `sft.eval_rows` of `sft.eval_anchors` the dev split (its per-epoch
+    recovery, where its recipe is chosen). Reads no weights.
+
+    Raises:
+        data.splits.SplitError (a ValueError): a row of another split (or of none), naming
+            the config field, file, line and row, the split found and the split wanted.
+        FileNotFoundError / ValueError: a missing file or a bad row (`data.load_jsonl`).
+    """
     from drubric_jax.data.schema import load_jsonl
+    from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
+
+    rows = load_jsonl(s.train_anchors)
+    rows = rows[:int(s.train_rows)] if s.train_rows else rows
+    require_split(rows, STAGE_SPLITS["sft_pairs"],
+                  f"config.sft.train_anchors: {s.train_anchors}",
+                  stage=f"{STAGE_NAMES['sft_pairs']} (config.sft.train_anchors)")
+    eval_rows = load_jsonl(s.eval_anchors)
+    eval_rows = eval_rows[:int(s.eval_rows)] if s.eval_rows else eval_rows
+    require_split(eval_rows, STAGE_SPLITS["sft_eval"],
+                  f"config.sft.eval_anchors: {s.eval_anchors}",
+                  stage=f"{STAGE_NAMES['sft_eval']} (config.sft.eval_anchors)")
+    return rows, load_jsonl(s.heldout_prompts), eval_rows
+
+
+def _examples(config, tokenizer, generator, rows, heldout):
+    """(examples, input id lists, target id lists) of the training anchor rows."""
+    from drubric_jax.checks.sft_data import sft_examples
     from drubric_jax.text import tokenizer as tok_lib
 
     s = config.sft
-    rows = load_jsonl(s.train_anchors)
-    rows = rows[:int(s.train_rows)] if s.train_rows else rows
-    heldout = load_jsonl(s.heldout_prompts)
     examples = sft_examples(rows, heldout, np.random.default_rng((int(config.seed), 0)),
                             pairs_per_prompt=int(s.pairs_per_prompt),
                             pool=tuple(config.generator.get("check_pool", ())),
@@ -113,15 +143,7 @@ def _examples(config, tokenizer, generator):
         ids, _, _ = generator.prompt_ids(e["prompt"], e["responses"], e["history"], e["order"])
         inputs.append(ids)
         targets.append(tokenizer.encode(e["target"], add_special_tokens=False) + [stop])
-    eval_rows = load_jsonl(s.heldout_anchors)
-    eval_rows = eval_rows[:int(s.eval_rows)] if s.eval_rows else eval_rows
-    ids = {r.id for r in heldout}
-    stray = [r.id for r in eval_rows if r.id not in ids]
-    if stray:
-        raise ValueError(f"config.sft.heldout_anchors: {s.heldout_anchors}: rows {stray[:3]} "
-                         f"are not prompts of {s.heldout_prompts} (held-out F1 is measured on "
-                         "held-out prompts)")
-    return examples, inputs, targets, eval_rows
+    return examples, inputs, targets
 
 
 def check_sft_config(s) -> None:
@@ -148,7 +170,7 @@ def _bucket(n: int, multiple: int) -> int:
 
 
 def run_sft(config, workdir: str) -> dict:
-    """Trains (or resumes) G_sft and evaluates it on held-out prompts (module docstring).
+    """Trains (or resumes) G_sft and evaluates it on the dev split (module docstring).
 
     Returns:
         {"examples", "steps", "epochs", "batch", "evals": the recovery rows (step, epoch,
@@ -159,7 +181,8 @@ def run_sft(config, workdir: str) -> dict:
     Raises:
         types.ConfigError: a bad config.sft field (`check_sft_config`).
         FileNotFoundError: a missing data file (names the config field and the commands
-            that build it); ValueError: as `checks.sft_data.sft_examples` and the config.
+            that build it); ValueError: as `checks.sft_data.sft_examples` and the config;
+            data.splits.SplitError: a row of another split (`read_sft_rows`).
     """
     from tqdm import tqdm
 
@@ -176,21 +199,21 @@ def run_sft(config, workdir: str) -> dict:
 
     s, g = config.sft, config.generator
     check_sft_config(s)
-    for field in ("train_anchors", "heldout_prompts", "heldout_anchors"):
+    for field in ("train_anchors", "heldout_prompts", "eval_anchors"):
         if not os.path.exists(s[field]):
             build = config.data.get("checks_build", "")
             raise FileNotFoundError(
                 f"config.sft.{field}: no such file {s[field]}" + (
                     "\nBuild the checks world's files first (from the repository root):\n  "
-                    + (build + "\n" + s.get("heldout_anchors_build", "")).strip()
-                    .replace("\n", "\n  ") if build else ""))
+                    + build.strip().replace("\n", "\n  ") if build else ""))
     with open(s.train_anchors, encoding="utf-8") as f:  # before any weight loads
         have = sum(1 for line in f if line.strip())
     if have < int(s.train_rows):
         raise ValueError(
             f"config.sft.train_rows: {s.train_rows} training prompts asked, {s.train_anchors} "
             f"has {have} anchor rows; extend it (it resumes) with make_checks_anchors "
-            f"--limit={s.train_rows}, or lower train_rows")
+            f"--split=gen_sft --limit={s.train_rows}, or lower train_rows")
+    rows, heldout, eval_rows = read_sft_rows(s)  # each file its split, before any weight
     os.makedirs(workdir, exist_ok=True)
     t_start = time.perf_counter()
     cfg, base, tokenizer = models.load_model(config.model.generator, config.model.dtype)
@@ -205,7 +228,7 @@ def run_sft(config, workdir: str) -> dict:
         rows_per_call=int(s.eval_batch), per_row_keys=True,
         fmt=get_format("checks", tuple(g.get("check_pool", ()))),
         keep_prompt=bool(g.get("keep_prompt", False)))
-    examples, inputs, targets, eval_rows = _examples(config, tokenizer, generator)
+    examples, inputs, targets = _examples(config, tokenizer, generator, rows, heldout)
     batch = int(s.batch)
     steps_per_epoch = len(examples) // batch
     if steps_per_epoch < 1:
