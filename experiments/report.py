@@ -29,8 +29,10 @@ Writes `<out>/<kind>-<run dir name>.md` (+ `.png` where the kind has a plot) and
 coevolution run directories (seeds), also `<out>/coevolution-seeds.md`: their headline
 differences side by side and their spread (`evaluation.coevolution.across_seeds`); given
 two or more ablation run directories, `<out>/ablation-seeds.md`: each generator's metrics
-and each paired difference per run, their spread, and the runs' held-out lists pooled
-(`evaluation.ablation_seeds.across_seeds`).
+and each paired difference per run, their spread, and the runs' held-out lists pooled by
+the two-stage bootstrap, runs then list ids (`evaluation.ablation_seeds`). Every figure
+pooled over seeds is named so in its table, with the smallest detectable difference beside
+a null (METHOD 15).
 """
 import json
 import os
@@ -188,7 +190,8 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
 
 def _ablation_across_seeds(run_dirs) -> str:
     """ablation-seeds.md of several ablation runs (seeds): each run's summary recomputed
-    from its files, and the runs' held-out lists pooled (`ablation_seeds.pool_runs`)."""
+    from its files, and the runs' held-out lists pooled by the two-stage bootstrap, runs
+    then list ids (`ablation_seeds.pooled_summary`, METHOD 15)."""
     from drubric_jax.evaluation import ablation, ablation_seeds
 
     summaries, per_run, first = {}, {}, None
@@ -205,12 +208,12 @@ def _ablation_across_seeds(run_dirs) -> str:
         summaries[name] = {**ablation.summarize(per_run[name], s.get("baseline", names[0]),
                                                 comparisons, s["n_bootstrap"], s.get("seed", 0)),
                            "seed": s.get("seed", 0)}
-    pooled_values = ablation_seeds.pool_runs(per_run)
+    common = [g for g in first["generators"] if all(g in r for r in per_run.values())]
     baseline = first.get("baseline", next(iter(first["generators"])))
     comparisons = [tuple(k.split(" - ")) for k in first["comparisons"]
-                   if all(g in pooled_values for g in k.split(" - "))]
-    pooled = ablation.summarize(pooled_values, baseline, comparisons, first["n_bootstrap"],
-                                first.get("seed", 0))
+                   if all(g in common for g in k.split(" - "))]
+    pooled = ablation_seeds.pooled_summary(per_run, baseline, comparisons,
+                                           first["n_bootstrap"], first.get("seed", 0))
     return ablation_seeds.across_seeds(summaries, pooled)
 
 
