@@ -27,7 +27,8 @@ files in it (nothing is copied from a previous results/):
 Writes `<out>/<kind>-<run dir name>.md` (+ `.png` where the kind has a plot) and
 `<out>/README.md`, an index naming each file's run directory and command. Given two or more
 coevolution run directories (seeds), also `<out>/coevolution-seeds.md`: their headline
-differences side by side and their spread (`evaluation.coevolution.across_seeds`); given
+differences side by side, their spread and their pooled value
+(`evaluation.coevolution.across_seeds`, `coevolution_rounds.across_seeds`); given
 two or more ablation run directories, `<out>/ablation-seeds.md`: each generator's metrics
 and each paired difference per run, their spread, and the runs' held-out lists pooled by
 the two-stage bootstrap, runs then list ids (`evaluation.ablation_seeds`). Every figure
@@ -260,21 +261,33 @@ def main(argv):
         from drubric_jax.evaluation import coevolution as co
         from drubric_jax.evaluation import coevolution_rounds as cr
 
-        summaries, modes = {}, set()
+        summaries, modes, values, ids, first = {}, set(), {}, {}, None
         for run_dir in coevolution:
             s = _read(os.path.join(run_dir, "summary.json"))
+            first = first or s
+            name = os.path.basename(os.path.normpath(run_dir))
             modes.add(s.get("mode", "samples"))
-            fresh = (cr.summarize(cr.round_values(run_dir), s["n_bootstrap"], s["seed"])
-                     if s.get("mode") == "rounds" else
-                     co.summarize(run_dir, s["n_bootstrap"], s["seed"]))
-            summaries[os.path.basename(os.path.normpath(run_dir))] = {**fresh,
-                                                                      "seed": s["seed"]}
+            if s.get("mode") == "rounds":
+                values[name] = cr.round_values(run_dir)
+                ids[name] = cr.heldout_ids(run_dir, values[name]["heldout_rows"])
+                fresh = cr.summarize(values[name], s["n_bootstrap"], s["seed"])
+            else:
+                values[name] = _read(os.path.join(run_dir, "eval.json"))
+                fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
+            summaries[name] = {**fresh, "seed": s["seed"]}
         if len(modes) > 1:
             raise SystemExit("error: the coevolution runs mix the samples and rounds "
                              f"evaluations ({', '.join(coevolution)}); report them apart")
+        # Pooled over the runs: the two-stage bootstrap (METHOD 15), seeded by the first run.
+        if modes == {"rounds"}:
+            text = cr.across_seeds(summaries, cr.pooled_headlines(
+                values, first["n_bootstrap"], first["seed"], ids))
+        else:
+            text = co.across_seeds(summaries, co.pooled_headlines(
+                values, first["n_bootstrap"], first["seed"]))
         path = os.path.join(out, "coevolution-seeds.md")
         with open(path, "w", encoding="utf-8") as f:
-            f.write((cr if modes == {"rounds"} else co).across_seeds(summaries))
+            f.write(text)
         index.append(f"| [coevolution-seeds.md](coevolution-seeds.md) | coevolution across "
                      f"runs | {', '.join(f'`{r}`' for r in coevolution)} | (the runs' commands) |")
         print(f"wrote {path} (coevolution across {len(coevolution)} runs)")

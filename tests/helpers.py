@@ -392,6 +392,43 @@ def two_stage_resamples(sizes, unit_ids=None):
     return np.asarray(rows), np.asarray(ps)
 
 
+# ----------------------------------------------------------------------------- run files
+
+
+def write_checks_policy_workdir(root, settings: dict) -> None:
+    """A policy-reward experiment's files (`evaluation.checks_policy`), written by hand in
+    the directory `root` (a pathlib.Path, created): P_0's scores on 6 held-out prompts, and
+    for seeds 0, 1 and arms gold, rubric_sft the held-out scores, two policy steps of
+    metrics.jsonl (the second all flat: skipped, without truncated_fraction) and, where
+    `settings` ({(seed, arm): flat dict}) names the run, its settings.json."""
+    from drubric_jax.evaluation import checks_policy as cp
+
+    ids = [f"h{i}" for i in range(6)]
+    rng = np.random.default_rng(4)
+    root.mkdir()
+    (root / cp.P0_FILE).write_text(json.dumps({
+        "model": "p0", "ids": ids, "gold": rng.integers(0, 2, 6).astype(float).tolist(),
+        "truncated": 2}))
+    for seed in (0, 1):
+        for arm in ("gold", "rubric_sft"):
+            d = root / f"seed{seed}" / arm
+            d.mkdir(parents=True)
+            (d / cp.HELDOUT_FILE).write_text(json.dumps({
+                "ids": ids, "gold": rng.integers(0, 2, 6).astype(float).tolist(),
+                "truncated": 1}))
+            # Step 1 is all flat: skipped, no truncated_fraction (as rounds/phases logs it).
+            rows = [{"kind": "train", "phase": "policy", "round": 0, "step": 0,
+                     "global_step": 1, "policy_reward": 0.5, "gold_score": 0.4,
+                     "truncated_fraction": 0.25 + 0.5 * seed, "active_rows": 8.0,
+                     "update_skipped": 0.0, "redraws": 1},
+                    {"kind": "train", "phase": "policy", "round": 0, "step": 1,
+                     "global_step": 2, "policy_reward": 0.6, "gold_score": 0.5,
+                     "active_rows": 0.0, "update_skipped": 1.0, "redraws": 2}]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            if (seed, arm) in settings:
+                (d / cp.SETTINGS_FILE).write_text(json.dumps(settings[(seed, arm)]))
+
+
 # ----------------------------------------------------------------------------- constraints
 
 

@@ -17,7 +17,8 @@ from drubric_jax.evaluation import checks_policy_report as cpr
 from drubric_jax.evaluation.intervals import resample_weights
 from drubric_jax.evaluator.check_rubrics import item_text
 from helpers import (assert_ci_in_exact_band, assert_percentile_ci, run_module,
-                     two_stage_resamples, write_checks_world)
+                     two_stage_resamples, write_checks_policy_workdir,
+                     write_checks_world)
 
 NO_COMMA = {"check": "punctuation:no_comma", "args": {}}
 LOWER = {"check": "change_case:english_lowercase", "args": {}}
@@ -429,6 +430,37 @@ def test_coevolution_across_seeds_table_and_spread():
         co.across_seeds({"s0": run(0.1, [0.0, 0.2], 0)})
 
 
+def test_coevolution_headlines_pool_over_runs_by_prompt_id():
+    """Each headline of several runs' eval.json pooled by the two-stage bootstrap: runs
+    drawn, then prompts by id (h2 is in both runs: one unit); a prompt whose block has a
+    nan entry is left out of its run, as in the run's own summary."""
+    from drubric_jax.evaluation import coevolution as co
+
+    evals = {"s0": {"ids": ["h1", "h2", "h3"],
+                    "gold": {"P2": [1.0, 0.5, 1.0], "~P2": [0.0, 0.5, 0.5],
+                             "P1": [0.0, 0.0, float("nan")]}},
+             "s1": {"ids": ["h2", "h4"], "gold": {"P2": [0.0, 1.0], "~P2": [0.5, 0.5],
+                                                  "P1": [0.0, 0.0]}}}
+    vals = co.headline_values(evals["s0"])
+    assert list(vals) == [("gold", "P2 - ~P2")] and vals[("gold", "P2 - ~P2")]["ids"] == [
+        "h1", "h2"]
+    pooled = co.pooled_headlines(evals, 4000, 1)
+    d = pooled[("gold", "P2 - ~P2")]
+    # Run means: s0 (1 + 0) / 2 = 0.5; s1 (-0.5 + 0.5) / 2 = 0.
+    assert d["diff"] == pytest.approx(0.25) and d["distinct_units"] == 3
+    w, prob = two_stage_resamples([2, 2], ["h1", "h2", "h2", "h4"])
+    assert_ci_in_exact_band(d["ci"], w @ np.array([1.0, 0.0, -0.5, 0.5]), prob,
+                            int(round(d["kept"] * 4000)))
+    summaries = {n: {"gold": {"differences": {"P2 - ~P2": {
+        "diff": 0.0, "ci": [-0.1, 0.1], "zero_inside_ci": True}}}, "ids": e["ids"], "seed": i}
+        for i, (n, e) in enumerate(evals.items())}
+    text = co.across_seeds(summaries, pooled)
+    assert (f"Pooled over 2 runs (two-stage bootstrap: seeds, then prompts; METHOD 15): "
+            f"{d['diff']:+.4f} [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]") in text
+    with pytest.raises(ValueError, match="two or more runs"):
+        co.pooled_headlines({"s0": evals["s0"]}, 10, 0)
+
+
 def test_share_of_gold_by_hand():
     """The share is sum(arm - P_0) / sum(gold - P_0); its CI comes from the same prompt
     resamples for both sums; a gold gain of 0 gives no share."""
@@ -445,36 +477,6 @@ def test_share_of_gold_by_hand():
     assert np.isnan(cp.share_of_gold(arm, p0, p0, 50, 0)["share"])
 
 
-def _checks_policy_workdir(root, settings: dict) -> None:
-    """A policy-reward experiment's files, written by hand: P_0's held-out scores, and per
-    (seed, arm) the held-out scores, two policy steps of metrics.jsonl and (where
-    `settings` names the run) settings.json."""
-    ids = [f"h{i}" for i in range(6)]
-    rng = np.random.default_rng(4)
-    root.mkdir()
-    (root / cp.P0_FILE).write_text(json.dumps({
-        "model": "p0", "ids": ids, "gold": rng.integers(0, 2, 6).astype(float).tolist(),
-        "truncated": 2}))
-    for seed in (0, 1):
-        for arm in ("gold", "rubric_sft"):
-            d = root / f"seed{seed}" / arm
-            d.mkdir(parents=True)
-            (d / cp.HELDOUT_FILE).write_text(json.dumps({
-                "ids": ids, "gold": rng.integers(0, 2, 6).astype(float).tolist(),
-                "truncated": 1}))
-            # Step 1 is all flat: skipped, no truncated_fraction (as rounds/phases logs it).
-            rows = [{"kind": "train", "phase": "policy", "round": 0, "step": 0,
-                     "global_step": 1, "policy_reward": 0.5, "gold_score": 0.4,
-                     "truncated_fraction": 0.25 + 0.5 * seed, "active_rows": 8.0,
-                     "update_skipped": 0.0, "redraws": 1},
-                    {"kind": "train", "phase": "policy", "round": 0, "step": 1,
-                     "global_step": 2, "policy_reward": 0.6, "gold_score": 0.5,
-                     "active_rows": 0.0, "update_skipped": 1.0, "redraws": 2}]
-            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            if (seed, arm) in settings:
-                (d / cp.SETTINGS_FILE).write_text(json.dumps(settings[(seed, arm)]))
-
-
 def test_checks_policy_summary_and_report_from_run_files(tmp_path):
     """From hand-written run directories: pooled figures by the two-stage bootstrap and
     named so in the tables, the smallest detectable difference beside a CI that holds 0,
@@ -489,7 +491,7 @@ def test_checks_policy_summary_and_report_from_run_files(tmp_path):
                             "policy.rubric_temperature": 0.0, "policy.extra": 1},
         (1, "rubric_sft"): {**base, "policy.reward": "rubric", "model.generator": "/g_sft"}}
     work = tmp_path / "cp"
-    _checks_policy_workdir(work, settings)
+    write_checks_policy_workdir(work, settings)
     s = cp.summarize(str(work), ["gold", "rubric_sft"], [0, 1], 400, 0, window=1)
     p0 = json.loads((work / cp.P0_FILE).read_text())
     after = {(a, k): json.loads((work / f"seed{k}" / a / cp.HELDOUT_FILE).read_text())["gold"]
