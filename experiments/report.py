@@ -218,6 +218,43 @@ def _ablation_across_seeds(run_dirs) -> str:
     return ablation_seeds.across_seeds(summaries, pooled)
 
 
+def _coevolution_across_seeds(run_dirs) -> str:
+    """coevolution-seeds.md of several coevolution runs (seeds): each run's headline
+    differences recomputed from its files, and pooled over the runs by the two-stage
+    bootstrap (`coevolution.pooled_headlines` from the runs' eval.json, or
+    `coevolution_rounds.pooled_headlines` from their stages' metrics; METHOD 15), seeded
+    by the first run's summary.
+
+    Raises:
+        SystemExit: the runs mix the samples and rounds evaluations.
+    """
+    from drubric_jax.evaluation import coevolution as co
+    from drubric_jax.evaluation import coevolution_rounds as cr
+
+    summaries, modes, values, ids, first = {}, set(), {}, {}, None
+    for run_dir in run_dirs:
+        s = _read(os.path.join(run_dir, "summary.json"))
+        first = first or s
+        name = os.path.basename(os.path.normpath(run_dir))
+        modes.add(s.get("mode", "samples"))
+        if s.get("mode") == "rounds":
+            values[name] = cr.round_values(run_dir)
+            ids[name] = cr.heldout_ids(run_dir, values[name]["heldout_rows"])
+            fresh = cr.summarize(values[name], s["n_bootstrap"], s["seed"])
+        else:
+            values[name] = _read(os.path.join(run_dir, "eval.json"))
+            fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
+        summaries[name] = {**fresh, "seed": s["seed"]}
+    if len(modes) > 1:
+        raise SystemExit("error: the coevolution runs mix the samples and rounds "
+                         f"evaluations ({', '.join(run_dirs)}); report them apart")
+    if modes == {"rounds"}:
+        return cr.across_seeds(summaries, cr.pooled_headlines(
+            values, first["n_bootstrap"], first["seed"], ids))
+    return co.across_seeds(summaries, co.pooled_headlines(
+        values, first["n_bootstrap"], first["seed"]))
+
+
 def main(argv):
     runs = argv[1:]
     if not runs:
@@ -258,33 +295,7 @@ def main(argv):
                      f"{', '.join(f'`{r}`' for r in ablations)} | (the runs' commands) |")
         print(f"wrote {path} (ablation across {len(ablations)} runs)")
     if len(coevolution) > 1:
-        from drubric_jax.evaluation import coevolution as co
-        from drubric_jax.evaluation import coevolution_rounds as cr
-
-        summaries, modes, values, ids, first = {}, set(), {}, {}, None
-        for run_dir in coevolution:
-            s = _read(os.path.join(run_dir, "summary.json"))
-            first = first or s
-            name = os.path.basename(os.path.normpath(run_dir))
-            modes.add(s.get("mode", "samples"))
-            if s.get("mode") == "rounds":
-                values[name] = cr.round_values(run_dir)
-                ids[name] = cr.heldout_ids(run_dir, values[name]["heldout_rows"])
-                fresh = cr.summarize(values[name], s["n_bootstrap"], s["seed"])
-            else:
-                values[name] = _read(os.path.join(run_dir, "eval.json"))
-                fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
-            summaries[name] = {**fresh, "seed": s["seed"]}
-        if len(modes) > 1:
-            raise SystemExit("error: the coevolution runs mix the samples and rounds "
-                             f"evaluations ({', '.join(coevolution)}); report them apart")
-        # Pooled over the runs: the two-stage bootstrap (METHOD 15), seeded by the first run.
-        if modes == {"rounds"}:
-            text = cr.across_seeds(summaries, cr.pooled_headlines(
-                values, first["n_bootstrap"], first["seed"], ids))
-        else:
-            text = co.across_seeds(summaries, co.pooled_headlines(
-                values, first["n_bootstrap"], first["seed"]))
+        text = _coevolution_across_seeds(coevolution)
         path = os.path.join(out, "coevolution-seeds.md")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

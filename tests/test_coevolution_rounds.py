@@ -235,3 +235,29 @@ def test_coevolution_rounds_end_to_end_rerun_and_report(tmp_path, smollm2_gguf):
     report = tmp_path / "report"
     run_module("experiments.report", str(work), f"--out={report}", timeout=300)
     assert (report / f"coevolution-{work.name}.md").read_text() == text
+
+
+def test_report_pools_rounds_runs_across_seeds(tmp_path):
+    """experiments.report's coevolution-seeds.md of two rounds-mode runs (their stages'
+    metrics, the held-out file named in round0/config.json): each run's headlines and
+    their values pooled by the two-stage bootstrap, named."""
+    from experiments.report import _coevolution_across_seeds
+
+    dirs = []
+    for seed in (0, 1):
+        d = tmp_path / f"seed{seed}"
+        _world(d)
+        (d / "round0" / "config.json").write_text(json.dumps(
+            {"rounds": {"heldout_gold_path": "/w/checks_world_v2/heldout.jsonl"}}))
+        (d / "summary.json").write_text(json.dumps(
+            {"kind": "coevolution", "mode": "rounds", "seed": seed, "n_bootstrap": 200,
+             "command": "python -m experiments.coevolution ...", "eval_note": "4 rows"}))
+        dirs.append(str(d))
+    text = _coevolution_across_seeds(dirs)
+    assert "## held-out gold (greedy): P3 - ~P3" in text and "| seed1 | 1 |" in text
+    values = {f"seed{k}": cr.round_values(dirs[k]) for k in (0, 1)}
+    ids = {n: cr.heldout_ids(d, 4) for n, d in zip(values, dirs)}
+    pooled = cr.pooled_headlines(values, 200, 0, ids)
+    for name, d in pooled.items():
+        assert (f"Pooled over 2 runs (two-stage bootstrap: seeds, then prompts; METHOD 15): "
+                f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]") in text

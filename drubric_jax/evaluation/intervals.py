@@ -139,7 +139,8 @@ def two_stage_weights(sizes, n_boot: int, seed, unit_ids=None, drawn=None) -> np
         held-out prompt answered by every seed's policy; the same anchor list drawn into
         several seeds' held-out lists). The ids are drawn instead: U draws with replacement
         from the U distinct ids, once per replicate and shared by every drawn seed; a drawn
-        seed's mean is over its own units weighted by their ids' counts c_b:
+        seed's mean is over its own units weighted by their ids' counts c_b (a seed drawn
+        twice counts twice, with the same id draw):
         W[b, (s, i)] = m_bs / S * c_b[id(s, i)] / sum_{j in s} c_b[id(s, j)]. Drawing the
         ids apart for each seed would treat a unit's shared difficulty as independent
         noise in each seed and count it about S times too little (METHOD 15: lists are
@@ -179,12 +180,12 @@ def two_stage_weights(sizes, n_boot: int, seed, unit_ids=None, drawn=None) -> np
     if unit_ids is None:
         # Seed by seed (a loop over the S seeds, not the replicates): the slots that drew
         # seed s each draw n_s of its units; every draw of a unit of s weighs 1 / (S n_s).
-        index = []
+        where = []
         for k in range(s_count):
             b_of, _ = np.nonzero(drawn == k)                              # [slots]
             units = rng.integers(0, n[k], size=(b_of.size, n[k]))         # [slots, n_k]
-            index.append((b_of[:, None] * total + (offsets[k] + units)).ravel())
-        counts = np.bincount(np.concatenate(index), minlength=n_boot * total)
+            where.append((b_of[:, None] * total + (offsets[k] + units)).ravel())
+        counts = np.bincount(np.concatenate(where), minlength=n_boot * total)
         return counts.reshape(n_boot, total) * two_stage_point_weights(n)
     ids = list(unit_ids)
     if len(ids) != total:
