@@ -27,10 +27,13 @@ files in it (nothing is copied from a previous results/):
 Writes `<out>/<kind>-<run dir name>.md` (+ `.png` where the kind has a plot) and
 `<out>/README.md`, an index naming each file's run directory and command. Given two or more
 coevolution run directories (seeds), also `<out>/coevolution-seeds.md`: their headline
-differences side by side and their spread (`evaluation.coevolution.across_seeds`); given
+differences side by side, their spread and their pooled value
+(`evaluation.coevolution.across_seeds`, `coevolution_rounds.across_seeds`); given
 two or more ablation run directories, `<out>/ablation-seeds.md`: each generator's metrics
-and each paired difference per run, their spread, and the runs' held-out lists pooled
-(`evaluation.ablation_seeds.across_seeds`).
+and each paired difference per run, their spread, and the runs' held-out lists pooled by
+the two-stage bootstrap, runs then list ids (`evaluation.ablation_seeds`). Every figure
+pooled over seeds is named so in its table, with the smallest detectable difference beside
+a null (METHOD 15).
 """
 import json
 import os
@@ -188,7 +191,8 @@ def render(run_dir: str, out_stem: str) -> tuple[str, str]:
 
 def _ablation_across_seeds(run_dirs) -> str:
     """ablation-seeds.md of several ablation runs (seeds): each run's summary recomputed
-    from its files, and the runs' held-out lists pooled (`ablation_seeds.pool_runs`)."""
+    from its files, and the runs' held-out lists pooled by the two-stage bootstrap, runs
+    then list ids (`ablation_seeds.pooled_summary`, METHOD 15)."""
     from drubric_jax.evaluation import ablation, ablation_seeds
 
     summaries, per_run, first = {}, {}, None
@@ -205,13 +209,50 @@ def _ablation_across_seeds(run_dirs) -> str:
         summaries[name] = {**ablation.summarize(per_run[name], s.get("baseline", names[0]),
                                                 comparisons, s["n_bootstrap"], s.get("seed", 0)),
                            "seed": s.get("seed", 0)}
-    pooled_values = ablation_seeds.pool_runs(per_run)
+    common = [g for g in first["generators"] if all(g in r for r in per_run.values())]
     baseline = first.get("baseline", next(iter(first["generators"])))
     comparisons = [tuple(k.split(" - ")) for k in first["comparisons"]
-                   if all(g in pooled_values for g in k.split(" - "))]
-    pooled = ablation.summarize(pooled_values, baseline, comparisons, first["n_bootstrap"],
-                                first.get("seed", 0))
+                   if all(g in common for g in k.split(" - "))]
+    pooled = ablation_seeds.pooled_summary(per_run, baseline, comparisons,
+                                           first["n_bootstrap"], first.get("seed", 0))
     return ablation_seeds.across_seeds(summaries, pooled)
+
+
+def _coevolution_across_seeds(run_dirs) -> str:
+    """coevolution-seeds.md of several coevolution runs (seeds): each run's headline
+    differences recomputed from its files, and pooled over the runs by the two-stage
+    bootstrap (`coevolution.pooled_headlines` from the runs' eval.json, or
+    `coevolution_rounds.pooled_headlines` from their stages' metrics; METHOD 15), seeded
+    by the first run's summary.
+
+    Raises:
+        SystemExit: the runs mix the samples and rounds evaluations.
+    """
+    from drubric_jax.evaluation import coevolution as co
+    from drubric_jax.evaluation import coevolution_rounds as cr
+
+    summaries, modes, values, ids, first = {}, set(), {}, {}, None
+    for run_dir in run_dirs:
+        s = _read(os.path.join(run_dir, "summary.json"))
+        first = first or s
+        name = os.path.basename(os.path.normpath(run_dir))
+        modes.add(s.get("mode", "samples"))
+        if s.get("mode") == "rounds":
+            values[name] = cr.round_values(run_dir)
+            ids[name] = cr.heldout_ids(run_dir, values[name]["heldout_rows"])
+            fresh = cr.summarize(values[name], s["n_bootstrap"], s["seed"])
+        else:
+            values[name] = _read(os.path.join(run_dir, "eval.json"))
+            fresh = co.summarize(run_dir, s["n_bootstrap"], s["seed"])
+        summaries[name] = {**fresh, "seed": s["seed"]}
+    if len(modes) > 1:
+        raise SystemExit("error: the coevolution runs mix the samples and rounds "
+                         f"evaluations ({', '.join(run_dirs)}); report them apart")
+    if modes == {"rounds"}:
+        return cr.across_seeds(summaries, cr.pooled_headlines(
+            values, first["n_bootstrap"], first["seed"], ids))
+    return co.across_seeds(summaries, co.pooled_headlines(
+        values, first["n_bootstrap"], first["seed"]))
 
 
 def main(argv):
@@ -254,24 +295,10 @@ def main(argv):
                      f"{', '.join(f'`{r}`' for r in ablations)} | (the runs' commands) |")
         print(f"wrote {path} (ablation across {len(ablations)} runs)")
     if len(coevolution) > 1:
-        from drubric_jax.evaluation import coevolution as co
-        from drubric_jax.evaluation import coevolution_rounds as cr
-
-        summaries, modes = {}, set()
-        for run_dir in coevolution:
-            s = _read(os.path.join(run_dir, "summary.json"))
-            modes.add(s.get("mode", "samples"))
-            fresh = (cr.summarize(cr.round_values(run_dir), s["n_bootstrap"], s["seed"])
-                     if s.get("mode") == "rounds" else
-                     co.summarize(run_dir, s["n_bootstrap"], s["seed"]))
-            summaries[os.path.basename(os.path.normpath(run_dir))] = {**fresh,
-                                                                      "seed": s["seed"]}
-        if len(modes) > 1:
-            raise SystemExit("error: the coevolution runs mix the samples and rounds "
-                             f"evaluations ({', '.join(coevolution)}); report them apart")
+        text = _coevolution_across_seeds(coevolution)
         path = os.path.join(out, "coevolution-seeds.md")
         with open(path, "w", encoding="utf-8") as f:
-            f.write((cr if modes == {"rounds"} else co).across_seeds(summaries))
+            f.write(text)
         index.append(f"| [coevolution-seeds.md](coevolution-seeds.md) | coevolution across "
                      f"runs | {', '.join(f'`{r}`' for r in coevolution)} | (the runs' commands) |")
         print(f"wrote {path} (coevolution across {len(coevolution)} runs)")

@@ -317,7 +317,22 @@ def assert_percentile_ci(ci, statistic, n_units: int, n_boot: int, level: float 
     interpolation) of `n_boot` replicates of a statistic, each computed on U units drawn
     with replacement. Here the statistic is evaluated on every resample instead
     (`bootstrap_resamples`; `statistic(counts float64[C, U]) -> float64[C]`, e.g.
-    `counts @ x / U` for the mean of x), which gives its exact bootstrap CDF F.
+    `counts @ x / U` for the mean of x), which gives its exact bootstrap CDF F; the bounds
+    must lie in `assert_ci_in_exact_band`'s band.
+
+    Raises:
+        AssertionError: a bound outside its band.
+    """
+    counts, probs = bootstrap_resamples(n_units)
+    assert_ci_in_exact_band(ci, statistic(counts), probs, n_boot, level, alpha)
+
+
+def assert_ci_in_exact_band(ci, values, probs, n_boot: int, level: float = 0.95,
+                            alpha: float = 1e-6) -> None:
+    """Checks a percentile interval of `n_boot` replicates against the exact distribution
+    of one replicate: P(X = values[c]) = probs[c] (non-finite values are replicates the
+    interval leaves out: the distribution is renormalised over the finite ones, and
+    `n_boot` should count the finite replicates).
 
     Tolerance: the empirical CDF F_n of n i.i.d. replicates satisfies
     P(sup |F_n - F| > eps) <= 2 exp(-2 n eps^2) (Dvoretzky-Kiefer-Wolfowitz, Massart's
@@ -334,8 +349,9 @@ def assert_percentile_ci(ci, statistic, n_units: int, n_boot: int, level: float 
     """
     import math
 
-    counts, probs = bootstrap_resamples(n_units)
-    values = np.asarray(statistic(counts), np.float64)
+    values, probs = np.asarray(values, np.float64), np.asarray(probs, np.float64)
+    ok = np.isfinite(values)
+    values, probs = values[ok], probs[ok] / probs[ok].sum()
     eps = math.sqrt(math.log(2.0 / alpha) / (2.0 * n_boot)) + 1.0 / n_boot
     rounding = 1e-12 * (1.0 + float(np.abs(values).max()))
     for bound, q in zip(ci, ((1.0 - level) / 2.0, (1.0 + level) / 2.0)):
@@ -344,6 +360,102 @@ def assert_percentile_ci(ci, statistic, n_units: int, n_boot: int, level: float 
         assert low <= bound <= high, (
             f"the {q:.3f} bound {bound!r} is outside [{low!r}, {high!r}], the exact "
             f"bootstrap quantiles at {q:.3f} -+ {eps:.4f} ({n_boot} replicates)")
+
+
+def two_stage_resamples(sizes, unit_ids=None):
+    """Every replicate of the two-stage bootstrap (METHOD 15) as a weight vector, with its
+    probability: the exact distribution that `intervals.two_stage_weights` samples.
+
+    Stage one: the S seeds drawn with replacement (counts m, multinomial: every count
+    vector of `bootstrap_resamples(S)`). Stage two, without ids: each drawn copy of seed s
+    draws n_s of its units (every count vector of `bootstrap_resamples(n_s)`), the copies
+    independently; a replicate weighs unit i of seed s by its draws / (S n_s). With
+    `unit_ids` (N ids, seed-major): the U distinct ids drawn once (every count vector c of
+    `bootstrap_resamples(U)`), unit i of seed s weighing m_s / S * c[id] / (the seed's
+    drawn ids); nan rows where a drawn seed got none of its ids.
+
+    Enumerated by brute force (no shortcut shared with the implementation): keep S and
+    n_s tiny (without ids: the product over the S slots of sum_s C(2 n_s - 1, n_s)).
+
+    Returns:
+        weights float64[C, N], probabilities float64[C] (summing to 1).
+    """
+    import itertools
+
+    n = [int(x) for x in sizes]
+    s_count, total = len(n), sum(n)
+    offsets = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(int)
+    if unit_ids is None:
+        # One slot: seed s with probability 1 / S, then one of its resamples.
+        slot_w, slot_p = [], []
+        for s in range(s_count):
+            counts, probs = bootstrap_resamples(n[s])
+            for c, p in zip(counts, probs):
+                w = np.zeros(total)
+                w[offsets[s]:offsets[s] + n[s]] = c / (s_count * n[s])
+                slot_w.append(w)
+                slot_p.append(p / s_count)
+        rows, ps = [], []
+        for combo in itertools.product(range(len(slot_w)), repeat=s_count):
+            rows.append(np.sum([slot_w[k] for k in combo], axis=0))
+            ps.append(np.prod([slot_p[k] for k in combo]))
+        return np.asarray(rows), np.asarray(ps)
+    ids = list(unit_ids)
+    distinct = list(dict.fromkeys(ids))
+    m_counts, m_probs = bootstrap_resamples(s_count)
+    c_counts, c_probs = bootstrap_resamples(len(distinct))
+    rows, ps = [], []
+    for m, pm in zip(m_counts, m_probs):
+        for c, pc in zip(c_counts, c_probs):
+            raw = np.array([c[distinct.index(u)] for u in ids])
+            w = np.zeros(total)
+            for s in range(s_count):
+                part = raw[offsets[s]:offsets[s] + n[s]]
+                if m[s] > 0 and part.sum() == 0:
+                    w[:] = np.nan
+                    break
+                if m[s] > 0:
+                    w[offsets[s]:offsets[s] + n[s]] = m[s] / s_count * part / part.sum()
+            rows.append(w)
+            ps.append(pm * pc)
+    return np.asarray(rows), np.asarray(ps)
+
+
+# ----------------------------------------------------------------------------- run files
+
+
+def write_checks_policy_workdir(root, settings: dict) -> None:
+    """A policy-reward experiment's files (`evaluation.checks_policy`), written by hand in
+    the directory `root` (a pathlib.Path, created): P_0's scores on 6 held-out prompts, and
+    for seeds 0, 1 and arms gold, rubric_sft the held-out scores, two policy steps of
+    metrics.jsonl (the second all flat: skipped, without truncated_fraction) and, where
+    `settings` ({(seed, arm): flat dict}) names the run, its settings.json."""
+    from drubric_jax.evaluation import checks_policy as cp
+
+    ids = [f"h{i}" for i in range(6)]
+    rng = np.random.default_rng(4)
+    root.mkdir()
+    (root / cp.P0_FILE).write_text(json.dumps({
+        "model": "p0", "ids": ids, "gold": rng.integers(0, 2, 6).astype(float).tolist(),
+        "truncated": 2}))
+    for seed in (0, 1):
+        for arm in ("gold", "rubric_sft"):
+            d = root / f"seed{seed}" / arm
+            d.mkdir(parents=True)
+            (d / cp.HELDOUT_FILE).write_text(json.dumps({
+                "ids": ids, "gold": rng.integers(0, 2, 6).astype(float).tolist(),
+                "truncated": 1}))
+            # Step 1 is all flat: skipped, no truncated_fraction (as rounds/phases logs it).
+            rows = [{"kind": "train", "phase": "policy", "round": 0, "step": 0,
+                     "global_step": 1, "policy_reward": 0.5, "gold_score": 0.4,
+                     "truncated_fraction": 0.25 + 0.5 * seed, "active_rows": 8.0,
+                     "update_skipped": 0.0, "redraws": 1},
+                    {"kind": "train", "phase": "policy", "round": 0, "step": 1,
+                     "global_step": 2, "policy_reward": 0.6, "gold_score": 0.5,
+                     "active_rows": 0.0, "update_skipped": 1.0, "redraws": 2}]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            if (seed, arm) in settings:
+                (d / cp.SETTINGS_FILE).write_text(json.dumps(settings[(seed, arm)]))
 
 
 # ----------------------------------------------------------------------------- constraints

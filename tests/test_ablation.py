@@ -7,7 +7,8 @@ import pytest
 
 from drubric_jax.rounds.settings import data_spec
 from drubric_jax.evaluation import ablation, ablation_seeds
-from helpers import assert_percentile_ci, run_module
+from helpers import (assert_ci_in_exact_band, assert_percentile_ci, run_module,
+                     two_stage_resamples)
 
 
 U = 8  # anchor lists: every bootstrap resample of 8 can be enumerated (6435 of them)
@@ -139,38 +140,64 @@ def test_heldout_note_names_where_the_heldout_lists_come_from():
                    "summary.json")
 
 
-def test_runs_pool_into_paired_lists_and_the_across_seeds_table():
-    """Two runs (seeds) of 4 held-out lists each pool into 8 (run, list) units: the pooled
-    paired difference is its mean over the 8 units and its CI the exact bootstrap over them
-    (a difference stays paired within its run); the table gives each run's difference, their
-    mean and sd (ddof 1) and the pooled figure. A generator one run lacks is left out."""
+def test_runs_pool_by_list_id_with_the_two_stage_bootstrap_and_the_across_seeds_table():
+    """Two runs (seeds) of 4 held-out lists each, 2 lists drawn by both: the pooled paired
+    difference is the mean over runs of each run's mean, its CI the exact two-stage
+    bootstrap (runs drawn, then the 6 distinct list ids once for both runs:
+    `helpers.two_stage_resamples`); strict accuracy is a ratio of run-weighted sums. The
+    table gives each run's difference, their mean and sd (ddof 1) and the pooled figure,
+    named by its bootstrap. A generator one run lacks is left out."""
     runs = {}
-    for r, shift in (("seed0", 0.02), ("seed1", -0.01)):
+    for r, shift, ids in (("seed0", 0.02, ["a0", "a1", "a2", "a3"]),
+                          ("seed1", -0.01, ["a2", "a3", "a4", "a5"])):
         z = _per_list(10 + len(runs), u=4)
-        z["ids"] = [f"{r}-a{i}" for i in range(4)]  # each run draws its own lists
+        z["ids"] = ids  # each run draws its lists from the same anchor rows
         runs[r] = {"zero_shot": z, "full": dict(z, delta_gap=z["delta_gap"] + shift
                                                 + np.linspace(0, 0.01, 4))}
     runs["seed1"]["disc_only"] = _per_list(9, u=4)  # only one run scored it
-    pooled = ablation_seeds.pool_runs(runs)
-    assert set(pooled) == {"zero_shot", "full"}
-    assert pooled["full"]["ids"][4] == "seed1/seed1-a0" and pooled["full"]["num_lists"] == 2
-    d = pooled["full"]["delta_gap"] - pooled["zero_shot"]["delta_gap"]
-    s = ablation.summarize(pooled, "zero_shot", [], n_boot=N_BOOT, seed=4)
+    s = ablation_seeds.pooled_summary(runs, "zero_shot", [], n_boot=8000, seed=4)
+    assert set(s["generators"]) == {"zero_shot", "full"} and s["n_runs"] == 2
+    assert s["n_lists"] == 8 and s["n_distinct_lists"] == 6
+    assert s["interval"] == "two-stage bootstrap: seeds, then lists"
     got = s["vs_baseline"]["full"]["delta_gap"]
     assert got["diff"] == pytest.approx((0.02 - 0.01) / 2 + 0.005)
-    assert_percentile_ci(got["ci"], lambda w: w @ d / U, U, N_BOOT)
+    ids = runs["seed0"]["full"]["ids"] + runs["seed1"]["full"]["ids"]
+    w, prob = two_stage_resamples([4, 4], ids)
+    d = np.concatenate([runs[r]["full"]["delta_gap"] - runs[r]["zero_shot"]["delta_gap"]
+                        for r in runs])
+    assert_ci_in_exact_band(got["ci"], w @ d, prob, 8000)
+    assert got["minimal_detectable"] == pytest.approx(2.8016 * got["se"], rel=1e-4)
+    correct = np.concatenate([runs[r]["full"]["correct"] for r in runs])
+    pairs = np.concatenate([runs[r]["full"]["pairs"] for r in runs])
+    acc = s["generators"]["full"]["strict_acc"]
+    assert acc["mean"] == pytest.approx((correct[:4].sum() / 8 + correct[4:].sum() / 8)
+                                        / (pairs[:4].sum() / 8 + pairs[4:].sum() / 8))
+    assert_ci_in_exact_band(acc["ci"], (w @ correct) / (w @ pairs), prob, 8000)
     summaries = {r: {**ablation.summarize({g: v[g] for g in ("zero_shot", "full")},
                                           "zero_shot", [], 200, 0), "seed": i}
                  for i, (r, v) in enumerate(runs.items())}
     text = ablation_seeds.across_seeds(summaries, s)
+    assert "pooled: 8 held-out anchor lists of the runs (6 distinct list ids)" in text
+    assert "| pooled [95% CI, two-stage bootstrap: seeds, then lists] |" in text
     row = next(line for line in text.splitlines()
                if line.startswith("| full - zero_shot | Delta_gap |"))
     per_run = [summaries[r]["vs_baseline"]["full"]["delta_gap"]["diff"] for r in runs]
     assert per_run == pytest.approx([0.025, -0.005])
     assert f"| {np.mean(per_run):+.3f} ({np.std(per_run, ddof=1):.3f}) |" in row
-    assert row.endswith(f"| {got['diff']:+.3f} [{got['ci'][0]:+.3f}, {got['ci'][1]:+.3f}] |")
+    cell = f"{got['diff']:+.3f} [{got['ci'][0]:+.3f}, {got['ci'][1]:+.3f}]"
+    if got["zero_inside_ci"]:  # beside a null, the smallest detectable difference
+        cell += f"; detectable >= {got['minimal_detectable']:.3f}"
+    assert row.endswith(f"| {cell} |")
     with pytest.raises(ValueError, match="two or more runs"):
-        ablation_seeds.pool_runs({"seed0": runs["seed0"]})
+        ablation_seeds.pooled_summary({"seed0": runs["seed0"]}, "zero_shot", [], 10, 0)
     with pytest.raises(ValueError, match="num_lists"):
-        ablation_seeds.pool_runs({"a": runs["seed0"],
-                            "b": {g: dict(v, num_lists=3) for g, v in runs["seed1"].items()}})
+        ablation_seeds.pooled_summary(
+            {"a": runs["seed0"], "b": {g: dict(v, num_lists=3)
+                                       for g, v in runs["seed1"].items()}}, "zero_shot", [],
+            10, 0)
+    with pytest.raises(ValueError, match="other anchor lists"):
+        ablation_seeds.pooled_summary(
+            {"a": runs["seed0"], "b": dict(runs["seed1"], full=dict(
+                runs["seed1"]["full"], ids=["x"] * 4))}, "zero_shot", [], 10, 0)
+    with pytest.raises(ValueError, match="unknown generator"):
+        ablation_seeds.pooled_summary(runs, "zero_shot", [("full", "disc_only")], 10, 0)

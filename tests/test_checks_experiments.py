@@ -16,7 +16,9 @@ from drubric_jax.evaluation import checks_policy as cp
 from drubric_jax.evaluation import checks_policy_report as cpr
 from drubric_jax.evaluation.intervals import resample_weights
 from drubric_jax.evaluator.check_rubrics import item_text
-from helpers import assert_percentile_ci, run_module, write_checks_world
+from helpers import (assert_ci_in_exact_band, assert_percentile_ci, run_module,
+                     two_stage_resamples, write_checks_policy_workdir,
+                     write_checks_world)
 
 NO_COMMA = {"check": "punctuation:no_comma", "args": {}}
 LOWER = {"check": "change_case:english_lowercase", "args": {}}
@@ -111,35 +113,72 @@ def test_arm_versus_arm_per_seed_and_pooled_by_hand():
     after = {("gold", 0): [1.0, 0.5, 1.0], ("gold", 1): [0.0, 1.0, 0.5],
              ("rubric", 0): [0.5, 0.5, 0.0], ("rubric", 1): [1.0, 1.0, 1.0],
              ("rubric", 2): [0.0, 0.0, 0.0]}
-    out = cp.arm_versus_arm(after, "rubric", "gold", [0, 1, 2], 200, 0)
+    out = cp.arm_versus_arm(after, "rubric", "gold", [0, 1, 2], 2000, 0)
     assert set(out) == {"0", "1", "pooled"}  # seed 2 has no gold run
     assert out["0"]["difference"] == pytest.approx(-0.5)  # (-0.5 + 0 - 1) / 3
-    # Seed means per prompt: rubric 0.75, 0.75, 0.5; gold 0.5, 0.75, 0.75.
-    assert out["pooled"]["difference"] == pytest.approx(0.0) and out["pooled"]["seeds"] == 2
-    assert_percentile_ci(out["pooled"]["ci"], lambda w: w @ np.array([0.25, 0.0, -0.25]) / 3,
-                         3, 200)
+    # Seed means of the differences: -0.5 and +0.5; pooled: their mean.
+    p = out["pooled"]
+    assert p["difference"] == pytest.approx(0.0) and p["seeds"] == 2
+    assert p["interval"] == "two-stage bootstrap: seeds, then prompts"
+    # Without prompt ids the seeds' prompts are drawn apart (METHOD 15's two stages).
+    d = np.array([-0.5, 0.0, -1.0, 1.0, 0.0, 0.5])
+    w, prob = two_stage_resamples([3, 3])
+    assert_ci_in_exact_band(p["ci"], w @ d, prob, 2000)
+    # With the ids (the same prompts in both seeds) a prompt is drawn once for both.
+    p = cp.arm_versus_arm(after, "rubric", "gold", [0, 1], 2000, 0, ids=["a", "b", "c"])
+    w, prob = two_stage_resamples([3, 3], ["a", "b", "c"] * 2)
+    assert_ci_in_exact_band(p["pooled"]["ci"], w @ d, prob, 2000)
+    assert p["pooled"]["minimal_detectable"] == pytest.approx(2.8016 * p["pooled"]["se"],
+                                                              rel=1e-4)
     assert "pooled" not in cp.arm_versus_arm(after, "rubric", "gold", [0, 2], 200, 0)
 
 
-def test_pooled_over_seeds_pairs_each_prompts_seed_mean_with_p0():
-    p0 = {"gold": [0.0, 0.5, 1.0], "gold_sampled": [0.0, 0.0, 1.0]}
+def test_pooled_over_seeds_pairs_each_seed_with_p0_by_prompt_id():
+    p0 = {"gold": [0.0, 0.5, 1.0], "gold_sampled": [0.0, 0.0, 1.0], "ids": ["a", "b", "c"]}
     after = {("gold", 0): [1.0, 0.5, 1.0], ("gold", 1): [0.0, 1.0, 0.5]}
     sampled = {("gold", 0): [0.5, 0.0, 1.0], ("gold", 1): [0.5, 1.0, 1.0]}
     per_seed = {"0": {}, "1": {}}
-    out = cp.pooled_over_seeds("gold", per_seed, after, sampled, p0, 200, 0)
-    # Seed means per prompt: 0.5, 0.75, 0.75 against 0, 0.5, 1: differences 0.5, 0.25, -0.25.
-    assert out["pooled"]["difference"] == pytest.approx(0.5 / 3) and out["pooled"]["seeds"] == 2
-    assert_percentile_ci(out["pooled"]["ci"], lambda w: w @ np.array([0.5, 0.25, -0.25]) / 3,
-                         3, 200)
+    out = cp.pooled_over_seeds("gold", per_seed, after, sampled, p0, 2000, 0)
+    # Differences: seed 0 [1, 0, 0] (mean 1/3), seed 1 [0, 0.5, -0.5] (mean 0).
+    pooled = out["pooled"]
+    assert pooled["difference"] == pytest.approx(1 / 6) and pooled["seeds"] == 2
+    assert pooled["after"] == pytest.approx((2.5 / 3 + 1.5 / 3) / 2)
+    assert pooled["before"] == pytest.approx(0.5) and pooled["prompts"] == 3
+    w, prob = two_stage_resamples([3, 3], ["a", "b", "c"] * 2)
+    assert_ci_in_exact_band(pooled["ci"], w @ np.array([1.0, 0, 0, 0, 0.5, -0.5]), prob, 2000)
     # The pooled mean is the mean of the seeds' own differences (a linear statistic).
     per = [cp.paired_difference(after[("gold", s)], p0["gold"], 200, 0)["difference"]
            for s in (0, 1)]
-    assert out["pooled"]["difference"] == pytest.approx(np.mean(per))
-    assert out["pooled_sampled"]["difference"] == pytest.approx((0.5 + 0.5 - 0.0) / 3)
+    assert pooled["difference"] == pytest.approx(np.mean(per))
+    assert out["pooled_sampled"]["difference"] == pytest.approx((1 / 6 + 1 / 2) / 2)
     # One seed: nothing to pool; a seed without samples: no sampled pool.
     assert cp.pooled_over_seeds("gold", {"0": {}}, after, sampled, p0, 200, 0) == {}
     assert "pooled_sampled" not in cp.pooled_over_seeds(
         "gold", per_seed, after, {("gold", 0): [0.0] * 3}, p0, 200, 0)
+
+
+def test_pooled_difference_and_share_leave_out_a_prompt_per_seed():
+    """A nan score leaves its prompt out of its own seed only (ragged seeds); the pooled
+    share of the gold arm's gain is a ratio of seed-weighted sums with the same two-stage
+    replicates for both sums."""
+    out = cp.pooled_difference([[1.0, np.nan, 0.0], [0.5, 0.5, 1.0]],
+                               [[0.0, 0.0, 0.0], [0.0, np.nan, 0.0]], 2000, 1)
+    # Seed 0 keeps prompts 0, 2 (mean diff 0.5); seed 1 keeps 0, 2 (mean diff 0.75).
+    assert out["difference"] == pytest.approx(0.625) and out["prompts"] == 4
+    w, prob = two_stage_resamples([2, 2])
+    assert_ci_in_exact_band(out["ci"], w @ np.array([1.0, 0.0, 0.5, 1.0]), prob, 2000)
+    with pytest.raises(ValueError, match="seed 1: paired scores differ in length"):
+        cp.pooled_difference([[1.0], [1.0]], [[1.0], [1.0, 0.0]], 10, 0)
+    p0 = np.array([0.0, 0.5, 0.0])
+    arm = [np.array([0.5, 0.5, 0.5]), np.array([1.0, 0.5, 0.0])]
+    gold = [np.array([1.0, 1.0, 0.5]), np.array([0.5, 1.0, 0.5])]
+    share = cp.pooled_share_of_gold(arm, gold, p0, 2000, 2, [["a", "b", "c"]] * 2)
+    # Numerators 1 and 1, denominators 2 and 1.5, each seed 1 / (2 * 3): share 2 / 3.5.
+    assert share["share"] == pytest.approx(2 / 3.5) and share["seeds"] == 2
+    w, prob = two_stage_resamples([3, 3], ["a", "b", "c"] * 2)
+    num, den = np.concatenate([a - p0 for a in arm]), np.concatenate([g - p0 for g in gold])
+    reps = np.where(w @ den > 0, (w @ num) / np.where(w @ den > 0, w @ den, 1), np.nan)
+    assert_ci_in_exact_band(share["ci"], reps, prob, int(round(share["kept"] * 2000)))
 
 
 def test_verdict_names_each_arm_by_its_cis():
@@ -396,6 +435,37 @@ def test_coevolution_across_seeds_table_and_spread():
         co.across_seeds({"s0": run(0.1, [0.0, 0.2], 0)})
 
 
+def test_coevolution_headlines_pool_over_runs_by_prompt_id():
+    """Each headline of several runs' eval.json pooled by the two-stage bootstrap: runs
+    drawn, then prompts by id (h2 is in both runs: one unit); a prompt whose block has a
+    nan entry is left out of its run, as in the run's own summary."""
+    from drubric_jax.evaluation import coevolution as co
+
+    evals = {"s0": {"ids": ["h1", "h2", "h3"],
+                    "gold": {"P2": [1.0, 0.5, 1.0], "~P2": [0.0, 0.5, 0.5],
+                             "P1": [0.0, 0.0, float("nan")]}},
+             "s1": {"ids": ["h2", "h4"], "gold": {"P2": [0.0, 1.0], "~P2": [0.5, 0.5],
+                                                  "P1": [0.0, 0.0]}}}
+    vals = co.headline_values(evals["s0"])
+    assert list(vals) == [("gold", "P2 - ~P2")] and vals[("gold", "P2 - ~P2")]["ids"] == [
+        "h1", "h2"]
+    pooled = co.pooled_headlines(evals, 4000, 1)
+    d = pooled[("gold", "P2 - ~P2")]
+    # Run means: s0 (1 + 0) / 2 = 0.5; s1 (-0.5 + 0.5) / 2 = 0.
+    assert d["diff"] == pytest.approx(0.25) and d["distinct_units"] == 3
+    w, prob = two_stage_resamples([2, 2], ["h1", "h2", "h2", "h4"])
+    assert_ci_in_exact_band(d["ci"], w @ np.array([1.0, 0.0, -0.5, 0.5]), prob,
+                            int(round(d["kept"] * 4000)))
+    summaries = {n: {"gold": {"differences": {"P2 - ~P2": {
+        "diff": 0.0, "ci": [-0.1, 0.1], "zero_inside_ci": True}}}, "ids": e["ids"], "seed": i}
+        for i, (n, e) in enumerate(evals.items())}
+    text = co.across_seeds(summaries, pooled)
+    assert (f"Pooled over 2 runs (two-stage bootstrap: seeds, then prompts; METHOD 15): "
+            f"{d['diff']:+.4f} [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]") in text
+    with pytest.raises(ValueError, match="two or more runs"):
+        co.pooled_headlines({"s0": evals["s0"]}, 10, 0)
+
+
 def test_share_of_gold_by_hand():
     """The share is sum(arm - P_0) / sum(gold - P_0); its CI comes from the same prompt
     resamples for both sums; a gold gain of 0 gives no share."""
@@ -410,3 +480,72 @@ def test_share_of_gold_by_hand():
     assert s["ci"] == pytest.approx(list(np.quantile(reps, [0.025, 0.975])))
     assert s["kept"] == pytest.approx(np.mean(den > 0))
     assert np.isnan(cp.share_of_gold(arm, p0, p0, 50, 0)["share"])
+
+
+def test_checks_policy_summary_and_report_from_run_files(tmp_path):
+    """From hand-written run directories: pooled figures by the two-stage bootstrap and
+    named so in the tables, the smallest detectable difference beside a CI that holds 0,
+    each run's bookkeeping ('-' where a metric was not logged), and the settings in which
+    an arm differs from the gold arm of its seed (or why they could not be compared)."""
+    base = {"policy.reward": "checks_gold", "model.generator": "", "seed": 0,
+            "policy.rubric_temperature": 1.0}
+    settings = {
+        (0, "gold"): base,
+        # Seed 0: the rubric arm also changed its list temperature (outside its reward).
+        (0, "rubric_sft"): {**base, "policy.reward": "rubric", "model.generator": "/g_sft",
+                            "policy.rubric_temperature": 0.0, "policy.extra": 1},
+        (1, "rubric_sft"): {**base, "policy.reward": "rubric", "model.generator": "/g_sft"}}
+    work = tmp_path / "cp"
+    write_checks_policy_workdir(work, settings)
+    s = cp.summarize(str(work), ["gold", "rubric_sft"], [0, 1], 400, 0, window=1)
+    p0 = json.loads((work / cp.P0_FILE).read_text())
+    after = {(a, k): json.loads((work / f"seed{k}" / a / cp.HELDOUT_FILE).read_text())["gold"]
+             for a in ("gold", "rubric_sft") for k in (0, 1)}
+    pooled = s["arms"]["rubric_sft"]["pooled"]
+    assert pooled["difference"] == pytest.approx(np.mean(
+        [np.mean(np.subtract(after[("rubric_sft", k)], p0["gold"])) for k in (0, 1)]))
+    assert pooled["interval"] == "two-stage bootstrap: seeds, then prompts"
+    assert pooled["prompts"] == 6 and pooled["seeds"] == 2
+    versus = s["versus"]["rubric_sft - gold"]["pooled"]
+    assert versus["se"] > 0 and versus["minimal_detectable"] == pytest.approx(
+        2.8016 * versus["se"], rel=1e-4)
+    assert s["arms"]["rubric_sft"]["share_of_gold"]["pooled"]["interval"].startswith("two-stage")
+    # Bookkeeping: seed k's step 0 cut 0.25 + 0.5 k of its update rows; step 1 was skipped.
+    b0 = s["arms"]["gold"]["seeds"]["0"]["bookkeeping"]
+    assert b0 == {"steps": 2, "truncated_fraction": 0.25, "rollout_truncated_fraction": None,
+                  "active_rows": 4.0, "update_skipped": 1.0, "redraws": 3.0,
+                  "prompts_drawn": None}
+    mean = s["arms"]["gold"]["bookkeeping"]
+    assert mean["truncated_fraction"] == pytest.approx(0.5) and mean["prompts_drawn"] is None
+    # Settings: seed 0 differs outside the reward and the generator; seed 1 lacks gold's.
+    diff = s["settings"]["rubric_sft"]
+    assert diff["0"]["outside"] == ["policy.extra", "policy.rubric_temperature"]
+    assert diff["0"]["differ"]["policy.extra"] == {"arm": 1}
+    assert diff["1"] == {"missing": [os.path.join("seed1", "gold", cp.SETTINGS_FILE)]}
+
+    md = cpr.markdown(s, "cmd", {}, "setup")
+    assert ("| arm | seeds | mean | sd | min | max | pooled greedy [95% CI, two-stage "
+            "bootstrap: seeds, then prompts] |") in md
+    nulls = [d for d in [s["arms"][a]["pooled"] for a in s["arms"]] + [versus]
+             if d["zero_inside_ci"]]
+    for d in nulls:  # every pooled null carries its power figure
+        assert f"detectable >= {d['minimal_detectable']:.3f}" in md
+    for d in (d for d in [s["arms"][a]["pooled"] for a in s["arms"]] if not d["zero_inside_ci"]):
+        assert f"{cpr._ci(d)}; detectable" not in md
+    assert "| rubric_sft - gold | pooled over 2 (two-stage bootstrap: seeds, then prompts) |" in md
+    assert "| gold | mean of 2 | 2 | 0.500 | - | 4.0 | 1.0 | 3.0 | - |" in md
+    assert "| gold | 1 | 2 | 0.750 | - | 4.0 | 1.0 | 3.0 | - |" in md
+    assert ('| rubric_sft | 0 | `model.generator` = "/g_sft" (""); `policy.extra` = 1 '
+            '((absent)); `policy.reward` = "rubric" ("checks_gold"); '
+            '`policy.rubric_temperature` = 0.0 (1.0); outside the reward and the generator: '
+            '`policy.extra`, `policy.rubric_temperature` |') in md
+    assert "| rubric_sft | 1 | not compared: no `seed1/gold/settings.json` |" in md
+    # Where every differing field is the reward's or the generator's, the table says so.
+    (work / "seed1" / "gold" / cp.SETTINGS_FILE).write_text(json.dumps(base))
+    md = cpr.markdown(cp.summarize(str(work), ["gold", "rubric_sft"], [0, 1], 100, 0, 1),
+                      "cmd", {}, "setup")
+    assert ('| rubric_sft | 1 | `model.generator` = "/g_sft" (""); `policy.reward` = '
+            '"rubric" ("checks_gold"); none outside the reward and the generator |') in md
+    # No gold arm: nothing to compare against, said in the report.
+    alone = cp.summarize(str(work), ["rubric_sft"], [0, 1], 100, 0, 1)
+    assert "No gold arm ran" in cpr.markdown(alone, "cmd", {}, "setup")

@@ -97,6 +97,51 @@ def test_round_values_read_each_rounds_gold_point_and_training_gap(tmp_path):
         cr.across_seeds({"a": s, "b": {**s, "rounds": 2}})
 
 
+def test_headlines_pool_over_runs_by_the_two_stage_bootstrap(tmp_path):
+    """Two runs: the held-out gold headline pooled over them paired per prompt, a prompt
+    of the same held-out file drawn once for both runs (exact two-stage distribution); the
+    training gap pooled unpaired (`intervals.two_stage_unpaired`, the same seeds for both
+    arms); both named, with the smallest detectable difference beside a CI holding 0."""
+    from drubric_jax.evaluation import intervals
+    from helpers import assert_ci_in_exact_band, two_stage_resamples
+
+    a = cr.round_values(_world(tmp_path / "a"))
+    b = cr.round_values(_world(tmp_path / "b"))
+    b["gold_greedy"]["P3"] = [0.0, 1.0, 0.0, 0.5]   # run b: P3 - ~P3 = -0.5, +0.5, -0.5
+    for run in ("a", "b"):
+        os.makedirs(tmp_path / run / "round0", exist_ok=True)
+        (tmp_path / run / "round0" / "config.json").write_text(json.dumps(
+            {"rounds": {"heldout_gold_path": "/data/checks_world_v2/heldout.jsonl"}}))
+    ids = {n: cr.heldout_ids(str(tmp_path / n), 4) for n in ("a", "b")}
+    assert ids["a"] == [f"checks_world_v2/heldout.jsonl:{i}" for i in range(4)]
+    assert cr.heldout_ids(str(tmp_path / "none"), 4) is None
+    pooled = cr.pooled_headlines({"a": a, "b": b}, 4000, 3, ids)
+    gold = pooled["held-out gold (greedy): P3 - ~P3"]
+    # Run a: P3 - ~P3 = +0.5 on each of its 3 scored prompts; run b: -0.5, +0.5, -0.5.
+    assert gold["diff"] == pytest.approx((0.5 - 1 / 6) / 2)
+    assert gold["interval"] == "two-stage bootstrap: seeds, then prompts"
+    w, prob = two_stage_resamples([3, 3], ids["a"][:3] * 2)
+    assert_ci_in_exact_band(gold["ci"], w @ np.array([0.5] * 3 + [-0.5, 0.5, -0.5]), prob,
+                            4000)
+    gap = pooled["training proxy - gold: stale 2 - coevolved 2"]
+    same = intervals.two_stage_unpaired([a["train_gap"]["stale 2"], b["train_gap"]["stale 2"]],
+                                        [a["train_gap"]["coevolved 2"],
+                                         b["train_gap"]["coevolved 2"]], 4000, 3)
+    assert gap["diff"] == pytest.approx(0.75) and gap["ci"] == same["ci"]
+    s = cr.summarize(a, 200, 0)
+    text = cr.across_seeds({"a": {**s, "seed": 0}, "b": {**cr.summarize(b, 200, 0), "seed": 1}},
+                           pooled)
+    line = next(ln for ln in text.splitlines() if ln.startswith("Pooled over 2 runs"))
+    assert line.startswith("Pooled over 2 runs (two-stage bootstrap: seeds, then prompts; "
+                           f"METHOD 15): {gold['diff']:+.3f} [{gold['ci'][0]:+.3f}, "
+                           f"{gold['ci'][1]:+.3f}]")
+    assert gold["zero_inside_ci"] and (
+        f"the smallest difference this design detects (80% power, two-sided 5%) is "
+        f"{gold['minimal_detectable']:.3f}.") in line
+    with pytest.raises(ValueError, match="two or more runs"):
+        cr.pooled_headlines({"a": a}, 10, 0)
+
+
 def test_round_values_name_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="round0"):
         cr.round_values(str(tmp_path))
@@ -193,3 +238,29 @@ def test_coevolution_rounds_end_to_end_rerun_and_report(tmp_path, smollm2_gguf):
     report = tmp_path / "report"
     run_module("experiments.report", str(work), f"--out={report}", timeout=300)
     assert (report / f"coevolution-{work.name}.md").read_text() == text
+
+
+def test_report_pools_rounds_runs_across_seeds(tmp_path):
+    """experiments.report's coevolution-seeds.md of two rounds-mode runs (their stages'
+    metrics, the held-out file named in round0/config.json): each run's headlines and
+    their values pooled by the two-stage bootstrap, named."""
+    from experiments.report import _coevolution_across_seeds
+
+    dirs = []
+    for seed in (0, 1):
+        d = tmp_path / f"seed{seed}"
+        _world(d)
+        (d / "round0" / "config.json").write_text(json.dumps(
+            {"rounds": {"heldout_gold_path": "/w/checks_world_v2/heldout.jsonl"}}))
+        (d / "summary.json").write_text(json.dumps(
+            {"kind": "coevolution", "mode": "rounds", "seed": seed, "n_bootstrap": 200,
+             "command": "python -m experiments.coevolution ...", "eval_note": "4 rows"}))
+        dirs.append(str(d))
+    text = _coevolution_across_seeds(dirs)
+    assert "## held-out gold (greedy): P3 - ~P3" in text and "| seed1 | 1 |" in text
+    values = {f"seed{k}": cr.round_values(dirs[k]) for k in (0, 1)}
+    ids = {n: cr.heldout_ids(d, 4) for n, d in zip(values, dirs)}
+    pooled = cr.pooled_headlines(values, 200, 0, ids)
+    for name, d in pooled.items():
+        assert (f"Pooled over 2 runs (two-stage bootstrap: seeds, then prompts; METHOD 15): "
+                f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]") in text

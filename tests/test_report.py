@@ -9,11 +9,11 @@ import pytest
 
 from drubric_jax.evaluation import coevolution as co
 from drubric_jax.evaluation import policy_eval
-from helpers import REPO, run_module
+from helpers import REPO, run_module, write_checks_policy_workdir
 
 
-def _coevolution_dir(d):
-    rng = np.random.default_rng(0)
+def _coevolution_dir(d, seed=0):
+    rng = np.random.default_rng(seed)
     names = {"r_disc": [f"{g} | {p}" for g in ("G1", "G2") for p in ("P1", "P2", "~P2")],
              "win_rate": ["P0", "P1", "P2", "~P2"], "preference": ["P0", "P1", "P2", "~P2"]}
     values = {k: {n: rng.uniform(0, 1, 5).tolist() for n in v} for k, v in names.items()}
@@ -25,7 +25,7 @@ def _coevolution_dir(d):
     (d / "summary.json").write_text(json.dumps({
         "kind": "coevolution", "parts": "not grpo_learns",
         "command": "python -m experiments.coevolution ...", "wall_s": {"round0": 60.0},
-        "seed": 0, "n_bootstrap": 100, "eval_note": "5 rows", **s}))
+        "seed": seed, "n_bootstrap": 100, "eval_note": "5 rows", **s}))
 
 
 def _eval_policy_dir(d):
@@ -71,20 +71,44 @@ def _ablation_dir(d, seed):
         "generators": {n: {} for n in names}, "comparisons": {"full - disc_only": {}}}))
 
 
+def _checks_policy_dir(d):
+    """A policy-reward experiment (2 arms x 2 seeds) with its summary.json."""
+    base = {"policy.reward": "checks_gold", "model.generator": ""}
+    write_checks_policy_workdir(d, {(s, "gold"): base for s in (0, 1)} | {
+        (s, "rubric_sft"): {**base, "policy.reward": "rubric"} for s in (0, 1)})
+    (d / "summary.json").write_text(json.dumps({
+        "kind": "checks_policy", "command": "python -m experiments.checks_policy ...",
+        "arms_run": ["gold", "rubric_sft"], "seeds": [0, 1], "n_bootstrap": 100, "seed": 0,
+        "window": 1, "setup": "6 held-out prompts"}))
+
+
 def test_report_renders_several_kinds_in_one_command(tmp_path):
     _coevolution_dir(tmp_path / "coevo")
+    _coevolution_dir(tmp_path / "coevo1", seed=1)
     _eval_policy_dir(tmp_path / "evalp")
     out = tmp_path / "results"
     _ifeval_dir_without_command(tmp_path / "ife")
     _ablation_dir(tmp_path / "ab0", 0)
     _ablation_dir(tmp_path / "ab1", 1)
+    _checks_policy_dir(tmp_path / "cp")
     run_module("experiments.report", str(tmp_path / "coevo"), str(tmp_path / "evalp"),
                str(tmp_path / "ife"), str(tmp_path / "ab0"), str(tmp_path / "ab1"),
-               f"--out={out}", timeout=120)
+               str(tmp_path / "coevo1"), str(tmp_path / "cp"), f"--out={out}", timeout=120)
     # Two ablation runs (seeds): each its own table, then both side by side and pooled.
     seeds = (out / "ablation-seeds.md").read_text()
     assert "pooled: 8 held-out anchor lists" in seeds
+    assert "two-stage bootstrap: seeds, then lists" in seeds
     assert any(line.startswith("| full - disc_only | Delta_gap |") for line in seeds.splitlines())
+    # Two coevolution runs: the headlines pooled by the two-stage bootstrap.
+    coevo_seeds = (out / "coevolution-seeds.md").read_text()
+    assert "Pooled over 2 runs (two-stage bootstrap: seeds, then prompts; METHOD 15)" in \
+        coevo_seeds
+    # The policy-reward experiment: pooled figures named, bookkeeping, settings.
+    q1 = (out / "checks_policy-cp.md").read_text()
+    assert "pooled greedy [95% CI, two-stage bootstrap: seeds, then prompts]" in q1
+    assert "| gold | mean of 2 | 2 | 0.500 | - | 4.0 | 1.0 | 3.0 | - |" in q1
+    assert ('| rubric_sft | 1 | `policy.reward` = "rubric" ("checks_gold"); none outside the '
+            "reward and the generator |") in q1
     assert "ablation-seeds.md" in (out / "README.md").read_text()
     coevo = (out / "coevolution-coevo.md").read_text()
     assert "| G2 on P2 - G1 on P2 |" in coevo and "| P2 - ~P2 |" in coevo

@@ -10,9 +10,16 @@ greedily, and each answer gets its gold score g(x, y) (METHOD 13). Reported per 
 
 with a paired percentile-bootstrap 95% CI over prompts (both policies answer the same
 prompts, so one set of replicate weights serves both), and across seeds the mean, standard
-deviation and range of that difference. The training curves (the step's mean proxy reward,
-i.e. what the policy was trained on, and its mean gold score) come from each run's
-metrics.jsonl.
+deviation and range of that difference. A figure pooled over seeds (an arm's gain over P_0,
+an arm against an arm, a share of the gold arm's gain) is the mean over seeds of each
+seed's prompt mean, with the two-stage bootstrap of METHOD 15 (seeds drawn, then prompts;
+a prompt is the same prompt in every seed, so it is drawn by id once for all the drawn
+seeds: `intervals.two_stage_weights`), its standard error and the smallest difference the
+design could have detected. The training curves (the step's mean proxy reward, i.e. what
+the policy was trained on, and its mean gold score) and each run's bookkeeping (answers
+cut at the token budget, active rows, skipped updates, redraws, prompts drawn:
+`bookkeeping`) come from each run's metrics.jsonl; the settings in which an arm differs
+from the gold arm of its seed from each run's settings.json (`settings_differences`).
 
 Axis legend (docs/CONVENTIONS.md): here U held-out prompts, Bt bootstrap replicates.
 """
@@ -24,7 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from drubric_jax.evaluation.intervals import percentile_interval, ratio, resample_weights
+from drubric_jax.evaluation.intervals import (percentile_interval, ratio, resample_weights,
+                                              two_stage_bootstrap, two_stage_ratio)
 
 # arm -> what the policy is rewarded with (configs/checks_policy.py sets the run fields).
 ARMS = {
@@ -208,6 +216,77 @@ def share_of_gold(arm: Sequence[float], gold: Sequence[float], p0: Sequence[floa
             "kept": float(np.mean(np.isfinite(reps))), "prompts": int(num.size)}
 
 
+def pooled_difference(after: Sequence, before: Sequence, n_boot: int, seed,
+                      ids: Sequence | None = None, level: float = 0.95) -> dict:
+    """A paired difference pooled over seeds: the mean over seeds of each seed's
+    mean(after - before) over the prompts both scored, with the two-stage bootstrap of
+    METHOD 15 (`intervals.two_stage_bootstrap`: seeds drawn, then prompts).
+
+    Args:
+        after, before: S sequences each; after[s], before[s] float[U_s], seed s's scores of
+            the same prompts in the same order (before may be P_0's, the same in every
+            seed). A prompt with a nan on either side is left out of its seed.
+        n_boot: Bt replicates; seed: their numpy seed (or Generator).
+        ids: None, or S sequences of prompt ids matching after[s]: a prompt in several
+            seeds is drawn once for all the drawn seeds (`intervals.two_stage_weights`).
+        level: the interval's coverage.
+
+    Returns:
+        {"before", "after" (the same seed-then-prompt means of each side), "difference",
+        "ci": [lo, hi], "se", "minimal_detectable" (2.8 se: the smallest difference the
+        design detects with 80% power), "zero_inside_ci", "kept", "prompts" (distinct
+        prompts kept), "seeds": S, "interval" (its name)}; nan values when a seed has no
+        prompt scored on both sides.
+
+    Raises:
+        ValueError: no seed, or after[s] and before[s] (or ids[s]) of different lengths.
+    """
+    if len(after) != len(before) or not after:
+        raise ValueError(f"after for {len(after)} seeds, before for {len(before)}")
+    a = [np.asarray(x, np.float64) for x in after]
+    b = [np.asarray(x, np.float64) for x in before]
+    for s, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape:
+            raise ValueError(f"seed {s}: paired scores differ in length: {x.shape} vs {y.shape}")
+    d = [x - y for x, y in zip(a, b)]  # nan where either side is
+    out = two_stage_bootstrap(d, n_boot, seed, level, ids=ids)
+    keep = [np.isfinite(x) for x in d]
+    n = [max(int(k.sum()), 1) for k in keep]
+    side = {name: float(np.mean([np.sum(np.where(k, v, 0.0)) / m
+                                 for v, k, m in zip(vals, keep, n)]))
+            for name, vals in (("before", b), ("after", a))}
+    return {**side, "difference": out["mean"],
+            **{k: out[k] for k in ("ci", "se", "minimal_detectable", "zero_inside_ci",
+                                   "kept", "seeds", "interval")},
+            "prompts": out["distinct_units"]}
+
+
+def pooled_share_of_gold(arm: Sequence, gold: Sequence, p0: Sequence[float], n_boot: int,
+                         seed, ids: Sequence | None = None, level: float = 0.95) -> dict:
+    """An arm's gain over P_0 as a share of the gold arm's, pooled over seeds:
+    sum_s sum_i w (arm - p0) / sum_s sum_i w (gold - p0), each seed weighing 1 / S, with the
+    two-stage bootstrap of METHOD 15 (`intervals.two_stage_ratio`); a replicate whose gold
+    gain is <= 0 has no share and is left out ("kept": the fraction that has one).
+
+    Args:
+        arm, gold: S sequences, seed s's held-out scores float[U] (the same prompts as p0).
+        p0: P_0's scores float[U]; n_boot, seed, ids, level: as `pooled_difference`.
+
+    Returns:
+        {"share", "ci", "kept", "prompts", "seeds", "interval"}.
+
+    Raises:
+        ValueError: arm and gold of different seed counts.
+    """
+    b = np.asarray(p0, np.float64)
+    num = [np.asarray(x, np.float64) - b for x in arm]
+    den = [np.asarray(x, np.float64) - b for x in gold]
+    out = two_stage_ratio(num, den, n_boot, seed, level, ids=ids)
+    return {"share": out["mean"], "ci": out["ci"], "kept": out["kept"],
+            "prompts": out["distinct_units"], "seeds": out["seeds"],
+            "interval": out["interval"]}
+
+
 def seed_spread(values: Sequence[float]) -> dict:
     """{"mean", "sd" (ddof 1; nan for one seed), "min", "max", "seeds"} of per-seed values."""
     v = np.asarray([x for x in values if np.isfinite(x)], np.float64)
@@ -249,6 +328,113 @@ def gold_curve(metrics_path: str) -> dict:
             "rows": [int(r["heldout_gold_rows"]) for r in rows]}
 
 
+# The bookkeeping of a run's policy steps (`bookkeeping`): metric name in the train rows of
+# metrics.jsonl -> how a run's steps reduce to one figure. "mean": the mean over the steps
+# that logged it; "sum": the sum over the steps (None unless every step logged it).
+BOOKKEEPING = {
+    # rl/train_step.py: the answers cut at max_new_tokens among the rows that entered the
+    # update (a GroupBatch's live groups; every row of a Batch); a skipped step has none.
+    "truncated_fraction": "mean",
+    # Not logged yet (proposed: rounds/phases.py, each policy rollout, over all its B x K
+    # sampled answers, before the flat groups are cut): the answers cut at the budget.
+    "rollout_truncated_fraction": "mean",
+    "active_rows": "mean",          # rl/train_step.py: rows that entered the update
+    "update_skipped": "sum",        # rl/train_step.py, rounds/phases.update: 1 = no update
+    "redraws": "sum",               # rounds/loop.py: fresh batches drawn for all-flat ones
+    # Not logged yet (proposed: rounds/loop.py `_phase`, beside `redraws`): prompts the
+    # step's rollouts took from the policy prompt iterator, discarded redraws included
+    # (policy.prompts_per_step x (1 + redraws), all processes together).
+    "prompts_drawn": "sum",
+}
+
+
+def bookkeeping(metrics_path: str) -> dict:
+    """What a run's policy steps did besides learning, from its metrics.jsonl train rows
+    (kind "train", phase "policy"; `BOOKKEEPING` names the metrics and their reduction).
+
+    Returns:
+        {"steps": policy steps logged, name: float or None for each BOOKKEEPING name}:
+        a "mean" metric is the mean over the steps that logged it (None when none did), a
+        "sum" metric the total over the steps (None unless every step logged it).
+
+    Raises:
+        ValueError: no policy training row (names the file).
+    """
+    from drubric_jax.rounds.run_logging import read_metrics
+
+    rows = [r for r in read_metrics(metrics_path)
+            if r.get("kind") == "train" and r.get("phase") == "policy"]
+    if not rows:
+        raise ValueError(f"{metrics_path}: no policy training rows (kind=train, phase=policy)")
+    out: dict = {"steps": len(rows)}
+    for name, how in BOOKKEEPING.items():
+        vals = [float(r[name]) for r in rows if name in r]
+        if how == "mean":
+            out[name] = float(np.mean(vals)) if vals else None
+        else:
+            out[name] = float(np.sum(vals)) if len(vals) == len(rows) else None
+    return out
+
+
+def bookkeeping_over_seeds(per_seed: dict) -> dict:
+    """{"steps", name: ...}: the mean over the seeds of each `bookkeeping` figure (None
+    when a seed lacks it). per_seed: {seed: `bookkeeping` output}."""
+    keys = ["steps", *BOOKKEEPING]
+    out = {}
+    for k in keys:
+        vals = [v.get(k) for v in per_seed.values()]
+        out[k] = (float(np.mean(vals)) if vals and all(x is not None for x in vals)
+                  else None)
+    return out
+
+
+SETTINGS_FILE = "settings.json"  # a run's resolved settings, {"dotted.config.field": value}
+# The fields in which an arm may differ from the gold arm: its reward, and which generator
+# writes its lists (METHOD 15, "Arms"). A field matches one of these or lies under it.
+ARM_FIELDS = ("policy.reward", "model.generator")
+
+
+def _is_arm_field(field: str, allowed: Sequence[str]) -> bool:
+    return any(field == a or field.startswith(a + ".") for a in allowed)
+
+
+def settings_differences(workdir: str, arms: Sequence[str], seeds: Sequence[int],
+                         reference: str = "gold",
+                         allowed: Sequence[str] = ARM_FIELDS) -> dict:
+    """Per arm and seed, the settings whose value differs from the `reference` arm's of the
+    same seed, read from each run's settings.json (a flat {"dotted.config.field": value}).
+
+    Returns:
+        {arm: {seed: {"differ": {field: {"arm": its value, "reference": the reference
+        arm's}} (a side that lacks the field has no key), "outside": the differing fields
+        not in `allowed` (empty: the arms differ only in their reward and generator)} or
+        {"missing": [the settings.json paths absent, relative to `workdir`]}}} for every
+        arm other than `reference` and every seed whose run directory exists; {} when the
+        reference arm is not among `arms`.
+    """
+    if reference not in arms:
+        return {}
+    out: dict = {}
+    for arm in (a for a in arms if a != reference):
+        for s in seeds:
+            if not os.path.isdir(run_dir(workdir, s, arm)):
+                continue
+            paths = [os.path.join(run_dir(workdir, s, x), SETTINGS_FILE) for x in (arm, reference)]
+            # Named relative to the workdir: the report reads the same on any machine.
+            missing = [os.path.relpath(p, workdir) for p in paths if not os.path.exists(p)]
+            if missing:
+                out.setdefault(arm, {})[str(s)] = {"missing": missing}
+                continue
+            mine, ref = (_read(p) for p in paths)
+            differ = {k: {**({"arm": mine[k]} if k in mine else {}),
+                          **({"reference": ref[k]} if k in ref else {})}
+                      for k in sorted(set(mine) | set(ref))
+                      if (k in mine) != (k in ref) or mine.get(k) != ref.get(k)}
+            out.setdefault(arm, {})[str(s)] = {
+                "differ": differ, "outside": [k for k in differ if not _is_arm_field(k, allowed)]}
+    return out
+
+
 def run_dir(workdir: str, seed: int, arm: str) -> str:
     """The loop run of one arm and seed: <workdir>/seed<seed>/<arm>."""
     return os.path.join(workdir, f"seed{seed}", arm)
@@ -261,21 +447,21 @@ def _read(path: str) -> dict:
 
 def pooled_over_seeds(arm: str, per_seed: dict, after: dict, sampled_after: dict, p0: dict,
                       n_boot: int, seed: int) -> dict:
-    """{"pooled": paired difference against P_0 of each held-out prompt's gold score
-    averaged over the arm's seeds, greedy; "pooled_sampled": the same on samples where
-    every seed and P_0 have them}. The CI resamples prompts (each prompt's seed mean is one
-    unit), so it holds the prompt-to-prompt noise of the seed-mean; the seeds' own spread
-    is `seed_spread`'s. Empty for fewer than 2 seeds."""
+    """{"pooled": `pooled_difference` of the arm's held-out gold scores against P_0's over
+    its seeds, greedy; "pooled_sampled": the same on samples where every seed and P_0 have
+    them}. Each held-out prompt is drawn by its id (`p0["ids"]`, the same prompts in every
+    seed), the seeds first (METHOD 15's two-stage bootstrap). Empty for fewer than 2
+    seeds."""
     seeds = list(per_seed)
     if len(seeds) < 2:
         return {}
-    greedy = np.mean([after[(arm, int(s))] for s in seeds], axis=0)
-    out = {"pooled": {**paired_difference(greedy, p0["gold"], n_boot, seed),
-                      "seeds": len(seeds)}}
+    ids = [p0["ids"]] * len(seeds) if "ids" in p0 else None
+    out = {"pooled": pooled_difference([after[(arm, int(s))] for s in seeds],
+                                       [p0["gold"]] * len(seeds), n_boot, seed, ids)}
     if "gold_sampled" in p0 and all((arm, int(s)) in sampled_after for s in seeds):
-        sampled = np.mean([sampled_after[(arm, int(s))] for s in seeds], axis=0)
-        out["pooled_sampled"] = {**paired_difference(sampled, p0["gold_sampled"], n_boot,
-                                                     seed), "seeds": len(seeds)}
+        out["pooled_sampled"] = pooled_difference(
+            [sampled_after[(arm, int(s))] for s in seeds], [p0["gold_sampled"]] * len(seeds),
+            n_boot, seed, ids)
     return out
 
 
@@ -286,12 +472,14 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
     Returns:
         {"p0": {"gold_mean", "prompts"}, "arms": {arm: {"seeds": {s: {"heldout": paired
         difference vs P_0, "curves": training_curves, "train_gold_first", "train_gold_last",
-        "train_proxy_first", "train_proxy_last"}}, "across_seeds": seed_spread of the
-        held-out differences, "after_across_seeds": seed_spread of the held-out means,
-        "pooled" (and "pooled_sampled" where sampled scores exist): paired difference of
-        each prompt's score averaged over the seeds against P_0's, and for an arm other
-        than gold when gold ran: "share_of_gold" {seed or "pooled": `share_of_gold`}}},
-        "versus": {"A - B": `arm_versus_arm`: per seed both ran, and pooled},
+        "train_proxy_first", "train_proxy_last", "bookkeeping": `bookkeeping`}},
+        "across_seeds": seed_spread of the held-out differences, "after_across_seeds":
+        seed_spread of the held-out means, "bookkeeping": `bookkeeping_over_seeds`,
+        "pooled" (and "pooled_sampled" where sampled scores exist): `pooled_difference`
+        against P_0 over the seeds (two-stage bootstrap, METHOD 15), and for an arm other
+        than gold when gold ran: "share_of_gold" {seed: `share_of_gold`, "pooled":
+        `pooled_share_of_gold`}}}, "versus": {"A - B": `arm_versus_arm`: per seed both
+        ran, and pooled}, "settings": `settings_differences` against the gold arm,
         "window"}. Train first / last: the mean of the first / last `window` steps.
 
     An arm is summarized over the seeds whose run has been evaluated (its heldout.json);
@@ -336,6 +524,7 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
                 "by_check": h.get("by_check", {}),
                 "gold_curve": gold_curve(os.path.join(d, "metrics.jsonl")),
                 "truncated": h.get("truncated"), "curves": curves,
+                "bookkeeping": bookkeeping(os.path.join(d, "metrics.jsonl")),
                 **{f"train_{k}_{end}": float(np.nanmean(curves[k][:w] if end == "first"
                                                         else curves[k][-w:]))
                    for k in ("gold", "proxy") for end in ("first", "last")}}
@@ -346,6 +535,8 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
             "reward": ARMS.get(arm, arm), "seeds": per_seed,
             "across_seeds": seed_spread([v["heldout"]["difference"] for v in per_seed.values()]),
             "after_across_seeds": seed_spread([v["heldout"]["after"] for v in per_seed.values()]),
+            "bookkeeping": bookkeeping_over_seeds({k: v["bookkeeping"]
+                                                   for k, v in per_seed.items()}),
             **pooled_over_seeds(arm, per_seed, after, sampled_after, p0, n_boot, seed)}
     # Each rubric arm's gain as a share of the gold arm's, per seed both ran and pooled.
     if "gold" in out["arms"]:
@@ -354,29 +545,30 @@ def summarize(workdir: str, arms: Sequence[str], seeds: Sequence[int], n_boot: i
             shares = {str(s): share_of_gold(after[(arm, s)], after[("gold", s)], p0["gold"],
                                             n_boot, seed) for s in both}
             if len(both) > 1:
-                shares["pooled"] = share_of_gold(
-                    np.mean([after[(arm, s)] for s in both], axis=0),
-                    np.mean([after[("gold", s)] for s in both], axis=0), p0["gold"], n_boot,
-                    seed)
+                shares["pooled"] = pooled_share_of_gold(
+                    [after[(arm, s)] for s in both], [after[("gold", s)] for s in both],
+                    p0["gold"], n_boot, seed, [p0["ids"]] * len(both))
             out["arms"][arm]["share_of_gold"] = shares
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
-            out["versus"][f"{b} - {a}"] = arm_versus_arm(after, b, a, seeds, n_boot, seed)
+            out["versus"][f"{b} - {a}"] = arm_versus_arm(after, b, a, seeds, n_boot, seed,
+                                                         p0["ids"])
+    out["settings"] = settings_differences(workdir, list(arms), list(seeds))
     return out
 
 
 def arm_versus_arm(after: dict, b: str, a: str, seeds: Sequence[int], n_boot: int,
-                   seed: int) -> dict:
+                   seed: int, ids: Sequence | None = None) -> dict:
     """{seed: paired difference b - a of the held-out gold scores (`paired_difference`)}
-    over the seeds both arms have, and "pooled" where they share 2 or more: each prompt's
-    score averaged over those seeds, b's against a's (the CI resamples prompts, as
-    `pooled_over_seeds`). `after`: {(arm, seed): per-prompt scores}."""
+    over the seeds both arms have, and "pooled" where they share 2 or more: the two-stage
+    bootstrap of METHOD 15 over those seeds (`pooled_difference`; `ids`: the held-out
+    prompt ids, the same in every seed, or None). `after`: {(arm, seed): per-prompt
+    scores}."""
     both = [s for s in seeds if (a, s) in after and (b, s) in after]
     out = {str(s): paired_difference(after[(b, s)], after[(a, s)], n_boot, seed)
            for s in both}
     if len(both) > 1:
-        out["pooled"] = {**paired_difference(
-            np.mean([after[(b, s)] for s in both], axis=0),
-            np.mean([after[(a, s)] for s in both], axis=0), n_boot, seed),
-            "seeds": len(both)}
+        out["pooled"] = pooled_difference([after[(b, s)] for s in both],
+                                          [after[(a, s)] for s in both], n_boot, seed,
+                                          None if ids is None else [ids] * len(both))
     return out

@@ -3,19 +3,45 @@ computes the numbers; this module writes them): results.md's tables and verdict,
 training-curve plot.
 
     markdown     results.md: the verdict, the held-out tables (greedy; sampled in world v2),
-                 the held-out gold curve, the pass rate per check, the spread across seeds,
-                 arm against arm, the training batches' first and last steps
+                 the held-out gold curve, the pass rate per check, the spread across seeds
+                 and the pooled figures (two-stage bootstrap, METHOD 15, with the smallest
+                 detectable difference beside a null), arm against arm, the runs'
+                 bookkeeping, the settings that differ from the gold arm's, the training
+                 batches' first and last steps
     verdict      one sentence per arm: above P_0 in every seed's CI, in none, or in some
     plot         proxy and gold training curves per arm (matplotlib Agg)
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
+
+from drubric_jax.evaluation.intervals import two_stage_name
+
+POOLED = two_stage_name("prompts")
+# What a pooled figure is, under each table that has one.
+POOLED_NOTE = (f"Pooled: the mean over the seeds of each seed's mean over the held-out prompts; "
+               f"95% CI by a {POOLED} (METHOD 15: one replicate draws the seeds with "
+               "replacement, then the held-out prompts, a prompt drawn once for all the drawn "
+               "seeds since every seed answers the same prompts). With 3 seeds it is coarse: "
+               "the per-seed rows stand beside it. \"detectable >= x\" beside a CI that holds "
+               "0: the smallest true difference this design detects with 80% power at "
+               "two-sided 5% (2.8 standard errors of the same bootstrap).")
 
 
 def _ci(d: dict) -> str:
     lo, hi = d["ci"]
     return f"{d['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _pooled(d: dict) -> str:
+    """A pooled difference [CI], and beside a CI that holds 0 the smallest detectable
+    difference (`intervals.minimal_detectable`)."""
+    text = _ci(d)
+    if d.get("zero_inside_ci") and np.isfinite(d.get("minimal_detectable", np.nan)):
+        text += f"; detectable >= {d['minimal_detectable']:.3f}"
+    return text
 
 
 def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
@@ -48,32 +74,44 @@ def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
                                  f"{_ci(h)} |")
     lines += curve_table(arms)
     lines += check_table(summary)
-    lines += ["", "## Across seeds (held-out after - P_0, greedy)", "",
-              "| arm | seeds | mean | sd | min | max | pooled greedy [95% CI] | "
-              "pooled sampled [95% CI] |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Across seeds (held-out after - P_0)", "",
+              "| arm | seeds | mean | sd | min | max | pooled greedy [95% CI, "
+              f"{POOLED}] | pooled sampled [95% CI, {POOLED}] |",
+              "|---|---|---|---|---|---|---|---|"]
     for arm, a in arms.items():
         x = a["across_seeds"]
-        pooled = [_ci(a[k]) if k in a else "-" for k in ("pooled", "pooled_sampled")]
+        pooled = [_pooled(a[k]) if k in a else "-" for k in ("pooled", "pooled_sampled")]
         lines.append(f"| {arm} | {x['seeds']} | {x['mean']:+.3f} | {x['sd']:.3f} | "
                      f"{x['min']:+.3f} | {x['max']:+.3f} | {pooled[0]} | {pooled[1]} |")
-    lines += ["", "Pooled: each held-out prompt's score averaged over the seeds, paired "
-              "against P_0 (the CI resamples prompts)."]
+    lines += ["", "Mean, sd (ddof 1), min and max: of the seeds' greedy differences. "
+              + POOLED_NOTE]
     if any("share_of_gold" in a for a in arms.values()):
-        lines += ["", "## Each arm's gain as a share of the gold arm's (greedy, paired, 95% CI "
-                  "over prompts)", "", "| arm | seed | share of gold's gain [95% CI] | "
+        lines += ["", "## Each arm's gain as a share of the gold arm's (greedy, paired; per "
+                  f"seed 95% CI over prompts, pooled: {POOLED})", "",
+                  "| arm | seed | share of gold's gain [95% CI] | "
                   "replicates with a gold gain > 0 |", "|---|---|---|---|"]
         for arm, a in arms.items():
             for s, d in a.get("share_of_gold", {}).items():
-                lines.append(f"| {arm} | {s} | {d['share']:+.2f} [{d['ci'][0]:+.2f}, "
+                where = f"pooled over {d['seeds']} ({POOLED})" if s == "pooled" else s
+                lines.append(f"| {arm} | {where} | {d['share']:+.2f} [{d['ci'][0]:+.2f}, "
                              f"{d['ci'][1]:+.2f}] | {d['kept']:.2f} |")
-        lines += ["", "A share is sum(arm - P_0) / sum(gold - P_0) over the same prompts; where "
-                  "the gold arm's own gain is within chance, so is every share."]
+        lines += ["", "A share is sum(arm - P_0) / sum(gold - P_0) over the same prompts (pooled: "
+                  "each seed weighing 1 / S); where the gold arm's own gain is within chance, "
+                  "so is every share."]
     if summary["versus"]:
-        lines += ["", "## Arm against arm on the held-out prompts (paired, 95% CI over prompts)",
-                  "", "| difference | seed | value [95% CI] |", "|---|---|---|"]
+        lines += ["", "## Arm against arm on the held-out prompts (paired; per seed 95% CI over "
+                  f"prompts, pooled: {POOLED})", "", "| difference | seed | value [95% CI] |",
+                  "|---|---|---|"]
         for name, per_seed in summary["versus"].items():
             for s, d in per_seed.items():
-                lines.append(f"| {name} | {s} | {_ci(d)} |")
+                if s == "pooled":
+                    lines.append(f"| {name} | pooled over {d['seeds']} ({POOLED}) | "
+                                 f"{_pooled(d)} |")
+                else:
+                    lines.append(f"| {name} | {s} | {_ci(d)} |")
+        lines += ["", POOLED_NOTE]
+    lines += bookkeeping_table(arms)
+    lines += settings_section(summary)
     w = summary["window"]
     lines += ["", f"## Training batches: mean of the first and last {w} policy steps", "",
               "| arm | seed | proxy first | proxy last | gold first | gold last |",
@@ -87,6 +125,84 @@ def markdown(summary: dict, command: str, wall_s: dict, setup: str) -> str:
               "score). Training-batch means are over one step's prompts x K responses: noisy, "
               "and on training prompts; the held-out tables are the test.", ""]
     return "\n".join(lines)
+
+
+# Column heads of the bookkeeping table, and how each figure prints.
+_BOOK_COLUMNS = (
+    ("steps", "policy steps", "{:.0f}"),
+    ("truncated_fraction", "answers cut at the budget (rows in the update)", "{:.3f}"),
+    ("rollout_truncated_fraction", "answers cut at the budget (all samples)", "{:.3f}"),
+    ("active_rows", "active rows / step", "{:.1f}"),
+    ("update_skipped", "skipped updates", "{:.1f}"),
+    ("redraws", "redraws", "{:.1f}"),
+    ("prompts_drawn", "prompts drawn", "{:.1f}"),
+)
+
+
+def bookkeeping_table(arms: dict) -> list:
+    """Markdown lines: each arm's bookkeeping (`checks_policy.bookkeeping`), the mean over
+    its seeds, then each seed; '-' where the run did not log the metric."""
+    if not any("bookkeeping" in v for a in arms.values() for v in a["seeds"].values()):
+        return []
+
+    def cells(b: dict) -> str:
+        return " | ".join("-" if b.get(k) is None else f.format(b[k])
+                          for k, _, f in _BOOK_COLUMNS)
+    lines = ["", "## Bookkeeping of the training runs (policy steps, from each run's "
+             "metrics.jsonl)", "",
+             "| arm | seed | " + " | ".join(h for _, h, _ in _BOOK_COLUMNS) + " |",
+             "|---|---|" + "---|" * len(_BOOK_COLUMNS)]
+    for arm, a in arms.items():
+        seeds = {s: v["bookkeeping"] for s, v in a["seeds"].items() if "bookkeeping" in v}
+        if not seeds:
+            continue
+        if len(seeds) > 1 and "bookkeeping" in a:
+            lines.append(f"| {arm} | mean of {len(seeds)} | {cells(a['bookkeeping'])} |")
+        lines += [f"| {arm} | {s} | {cells(b)} |" for s, b in seeds.items()]
+    lines += ["", "Cut at the budget: the answers that hit the token budget without a stop, "
+              "among the rows that entered the update (a skipped step has none) and among "
+              "all the step's samples; active rows: the rows that entered the update, per "
+              "step; skipped updates, redraws (fresh batches drawn for all-flat ones) and "
+              "prompts drawn (redraws included): totals over the run. '-': the run did not "
+              "log it."]
+    return lines
+
+
+def settings_section(summary: dict) -> list:
+    """Markdown lines: per arm and seed, the settings that differ from the gold arm's of the
+    same seed (`checks_policy.settings_differences`), or why they could not be compared."""
+    if "settings" not in summary:
+        return []
+    lines = ["", "## Settings that differ from the gold arm's (same seed, each run's "
+             "settings.json)", ""]
+    diffs = summary["settings"]
+    if "gold" not in summary["arms"]:
+        return lines + ["No gold arm ran: nothing to compare the arms' settings against."]
+    if not diffs:
+        return lines + ["Only the gold arm ran: nothing to compare."]
+    lines += ["| arm | seed | settings that differ (this arm; gold) |", "|---|---|---|"]
+    for arm, per_seed in diffs.items():
+        for s, d in per_seed.items():
+            if "missing" in d:
+                text = ("not compared: no " + ", ".join(f"`{p}`" for p in d["missing"]))
+            else:
+                shown = [f"`{k}` = {_setting(v, 'arm')} ({_setting(v, 'reference')})"
+                         for k, v in d["differ"].items()]
+                if not d["outside"]:
+                    text = "; ".join(shown + ["none outside the reward and the generator"])
+                else:
+                    text = ("; ".join(shown) + "; outside the reward and the generator: "
+                            + ", ".join(f"`{k}`" for k in d["outside"]))
+            lines.append(f"| {arm} | {s} | {text} |")
+    return lines
+
+
+def _setting(sides: dict, side: str) -> str:
+    """One side's value of a differing setting in a table cell, JSON-written ('|' escaped;
+    a side without the field: '(absent)')."""
+    if side not in sides:
+        return "(absent)"
+    return json.dumps(sides[side]).replace("|", "\\|")
 
 
 def curve_table(arms: dict) -> list:

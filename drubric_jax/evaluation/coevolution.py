@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from drubric_jax.rl import rewards
-from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from drubric_jax.evaluation.intervals import (percentile_interval, resample_weights,
+                                              two_stage_bootstrap)
 from drubric_jax.evaluator.rubric_generator import RubricInput
 from drubric_jax.rounds import judging, phases
 from drubric_jax.rounds.context import Timer
@@ -183,14 +184,81 @@ def verdict(summary: dict) -> str:
     return "Shown (one seed; CIs over evaluation prompts): " + "; ".join(parts) + "."
 
 
-def across_seeds(summaries: dict) -> str:
+def headline_values(values: dict) -> dict:
+    """Per-prompt paired differences of each headline (`_HEADLINES`) one run's eval.json
+    holds, on the prompts where every entry of its block is finite (as `summarize`).
+
+    Args:
+        values: the contents of a run's eval.json ({"ids": U prompt ids, block: {name:
+            float[U]}}).
+
+    Returns:
+        {(block, "A - B"): {"ids": the kept prompts' ids, "diff": float64[U'] A - B}}.
+    """
+    out = {}
+    for block, key in _HEADLINES:
+        entries = values.get(block) or {}
+        a, b = key.split(" - ")
+        if a not in entries or b not in entries:
+            continue
+        arr = {k: np.asarray(v, np.float64) for k, v in entries.items()}
+        keep = np.all([np.isfinite(v) for v in arr.values()], axis=0)
+        out[(block, key)] = {"ids": [i for i, k in zip(values["ids"], keep) if k],
+                             "diff": (arr[a] - arr[b])[keep]}
+    return out
+
+
+def pooled_headlines(evals: dict, n_boot: int, seed) -> dict:
+    """Each headline difference (`_HEADLINES`) pooled over runs (seeds): the mean over runs
+    of each run's mean paired difference, with the two-stage bootstrap of METHOD 15 (runs
+    drawn, then prompts by id: a prompt that several runs evaluated is drawn once for all
+    of them; `intervals.two_stage_bootstrap`).
+
+    Args:
+        evals: {run name: the contents of its eval.json}, two or more runs.
+        n_boot: Bt replicates; seed: their numpy seed (or Generator).
+
+    Returns:
+        {(block, "A - B"): `intervals.two_stage_bootstrap` output with "diff" (its mean)},
+        for the headlines every run has.
+
+    Raises:
+        ValueError: fewer than two runs.
+    """
+    if len(evals) < 2:
+        raise ValueError(f"pooling needs two or more runs; got {list(evals)}")
+    per_run = [headline_values(v) for v in evals.values()]
+    out = {}
+    for head in _HEADLINES:
+        if not all(head in r for r in per_run):
+            continue
+        d = two_stage_bootstrap([r[head]["diff"] for r in per_run], n_boot, seed,
+                                ids=[r[head]["ids"] for r in per_run])
+        out[head] = {**d, "diff": d["mean"]}
+    return out
+
+
+def pooled_line(d: dict, runs: int, digits: int) -> str:
+    """One markdown line: a difference pooled over `runs` runs with its two-stage interval
+    (named), and beside a CI that holds 0 the smallest detectable difference."""
+    f = "{:+.%df}" % digits
+    text = (f"Pooled over {runs} runs ({d['interval']}; METHOD 15): {f.format(d['diff'])} "
+            f"[{f.format(d['ci'][0])}, {f.format(d['ci'][1])}]")
+    if d["zero_inside_ci"] and np.isfinite(d["minimal_detectable"]):
+        text += (f"; the CI holds 0, and the smallest difference this design detects (80% "
+                 f"power, two-sided 5%) is {d['minimal_detectable']:.{digits}f}")
+    return text + "."
+
+
+def across_seeds(summaries: dict, pooled: dict | None = None) -> str:
     """Markdown: the headline differences (`_HEADLINES`) of several runs of the experiment,
     one row per run (its own CI over prompts), then across runs the mean, the standard
-    deviation (ddof 1) and the range of the point differences, and how many runs' CIs
-    exclude 0 on each side.
+    deviation (ddof 1) and the range of the point differences, how many runs' CIs
+    exclude 0 on each side and, given `pooled`, the difference pooled over the runs.
 
     Args:
         summaries: {run name: `summarize` output plus its "seed"}, two or more runs.
+        pooled: `pooled_headlines` of the same runs, or None (no pooled line).
 
     Raises:
         ValueError: fewer than two runs.
@@ -209,6 +277,8 @@ def across_seeds(summaries: dict) -> str:
             continue
         lines += [f"## {block}: {key.replace(' | ', ' on ')}", "", f"{words}.", ""]
         lines += seed_table(rows, summaries, 4)
+        if pooled and (block, key) in pooled:
+            lines += [pooled_line(pooled[(block, key)], len(summaries), 4), ""]
     return "\n".join(lines)
 
 

@@ -28,8 +28,9 @@ import os
 
 import numpy as np
 
-from drubric_jax.evaluation.coevolution import paired_summary, seed_table
-from drubric_jax.evaluation.intervals import percentile_interval, resample_weights
+from drubric_jax.evaluation.coevolution import paired_summary, pooled_line, seed_table
+from drubric_jax.evaluation.intervals import (percentile_interval, resample_weights,
+                                              two_stage_bootstrap, two_stage_unpaired)
 
 STAGES = ("round0", "coevolved", "stale")
 
@@ -292,9 +293,74 @@ def plot(summary: dict, out_png: str) -> None:
     plt.close(fig)
 
 
-def across_seeds(summaries: dict) -> str:
+def heldout_ids(workdir: str, rows: int):
+    """Ids of the `rows` held-out prompts of a run's gold curve: their row positions in the
+    file its round-0 stage read (`config.rounds.heldout_gold_path`, whose first rows the
+    curve answers: `rounds.gold_curve.load_items`), as "<the file's last two path
+    parts>:<row>", so runs that read the same file share them (the same prompts).
+
+    Returns:
+        `rows` strings, or None when the stage's config.json is absent (the runs' prompts
+        cannot be matched).
+    """
+    import json
+
+    path = os.path.join(workdir, "round0", "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        gold_path = json.load(f).get("rounds", {}).get("heldout_gold_path") or ""
+    name = "/".join(os.path.normpath(gold_path).split(os.sep)[-2:])
+    return [f"{name}:{i}" for i in range(int(rows))]
+
+
+def pooled_headlines(values: dict, n_boot: int, seed, ids: dict | None = None) -> dict:
+    """The headline differences (`headlines`) pooled over runs (seeds), with the two-stage
+    bootstrap of METHOD 15: the held-out gold difference P_R - ~P_R paired per prompt
+    (runs drawn, then prompts; by id where `ids` gives them, a prompt the runs share drawn
+    once for all), the training gap stale - coevolved of the last round unpaired (runs
+    drawn, then each arm's training prompts apart: `intervals.two_stage_unpaired`).
+
+    Args:
+        values: {run name: `round_values` output}, two or more runs of the same rounds.
+        n_boot: Bt replicates; seed: their numpy seed (or Generator).
+        ids: None, or {run name: its U held-out prompt ids (`heldout_ids`) or None};
+            prompts are drawn by id only when every run has them.
+
+    Returns:
+        {headline name: the two-stage dict with "diff" (its mean)}.
+
+    Raises:
+        ValueError: fewer than two runs, or runs of different round counts.
+    """
+    if len(values) < 2:
+        raise ValueError(f"pooling needs two or more runs; got {list(values)}")
+    counts = {n: v["rounds"] for n, v in values.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"runs of different round counts: {counts}")
+    r = next(iter(counts.values()))
+    diffs, kept = [], []
+    for v in values.values():
+        arr = {k: np.asarray(x, np.float64) for k, x in v["gold_greedy"].items()}
+        keep = np.all([np.isfinite(x) for x in arr.values()], axis=0)  # as `summarize`
+        diffs.append((arr[f"P{r}"] - arr[f"~P{r}"])[keep])
+        kept.append(keep)
+    by_id = None
+    if ids and all(ids.get(n) for n in values):
+        by_id = [[u for u, k in zip(ids[n], keep) if k] for n, keep in zip(values, kept)]
+    gold = two_stage_bootstrap(diffs, n_boot, seed, ids=by_id)
+    gap = two_stage_unpaired([v["train_gap"][f"stale {r - 1}"] for v in values.values()],
+                             [v["train_gap"][f"coevolved {r - 1}"] for v in values.values()],
+                             n_boot, seed)
+    return {f"held-out gold (greedy): P{r} - ~P{r}": {**gold, "diff": gold["mean"]},
+            f"training proxy - gold: stale {r - 1} - coevolved {r - 1}":
+            {**gap, "diff": gap["mean"]}}
+
+
+def across_seeds(summaries: dict, pooled: dict | None = None) -> str:
     """Markdown: the headline differences (`headlines`) of several runs, one row per run,
-    then their mean, sd (ddof 1) and range, and how many runs' CIs exclude 0.
+    then their mean, sd (ddof 1) and range, how many runs' CIs exclude 0 and, given
+    `pooled` (`pooled_headlines` of the same runs), the difference pooled over the runs.
 
     Raises:
         ValueError: fewer than two runs, or runs of different round counts.
@@ -310,5 +376,7 @@ def across_seeds(summaries: dict) -> str:
     for name in next(iter(per_run.values())):
         lines += [f"## {name}", ""] + seed_table({n: h[name] for n, h in per_run.items()},
                                                  summaries, 3)
+        if pooled and name in pooled:
+            lines += [pooled_line(pooled[name], len(summaries), 3), ""]
     return "\n".join(lines)
 
