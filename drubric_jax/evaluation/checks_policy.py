@@ -335,15 +335,14 @@ BOOKKEEPING = {
     # rl/train_step.py: the answers cut at max_new_tokens among the rows that entered the
     # update (a GroupBatch's live groups; every row of a Batch); a skipped step has none.
     "truncated_fraction": "mean",
-    # Not logged yet (proposed: rounds/phases.py, each policy rollout, over all its B x K
-    # sampled answers, before the flat groups are cut): the answers cut at the budget.
+    # rounds/phases.update: the answers cut at the budget among all the step's B x K
+    # sampled answers (every process), before the flat groups are cut.
     "rollout_truncated_fraction": "mean",
     "active_rows": "mean",          # rl/train_step.py: rows that entered the update
     "update_skipped": "sum",        # rl/train_step.py, rounds/phases.update: 1 = no update
     "redraws": "sum",               # rounds/loop.py: fresh batches drawn for all-flat ones
-    # Not logged yet (proposed: rounds/loop.py `_phase`, beside `redraws`): prompts the
-    # step's rollouts took from the policy prompt iterator, discarded redraws included
-    # (policy.prompts_per_step x (1 + redraws), all processes together).
+    # rounds/loop.py `_phase`: prompts the step's rollouts took from the policy prompt
+    # iterator, discarded redraws included (policy.prompts_per_step x (1 + redraws)).
     "prompts_drawn": "sum",
 }
 

@@ -128,8 +128,8 @@ def _phase(run: Run, role: Role, steps: int) -> None:
     two loses that row, and a resumed run does not repeat the step) and, in the phase's
     first step, of moving the idle trainee's AdamW moments away and the active one's back
     (`seconds_park`, parking or offloading). A policy step whose groups are all flat draws
-    fresh prompts (`_policy_rollout_with_redraws`; metric `redraws`); a step still all flat
-    makes no update (`phases.update`; metric `update_skipped`)."""
+    fresh prompts (`_policy_rollout_with_redraws`; metrics `redraws` and `prompts_drawn`);
+    a step still all flat makes no update (`phases.update`; metric `update_skipped`)."""
     from tqdm import tqdm
 
     # The idle trainee's AdamW moments leave the device for this phase (disk or pinned host).
@@ -158,6 +158,8 @@ def _phase(run: Run, role: Role, steps: int) -> None:
         metrics.update(step.metrics, **step.timer.metrics(), **phase_timer.metrics())
         if redraws is not None:
             metrics["redraws"] = redraws
+            # Prompts this step took from the policy iterator, discarded redraws included.
+            metrics["prompts_drawn"] = run.config.policy.prompts_per_step * (1 + redraws)
         phase_timer = context.Timer()  # the park seconds belong to the phase's first step
         run.loop.step += 1
         run.loop.global_step += 1

@@ -132,14 +132,20 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
     forward and backward. Its metrics are then those the train step gives a batch with no
     active row: update_skipped = 1, active_rows = num_tokens = 0, and loss, pg_loss, kl,
     grad_norm, update_norm, clip_fraction all 0 (so every train row has the same keys).
+    Either way `rollout_truncated_fraction` is the share of all the step's sampled rows cut
+    at the budget (the train step's `truncated_fraction` counts the update's rows only).
 
     Raises:
         FloatingPointError: a non-finite metric, naming `global_step`.
     """
+    # Of every sampled row of the step (all processes), before the flat groups are cut.
+    truncated = np.asarray(step.rollout.truncated, np.float32)
+    sampled = {"rollout_truncated_fraction": float(np.mean(
+        parallel.gather_rows(truncated) if ctx.mesh is not None else truncated))}
     if all_groups_flat(step):
         return {"update_skipped": 1.0, "active_rows": 0.0, "num_tokens": 0.0,
                 **dict.fromkeys(("loss", "pg_loss", "kl", "grad_norm", "update_norm",
-                                 "clip_fraction"), 0.0)}
+                                 "clip_fraction"), 0.0), **sampled}
     trainee = ctx.roles.trainee(role)
     batch, rows = train_batch(step, trainee.train_config, ctx.mesh)
     # A global batch, rows (groups) over (data, fsdp), from every process's own (jit refuses
@@ -150,7 +156,7 @@ def update(ctx: Context, role: Role, step: PhaseStep, global_step: int) -> dict:
         trainee.state, metrics = trainee.step_fn(trainee.state, batch,
                                                  trainee.reference_params)
         metrics = train_step.check_finite(metrics, global_step)
-    return metrics
+    return {**metrics, **sampled}
 
 
 def train_batch(step: PhaseStep, train_cfg, mesh) -> tuple:
