@@ -196,6 +196,14 @@ def test_runs_that_cannot_be_pooled_say_why(arm_runs, tmp_path):
                        arm="gold", seed=7)
     with pytest.raises(ValueError, match=f"{short}/report.json: per_prompt.key differs"):
         ifeval_seeds.summarize([ifeval_seeds.load_run(str(d)) for d in (dirs[0], short)])
+    # Another answer budget (both generated their answers).
+    longer = tmp_path / "longer"
+    longer.mkdir()
+    rep = json.loads((dirs[1] / "report.json").read_text())
+    rep["setup"]["max_new_tokens"] = 512
+    (longer / "report.json").write_text(json.dumps(rep))
+    with pytest.raises(ValueError, match=f"{longer}/report.json: setup.max_new_tokens = 512"):
+        ifeval_seeds.summarize([ifeval_seeds.load_run(str(d)) for d in (dirs[0], longer)])
     # A report.json written before the per-prompt counts were kept.
     old = tmp_path / "old"
     old.mkdir()
