@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from drubric_jax import models
-from drubric_jax.models import attention, qwen3_moe
+from drubric_jax.models import attention, blockwise, qwen3_moe
 from drubric_jax.models.config import QWEN3_30B_A3B, QWEN3_8B
 
 
@@ -46,13 +46,13 @@ def test_blockwise_skips_the_causal_future_through_loop_bounds():
     blocks j..), so the work is the causal triangle, not the square; a cached call
     (traced start) computes every pair."""
     nq = nc = 16  # 8192 tokens in blocks of 512
-    visible = sum(attention._kv_blocks_in_view(i, 512, 512, nc, 0) for i in range(nq))
+    visible = sum(blockwise._kv_blocks_in_view(i, 512, 512, nc, 0) for i in range(nq))
     assert visible == nq * (nq + 1) // 2
-    seen_by = sum(nq - attention._first_q_block_in_view(j, 512, 512, nq, 0)
+    seen_by = sum(nq - blockwise._first_q_block_in_view(j, 512, 512, nq, 0)
                   for j in range(nc))
     assert seen_by == visible
     # A query block of 64 tokens starting at slot 1000 sees key blocks of 256 up to slot 1063.
-    assert attention._kv_blocks_in_view(0, 64, 256, 8, 1000) == 1063 // 256 + 1
+    assert blockwise._kv_blocks_in_view(0, 64, 256, 8, 1000) == 1063 // 256 + 1
 
 
 def test_moe_temporaries_scale_with_routed_tokens():

@@ -34,7 +34,8 @@ from drubric_jax.data.filters import (APPENDIX_B_FILTERS, AnchorFilterConfig,
                                       is_useful, policy_prompt_drop_reason)
 from drubric_jax.data.fingerprint import data_fingerprint
 from drubric_jax.data.iterators import EpochIterator, host_shard, shuffled_order
-from drubric_jax.data.loading import (DataSpec, LoadedData, check_data_sources, load_data,
+from drubric_jax.data.checking import MissingDataFile, check_data_sources
+from drubric_jax.data.loading import (DataSpec, LoadedData, load_data,
                                       resolve_data_paths)
 from drubric_jax.data.schema import (AnchorList, PathLike, PromptItem, Record,
                                      anchor_from_record, gold_ranks, jsonl_line, write_json,

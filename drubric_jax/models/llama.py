@@ -36,16 +36,17 @@ and the memory planner read of the family: `NAME`, `HF_MODEL_TYPE`, `HF_ARCHITEC
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from drubric_jax import parallel
 from drubric_jax.models import hf_config, lora
-from drubric_jax.models.attention import attend, attend_shared_prefix
+from drubric_jax.models.attention import attend_shared_prefix
+# The block's pieces; rms_norm and rope_inv_freq are also read as `llama.X` by callers.
+from drubric_jax.models.blocks import (attend_over, heads_first, layer,  # noqa: F401
+                                       rms_norm, rope_inv_freq, self_attention, swiglu_mlp)
 from drubric_jax.models.cache import KVCache, call_slots, write_layer
 from drubric_jax.models.config import ModelConfig
 
@@ -54,7 +55,7 @@ from drubric_jax.models.config import ModelConfig
 NAME = "llama"
 HF_MODEL_TYPE = "llama"
 HF_ARCHITECTURE = "LlamaForCausalLM"
-# The matrices `lora.linear` runs (`_layer`, `swiglu_mlp`): what `lora.targets` may name.
+# The matrices `lora.linear` runs (`layer`, `swiglu_mlp`): what `lora.targets` may name.
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Checkpoint names, used by `models.weights` (load) and `models.export` for this family.
 # ours -> (Hugging Face suffix under model.layers.{i}., GGUF suffix under blk.{i}.)
@@ -162,105 +163,6 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
     return params
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis, computed in float32, returned in x's dtype."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """float32[Dh/2] inverse frequencies, with Llama-3.1 scaling when configured.
-
-    Follows the `llama3` rope type of Hugging Face transformers: wavelengths longer than
-    original_max / low_freq_factor are divided by `factor`, shorter than
-    original_max / high_freq_factor are kept, and the band between is interpolated.
-    """
-    dh = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
-    sc = cfg.rope_scaling
-    if sc is None:
-        return inv
-    low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor
-    high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    # 0 at the long-wavelength edge of the band (fully scaled), 1 at the short one (unscaled).
-    smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (
-        sc.high_freq_factor - sc.low_freq_factor)
-    mid = (1 - smooth) * inv / sc.factor + smooth * inv
-    return jnp.where(wavelen > low_wavelen, inv / sc.factor,
-                     jnp.where(wavelen < high_wavelen, inv, mid))
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotary embedding, half-split ("rotate_half") layout of Hugging Face Llama.
-
-    Args:
-        x: [B, T, heads, Dh].
-        positions: int32[B, T].
-        inv_freq: float32[Dh/2].
-    """
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    # rotate_half pairs dims (i, i + Dh/2); GGUF's interleaved rows are undone at load.
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-def swiglu_mlp(cfg: ModelConfig, p: dict, h: jax.Array) -> jax.Array:
-    """The dense SwiGLU MLP of one layer: (silu(h W_gate) * h W_up) W_down, [B, T, D]."""
-    gate = jax.nn.silu(lora.linear(p, "w_gate", h, cfg))
-    return lora.linear(p, "w_down", gate * lora.linear(p, "w_up", h, cfg), cfg)
-
-
-def _layer(cfg, p, x, positions, inv_freq, attention, mlp):
-    """One pre-norm transformer block; `mlp(cfg, p, h)` is its feed-forward part
-    (`swiglu_mlp`, or a mixture of experts: `models.qwen3_moe`).
-
-    `attention(q, k, v)` gets this call's queries [B, T, H, Dh] and keys and values
-    [B, T, Hkv, Dh] (RoPE applied) and returns `(out [B, T, H * Dh], extra)`: over a cache
-    or this call's tokens (`_attend_over`), or a packed group's prefix and suffixes
-    (`forward_shared_hidden`); `extra` (e.g. the written cache) is returned beside x.
-    """
-    b, t, _ = x.shape
-    x = parallel.constrain_rows(x)  # rows stay split: the weights are what gets gathered
-    # Pre-norm: the residual stream x itself is never normalised.
-    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q = (lora.linear(p, "wq", h, cfg)).reshape(b, t, cfg.num_heads, cfg.head_dim)
-    k = (lora.linear(p, "wk", h, cfg)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-    v = (lora.linear(p, "wv", h, cfg)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-    if cfg.qk_norm:
-        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
-        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    # After the q/k norm, as Qwen3 orders them.
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
-    out, extra = attention(q, k, v)
-    x = parallel.constrain_rows(x + lora.linear(p, "wo", out, cfg))
-    x = parallel.constrain_rows(x + mlp(cfg, p, rms_norm(x, p["mlp_norm"], cfg.norm_eps)))
-    return x, extra
-
-
-def _attend_over(cfg, start, kv_fn):
-    """The `attention` of `_layer` for keys that `kv_fn(k, v)` gives: it returns
-    `(k_all, v_all, valid, extra)`, k_all and v_all [B, Hkv, S, Dh], valid bool[B, S] (the
-    cache's S slots, or this call's S = T tokens); `start` is the slot of the first query
-    (None without a cache), see `attention.attend`."""
-    def attention(q, k, v):
-        k_all, v_all, valid, extra = kv_fn(k, v)
-        return attend(cfg, q, k_all, v_all, valid, start), extra
-    return attention
-
-
-def _self_attention(cfg, token_mask):
-    """The `attention` of `_layer` without a cache: causal over this call's tokens,
-    token_mask bool[B, T] hiding the padding ones."""
-    return _attend_over(cfg, None, lambda k, v: (_heads_first(k), _heads_first(v),
-                                                 token_mask, None))
-
-
 def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
                    token_mask: Optional[jax.Array] = None,
                    cache: Optional[KVCache] = None, remat: bool = False,
@@ -306,7 +208,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     if cache is None:
         def body(x, p):
             # No cache: the keys are this call's tokens; token_mask hides the padding ones.
-            x, _ = _layer(cfg, p, x, positions, inv_freq, _self_attention(cfg, token_mask), mlp)
+            x, _ = layer(cfg, p, x, positions, inv_freq, self_attention(cfg, token_mask), mlp)
             return x, None
 
         if isinstance(params["layers"], (list, tuple)):  # per-layer weights: a layer loop
@@ -328,7 +230,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
     def attended(k, v, k_all, v_all):
         # What the layer's queries attend over: this call's keys or the whole cache.
-        return (_heads_first(k), _heads_first(v), token_mask) if fresh else (k_all, v_all, valid)
+        return (heads_first(k), heads_first(v), token_mask) if fresh else (k_all, v_all, valid)
 
     if isinstance(cache.k, tuple):  # per-layer form: no slicing inside the layer loop
         layers = params["layers"]
@@ -338,12 +240,12 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
             # Default arguments bind this layer's arrays now (a closure would read them late).
             def kv_fn(k, v, kc=cache.k[i], vc=cache.v[i]):
-                kc = write_layer(kc, _heads_first(k), start)
-                vc = write_layer(vc, _heads_first(v), start)
+                kc = write_layer(kc, heads_first(k), start)
+                vc = write_layer(vc, heads_first(v), start)
                 return (*attended(k, v, kc, vc), (kc, vc))
 
-            x, (kc, vc) = _layer(cfg, p, x, positions, inv_freq,
-                                 _attend_over(cfg, attend_from, kv_fn), mlp)
+            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
+                                 attend_over(cfg, attend_from, kv_fn), mlp)
             k_new.append(kc)
             v_new.append(vc)
         new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index,
@@ -356,14 +258,14 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 
         def kv_fn(k, v):
             kc = jax.lax.dynamic_update_slice(
-                k_cache, _heads_first(k)[None].astype(k_cache.dtype), (i, 0, 0, start, 0))
+                k_cache, heads_first(k)[None].astype(k_cache.dtype), (i, 0, 0, start, 0))
             vc = jax.lax.dynamic_update_slice(
-                v_cache, _heads_first(v)[None].astype(v_cache.dtype), (i, 0, 0, start, 0))
+                v_cache, heads_first(v)[None].astype(v_cache.dtype), (i, 0, 0, start, 0))
             # The whole stacked cache is the scan carry; this layer attends over its own slice.
             return (*attended(k, v, kc[i], vc[i]), (kc, vc))
 
-        x, (k_cache, v_cache) = _layer(cfg, p, x, positions, inv_freq,
-                                       _attend_over(cfg, attend_from, kv_fn), mlp)
+        x, (k_cache, v_cache) = layer(cfg, p, x, positions, inv_freq,
+                                       attend_over(cfg, attend_from, kv_fn), mlp)
         return (x, k_cache, v_cache), None
 
     if isinstance(params["layers"], (list, tuple)):
@@ -442,7 +344,7 @@ def forward_shared_hidden(params: dict, cfg: ModelConfig, prefix_tokens: jax.Arr
         return attend_shared_prefix(cfg, q, k, v, prefix_mask, token_mask), None
 
     def body(x, lp):
-        return _layer(cfg, lp, x, positions, inv_freq, attention, mlp)[0], None
+        return layer(cfg, lp, x, positions, inv_freq, attention, mlp)[0], None
 
     body = jax.checkpoint(body) if remat else body
     if isinstance(params["layers"], (list, tuple)):  # per-layer weights: a layer loop
@@ -452,11 +354,6 @@ def forward_shared_hidden(params: dict, cfg: ModelConfig, prefix_tokens: jax.Arr
         x, _ = jax.lax.scan(body, x, params["layers"])
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
     return x[:, :p], x[:, p:].reshape(gn, r, n, x.shape[-1])
-
-
-def _heads_first(x: jax.Array) -> jax.Array:
-    """[B, T, heads, Dh] -> [B, heads, T, Dh]."""
-    return x.transpose(0, 2, 1, 3)
 
 
 def _layer_slice(layers: dict, i: int) -> dict:

@@ -50,7 +50,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from drubric_jax import parallel
-from drubric_jax.models import hf_config, llama
+from drubric_jax.models import blocks, hf_config, llama
 from drubric_jax.models.cache import KVCache
 from drubric_jax.models.config import ModelConfig
 
@@ -58,7 +58,7 @@ from drubric_jax.models.config import ModelConfig
 NAME = "qwen3_moe"
 HF_MODEL_TYPE = "qwen3_moe"
 HF_ARCHITECTURE = "Qwen3MoeForCausalLM"
-# Attention goes through `lora.linear` (`llama._layer`); the experts' grouped matmuls do not.
+# Attention goes through `lora.linear` (`blocks.layer`); the experts' grouped matmuls do not.
 LORA_TARGETS = ("wq", "wk", "wv", "wo")
 _EXPERT = "mlp.experts.{e}."
 # ours -> (Hugging Face suffix under model.layers.{i}. ("{e}": one tensor per expert,
@@ -248,11 +248,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
 def forward_shared_hidden(params: dict, cfg: ModelConfig, prefix_tokens: jax.Array,
                           prefix_mask: jax.Array, tokens: jax.Array, token_mask: jax.Array,
                           remat: bool = False) -> tuple[jax.Array, jax.Array]:
-    """`llama.forward_shared_hidden` (same arguments and outputs) with `moe_mlp` as every
-    layer's feed-forward part. Under the "capacity" dispatch a packed group is one row of
-    P + R N tokens, so an expert's capacity counts those tokens (`capacity`): the same
-    tokens are routed, and with a capacity factor that drops none (0, or large enough) the
-    outputs are the rows' own."""
+    """`llama.forward_shared_hidden` with `moe_mlp`: under the "capacity" dispatch a packed
+    group is one row of P + R N tokens, whose capacity (`capacity`) counts those tokens;
+    with a factor that drops none the outputs are the rows' own."""
     return llama.forward_shared_hidden(params, cfg, prefix_tokens, prefix_mask, tokens,
                                        token_mask, remat=remat, mlp=moe_mlp)
 
@@ -324,9 +322,9 @@ def router_load_counts(params: dict, cfg: ModelConfig, tokens: jax.Array,
             loads.append(router_load(cfg_, p_["router"], h, token_mask))
             return moe_mlp(cfg_, p_, h)
 
-        # `llama._layer`: the block of `forward_hidden` (no cache: keys are this call's).
-        x, _ = llama._layer(cfg, p, x, positions, inv_freq,
-                            llama._self_attention(cfg, token_mask), mlp)
+        # `blocks.layer`: the block of `forward_hidden` (no cache: keys are this call's).
+        x, _ = blocks.layer(cfg, p, x, positions, inv_freq,
+                            blocks.self_attention(cfg, token_mask), mlp)
         return x, loads[0]
 
     _, loads = jax.lax.scan(body, x, params["layers"])
