@@ -82,6 +82,14 @@ def get_config(arg: str = ""):
     c.per_row_keys = True
     c.checkpoint.every_steps = 20
     c.checkpoint.max_to_keep = 3
+    # Updates per row, not in groups sharing a prefix (`train.shared_prefix`): a device's
+    # gradient pass holds at least one whole group, P + R N = 73,728 policy or 90,112
+    # generator tokens, and its recomputed layer alone is 46.5 / 56.8 GB; the planner puts
+    # the grouped generator update's peak at 122.8 GB a device (full fine-tuning, fsdp 8)
+    # and 166.8 GB on the one LoRA device. Grouped fits 8 x 141 GB (full fine-tuning):
+    # --config.policy.train.shared_prefix=True --config.generator.train.shared_prefix=True
+    # there (docs/SCALE.md, "Time of a round": 147 s against 351 s a generator update).
+    c.policy.train.shared_prefix = c.generator.train.shared_prefix = False
     if opts.get("lora"):
         c.lora.rank = 64 if opts["lora"] is True else int(opts["lora"])
         c.lora.alpha = 2.0 * c.lora.rank
@@ -118,6 +126,8 @@ def get_config(arg: str = ""):
         c.generator.max_new_tokens, c.generator.input_budget = 96, 1024
         c.verifier.max_prefix_tokens, c.verifier.max_suffix_tokens = 512, 32
         c.policy.train.micro_batch_size = c.generator.train.micro_batch_size = 0
+        # Tiny models at CPU lengths: a whole group fits, the shared prefix runs once.
+        c.policy.train.shared_prefix = c.generator.train.shared_prefix = True
         c.mesh.data, c.mesh.fsdp = -1, 1
         c.memory.offload_idle_optimizer = False
         c.checkpoint.every_steps = 1

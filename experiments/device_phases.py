@@ -274,7 +274,8 @@ def train(ctx: Context) -> None:
     from configs import qwen3_8b
     from drubric_jax import models
     from drubric_jax.rl import train_step as ts
-    from drubric_jax.memory.terms import RoleModels, train_terms, tree_bytes
+    from drubric_jax.memory.terms import RoleModels, tree_bytes
+    from drubric_jax.memory.train_terms import train_terms
     from drubric_jax.rounds.roles import LoadedModel, make_trainee
     from drubric_jax.types import Role
 

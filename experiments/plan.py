@@ -8,15 +8,19 @@ r"""Memory plan of a run config: GB per device of every role and step, and a ver
     python -m experiments.plan --config=configs/qwen3_8b.py:lora --devices=1 \
         --device_memory_gb=141 --time=H200        # + seconds per step and hours per round
 
-Prints the resident state per phase, each step's transient terms and peak, the rollout and
-update micro-batches it picked (the largest that fit), and FITS / DOES-NOT-FIT naming the
-largest term and the config field that shrinks it (`drubric_jax.memory.planner`). With
+Prints the resident state per phase, each step's transient terms and peak (an update per
+row or in groups sharing a prefix, as `train.shared_prefix` says), the rollout and update
+micro-batches it picked (the largest that fit), what `train.remat="auto"` comes out as for
+each trainee on these devices, and FITS / DOES-NOT-FIT naming the largest term and the
+config field that shrinks it (`drubric_jax.memory.planner`). With
 --compile the real jitted functions are compiled on N fake CPU devices and their XLA
 memory analysis is printed beside each step (`drubric_jax.memory.compiled`; deep models
 are compiled at 2 and 4 layers and scaled; on CPU bfloat16 matmuls get float32 operand
 copies, so a bfloat16 model's compiled figure is an upper bound). With --time=KIND the
 device work of a generator step, a policy step and a round is estimated from FLOPs and
-bytes against KIND's peaks (`drubric_jax.memory.timing`), beside public anchors.
+bytes against KIND's peaks (`drubric_jax.memory.timing`), beside public anchors; each
+update is printed as the config runs it and, marked `*` and outside the totals, in the
+other layout (per row against grouped).
 """
 import os
 import sys
@@ -82,6 +86,8 @@ def main(argv):
     config = _CONFIG.value
     p = planner.plan(config, _DEVICES.value, _MEMORY.value, sizes, _ATTENTION.value,
                      _BLOCK.value, _HEADROOM.value, _SEARCH.value, backend=_BACKEND.value)
+    # The config as planned: train.remat "auto" decided for these devices and this memory.
+    config = p.config
     if _COMPILE.value:
         mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:_DEVICES.value])
         planner_compiled.measure_plan(p, RoleModels.from_config(config),

@@ -94,14 +94,22 @@ def sampler_params(trainee_cfg: ModelConfig, base_cfg: ModelConfig, mesh):
 
 
 def train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: TrainConfig, mesh,
-               rows: int, prompt: int, new: int) -> Compiled:
-    """The sharded GRPO step on R = `rows` rows of T = prompt + new tokens."""
-    return analyse(lower_train_step(trainee_cfg, base_cfg, train_cfg, mesh, rows, prompt, new))
+               rows: int, prompt: int, new: int, group: int = 0) -> Compiled:
+    """The sharded GRPO step on R = `rows` rows of T = prompt + new tokens (`group` > 0 and
+    `train_cfg.shared_prefix`: in groups of that many rows, `lower_train_step`)."""
+    return analyse(lower_train_step(trainee_cfg, base_cfg, train_cfg, mesh, rows, prompt, new,
+                                    group))
 
 
 def lower_train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg: TrainConfig,
-                     mesh, rows: int, prompt: int, new: int):
-    """The `jax.stages.Lowered` sharded GRPO step of `train_step` (its HLO for tests)."""
+                     mesh, rows: int, prompt: int, new: int, group: int = 0):
+    """The `jax.stages.Lowered` sharded GRPO step of `train_step` (its HLO for tests).
+
+    The batch is the per-row `train_step.Batch` of R = `rows` rows [prompt | completion],
+    or with `group` = R' > 0 and `train_cfg.shared_prefix` the `train_step.GroupBatch` of
+    rows / R' groups, each one prefix of P = `prompt` tokens and R' completions of
+    N = `new` (Gn a multiple of the row shards, as `rounds.phases.train_batch` pads it).
+    """
     # The step a run uses (memoised), lowered on structs.
     optimizer, step = ts.make_sharded_train_step(trainee_cfg, train_cfg, mesh)
     shapes = jax.eval_shape(lambda: ts.init_train_state(ts.trainable_init(trainee_cfg),
@@ -115,10 +123,20 @@ def lower_train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg:
     def arr(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sh)
 
-    batch = ts.Batch(tokens=arr((rows, t), jnp.int32), token_mask=arr((rows, t), bool),
-                     loss_mask=arr((rows, t), bool), old_logprobs=arr((rows, t), jnp.float32),
-                     advantages=arr((rows,), jnp.float32), truncated=arr((rows,), bool),
-                     live=arr((rows,), bool), prompt_len=prompt)
+    if group and train_cfg.shared_prefix:
+        gn = rows // group
+        batch = ts.GroupBatch(
+            prefix_tokens=arr((gn, prompt), jnp.int32), prefix_mask=arr((gn, prompt), bool),
+            tokens=arr((gn, group, new), jnp.int32), mask=arr((gn, group, new), bool),
+            old_logprobs=arr((gn, group, new), jnp.float32),
+            advantages=arr((gn, group), jnp.float32), truncated=arr((gn, group), bool),
+            live=arr((gn,), bool))
+    else:
+        batch = ts.Batch(tokens=arr((rows, t), jnp.int32), token_mask=arr((rows, t), bool),
+                         loss_mask=arr((rows, t), bool),
+                         old_logprobs=arr((rows, t), jnp.float32),
+                         advantages=arr((rows,), jnp.float32), truncated=arr((rows,), bool),
+                         live=arr((rows,), bool), prompt_len=prompt)
     return step.lower(state, batch, param_structs(base_cfg, mesh))
 
 
@@ -353,11 +371,12 @@ def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
                 w.verifier_rows, w.verifier_prefix, w.verifier_suffix, w.verifier_items, mesh)
         prompt, new = ((w.rubric_prompt, w.rubric_new) if phase == "generator"
                        else (w.policy_prompt, w.policy_new))
-        # Compiled at the update micro-batch the plan chose for this step.
+        # Compiled at the update micro-batch the plan chose for this step, on its rows (a
+        # grouped update's padded to the row shards, `terms.group_layout`).
         tc = dataclasses.replace(models_.train[phase], micro_batch_size=rows)
-        return (step.name, rows), lambda n: (train_step(
+        return (step.name, rows, step.group), lambda n: (train_step(
             depth(models_.trainee[phase], n), base(phase, n), tc, mesh, step.of_rows, prompt,
-            new).extra,)
+            new, step.group).extra,)
 
     # The compiled code runs the attention `ModelConfig.attention` picks: "auto" goes
     # blockwise for long rows and materialized (dense) for short ones, as the plan does.

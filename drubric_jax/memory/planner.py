@@ -11,6 +11,11 @@ step with rows, the largest divisor of its rows that fits: rows per sampler call
 rollout micro-batch) and rows per gradient pass (`train.micro_batch_size`, a multiple of
 data x fsdp), so the step's global batch is reached in chunks.
 
+An update runs in groups that share a prefix where the trainee's `train.shared_prefix` says
+so (whole groups a gradient pass, `update_step`), and `train.remat="auto"` is decided here
+(`remat_choice`): no recomputation where the update with every layer's activations saved
+fits the memory; the run decides it the same way on its own devices (`resolve_remat`).
+
 The rollout micro-batch it prints goes into `policy.rollout_micro_batch` /
 `generator.rollout_micro_batch` (rows per sampler call; 0 = all); for a role whose
 `sampler` is "engine" it is the engine's slots E, and the step's terms are the engine's
@@ -21,7 +26,7 @@ The rollout micro-batch it prints goes into `policy.rollout_micro_batch` /
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import ml_collections
@@ -29,69 +34,22 @@ import ml_collections
 from drubric_jax import config_check
 from drubric_jax.memory.inference_terms import (engine_sampling_terms, sampling_terms,
                                                 verification_terms)
-from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step, abstract_mesh,
-                                       resident_terms, train_terms, tree_bytes)
-from drubric_jax.evaluator.rubric_generator import MIN_PROMPT_BUCKET
-from drubric_jax.sampling import bucket_length
+# Re-exported: the planner's names, as callers have used them.
+from drubric_jax.memory.remat import (RematChoice, remat_choice, resolve_remat,  # noqa: F401
+                                      with_remat)
+from drubric_jax.memory.terms import (ATTENTIONS, GB, RoleModels, Step,  # noqa: F401
+                                      abstract_mesh, resident_terms, tree_bytes)
+from drubric_jax.memory.workload import (BACKENDS, DEFAULT_BLOCK,  # noqa: F401
+                                         DEFAULT_HEADROOM, PHASES, Workload, choose,
+                                         divisors, update_step)
 from drubric_jax.sampling.engine_host import slot_count
-from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
-
-PHASES = ("generator", "policy")
-DEFAULT_HEADROOM = 0.10  # of the device memory, for the runtime, compiled code, fragmentation
-DEFAULT_BLOCK = 512      # key tile of blockwise attention (planned)
-BACKENDS = ("cpu", "gpu", "tpu")
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """Shapes of a round's device steps (`from_config`; the device check sets its own)."""
-
-    policy_rows: int    # B * K responses per step (the policy update's R)
-    policy_prompt: int  # P, the sampler's prompt bucket
-    policy_new: int     # N
-    rubric_rows: int    # B * G rubric lists per generator step (the generator update's R)
-    rubric_rows_policy_phase: int  # B lists (one per prompt) per policy step
-    rubric_prompt: int  # generator prompt bucket
-    rubric_new: int
-    verifier_prefix: int  # prefix bucket
-    verifier_suffix: int  # suffix bucket
-    verifier_rows: int    # prefixes per verifier pass
-    verifier_items: int   # items per suffix pass
-    policy_segments: int = 0  # config.policy.cache_segments (0 = auto)
-    rubric_segments: int = 0  # config.generator.cache_segments
-    policy_sampler: str = "static"  # config.policy.sampler: "static" | "engine"
-    rubric_sampler: str = "static"  # config.generator.sampler
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "Workload":
-        p, g, v = config.policy, config.generator, config.verifier
-        # The verifier's own chunking (`evaluator.budgets`) at its default budgets.
-        chunking = DEFAULT_BUDGETS
-        prefix = chunking.prefix_bucket(v.max_prefix_tokens)
-        suffix = suffix_bucket(v.max_suffix_tokens)
-        num_items = g.num_lists * g.max_items
-        items = chunking.items_per_pass(prefix, suffix, num_items)
-        rows = chunking.rows_per_pass(prefix, suffix, num_items)
-        # The generator's smallest prompt bucket, from its constructor's default (rubric_generator
-        # has no module-level constant for it yet), so the plan follows the generator.
-        gen_bucket = MIN_PROMPT_BUCKET
-        return cls(p.prompts_per_step * p.num_responses,
-                   bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
-                   g.anchors_per_step * g.num_lists, p.prompts_per_step,
-                   bucket_length(g.input_budget, gen_bucket), g.max_new_tokens,
-                   prefix, suffix, rows, items, p.get("cache_segments", 0),
-                   g.get("cache_segments", 0), p.get("sampler", "static"),
-                   g.get("sampler", "static"))
-
-
-def _divisors(n: int) -> list:
-    # Largest first: the search takes the first candidate that fits.
-    return [d for d in range(n, 0, -1) if n % d == 0]
 
 
 @dataclasses.dataclass
 class Plan:
-    """A plan: resident terms per phase, host terms, steps, capacity (bytes per device)."""
+    """A plan: resident terms per phase, host terms, steps, capacity (bytes per device);
+    `remat` the `RematChoice` of each trainee and `config` the config planned (its remat
+    resolved to bools)."""
 
     devices: int
     mesh: dict
@@ -102,6 +60,8 @@ class Plan:
     resident: dict
     host: dict
     steps: list
+    remat: dict = dataclasses.field(default_factory=dict)
+    config: Optional[ml_collections.ConfigDict] = None
 
     @property
     def usable(self) -> Optional[int]:
@@ -138,8 +98,11 @@ class Plan:
         return f"{word}: {where} {'<=' if self.fits else '>'} {room}; {term}"
 
     def micro_batches(self) -> list:
-        """"<phase>: <step> <rows> of <rows>" for each step with rows."""
+        """"<phase>: <step> <rows> of <rows>" for each step with rows (a grouped update's
+        in whole groups, of its rows padded to the row shards)."""
         return [f"{s.phase} phase, {s.name}: {s.rows} of {s.of_rows} rows"
+                + (f" ({s.rows // s.group} group{'s' * (s.rows > s.group)} of {s.group})"
+                   if s.group else "")
                 for s in self.steps if s.of_rows]
 
     def table(self) -> str:
@@ -167,12 +130,20 @@ class Plan:
         out += [row(name, nbytes) for name, nbytes in host]
         for s in self.steps:
             rows = f", {s.rows} of {s.of_rows} rows" if s.of_rows else ""
+            if "update" in s.name:
+                rows += (f" in groups of {s.group} sharing a prefix (grouped update)"
+                         if s.group else " (per-row update)")
+                if s.group and s.rows // s.group < self.mesh["data"] * self.mesh["fsdp"]:
+                    rows += (" [fewer groups a pass than row shards: XLA lays the pass out; "
+                             "planned as one group a device]")
             compiled = ("" if s.compiled is None else
                         f"; compiled (CPU) {s.compiled / GB:.3f} [{s.compiled_how}]")
             out += ["", f"{s.phase} phase: {s.name}{rows}: transient {s.transient / GB:.3f}, "
                         f"peak {self.peak(s) / GB:.3f}{compiled}"]
             out += [row(t.name, t.bytes) for t in s.terms]
-        out += ["", "micro-batches: " + "; ".join(self.micro_batches()), self.verdict()]
+        out += ["", "micro-batches: " + "; ".join(self.micro_batches())]
+        out += [c.describe() for c in self.remat.values()]
+        out.append(self.verdict())
         return "\n".join(out)
 
     def to_json(self) -> dict:
@@ -190,24 +161,12 @@ class Plan:
             "steps": [{"phase": s.phase, "name": s.name, "rows": s.rows, "of_rows": s.of_rows,
                        "transient_gb": round(s.transient / GB, 4),
                        "peak_gb": round(self.peak(s) / GB, 4), "terms_gb": terms(s.terms),
-                       "compiled_gb": None if s.compiled is None else s.compiled / GB}
+                       "compiled_gb": None if s.compiled is None else s.compiled / GB,
+                       "group": s.group}
                       for s in self.steps],
             "peak_gb": round(self.peak(self.worst) / GB, 4), "fits": self.fits,
+            "remat": {r: c.remat for r, c in self.remat.items()},
             "verdict": self.verdict()}
-
-
-def _choose(phase: str, name: str, rows: int, candidates: list, terms: Callable,
-            budget: Optional[int], given: Optional[int]) -> Step:
-    """The step at `given` rows, or (given None) at the largest candidate that fits
-    `budget` (the smallest candidate when none does)."""
-    if given is not None:
-        return Step(phase, name, terms(given), given, rows)
-    for r in candidates:
-        t = terms(r)
-        if budget is None or sum(x.bytes for x in t) <= budget:
-            return Step(phase, name, t, r, rows)
-    # Nothing fits: the smallest candidate, so the verdict names the real shortfall.
-    return Step(phase, name, terms(candidates[-1]), candidates[-1], rows)
 
 
 def plan(config: ml_collections.ConfigDict, devices: int,
@@ -248,6 +207,11 @@ def plan(config: ml_collections.ConfigDict, devices: int,
     checked = ml_collections.ConfigDict(config.to_dict())  # the run's config on this mesh
     checked.mesh.update(dict(mesh.shape), num_devices=devices)
     config_check.validate(checked, devices)
+    # train.remat "auto" decided on this plan's devices and memory, as the run decides it.
+    memory = None if device_memory_gb is None else f"{device_memory_gb:.1f} GB per device"
+    remat = {r: remat_choice(config, r, devices, device_memory_gb, mesh_sizes, attention,
+                             block, headroom, backend, memory) for r in PHASES}
+    config = with_remat(config, {r: c.remat for r, c in remat.items()})
     models_ = RoleModels.from_config(config)
     w = workload or Workload.from_config(config)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -268,14 +232,14 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         """The sampling step of `role` with its sampler: the static calls' rows, or the
         engine's slots E (a multiple of the row shards, `engine_host.engine_slots`)."""
         if sampler == "engine":
-            candidates = sorted({slot_count(d, rows, shards) for d in _divisors(rows)},
+            candidates = sorted({slot_count(d, rows, shards) for d in divisors(rows)},
                                 reverse=True)
-            return _choose(phase, name, rows, candidates,
+            return choose(phase, name, rows, candidates,
                            lambda e: engine_sampling_terms(
                                models_, role, mesh, e, rows, prompt, new, attention, block,
                                constrained, backend),
                            budget, per_call(rows, field, sampler))
-        return _choose(phase, name, rows, _divisors(rows),
+        return choose(phase, name, rows, divisors(rows),
                        lambda r: sampling_terms(models_, role, mesh, r, prompt, new,
                                                 attention, block, constrained, backend,
                                                 segments),
@@ -298,17 +262,11 @@ def plan(config: ml_collections.ConfigDict, devices: int,
         steps.append(Step(phase, "verification", verification_terms(
             models_, mesh, w.verifier_rows, w.verifier_prefix, w.verifier_suffix,
             w.verifier_items, attention, block, backend)))
-        rows, prompt, new = ((w.rubric_rows, w.rubric_prompt, w.rubric_new)
-                             if phase == "generator" else
-                             (w.policy_rows, w.policy_prompt, w.policy_new))
-        # Update micro-batches are split over data x fsdp: multiples of the row shards only.
-        fits_mesh = [m for m in _divisors(rows) if m % shards == 0] or [rows]
-        steps.append(_choose(phase, f"{phase} update", rows, fits_mesh,
-                             lambda m: train_terms(models_, phase, mesh, rows, m, prompt, new,
-                                                   attention, block, backend),
-                             budget, None if search else models_.train[phase].micro_batch_size))
+        steps.append(update_step(models_, w, phase, mesh, attention, block, backend, budget,
+                                 None if search else models_.train[phase].micro_batch_size))
     return Plan(devices, dict(mesh.shape), capacity, headroom, attention, backend,
-                {p: split[p][0] for p in PHASES}, {p: split[p][1] for p in PHASES}, steps)
+                {p: split[p][0] for p in PHASES}, {p: split[p][1] for p in PHASES}, steps,
+                remat, config)
 
 
 def planned_role_mib(config: ml_collections.ConfigDict, idle: str = "generator") -> dict:

@@ -6,7 +6,8 @@
                the device with `memory.offload_idle_optimizer` (pinned host) or
                `memory.park_idle_optimizer` (disk)
     per step   the transient bytes at the peak of a device step: a GRPO update
-               (`train_terms`), a sampler call (`sampling_terms`), a verifier chunk
+               (`memory.train_terms`: per row, or in groups sharing a prefix, P + R N
+               tokens a group), a sampler call (`sampling_terms`), a verifier chunk
                (`verification_terms`)
 
 Every array's bytes come from `jax.eval_shape` of the real constructors
@@ -105,6 +106,9 @@ class Step:
     of_rows: int = 0
     compiled: Optional[int] = None  # planner_compiled's figure, when measured
     compiled_how: str = ""
+    # An update's rows a group when it runs grouped (`train_step.GroupBatch`; `rows` and
+    # `of_rows` are then whole groups' rows, of_rows padded to the row shards); 0 per row.
+    group: int = 0
 
     @property
     def transient(self) -> int:
@@ -178,7 +182,10 @@ class RoleModels:
         # `roles.trainee_config` on a params-less LoadedModel: the config a run builds.
         trainee = {r: trainee_config(LoadedModel(sources[r], base[sources[r]], {}, None), config)
                    for r in rows}
-        train = {r: train_config(config[r].train, f"{r}.train", rows=n, temperature=temp)
+        # train.remat "auto" is decided on this machine unless the config holds bools
+        # (`planner.plan` and `remat_choice` plan with bools: `planner.with_remat`).
+        train = {r: train_config(config[r].train, f"{r}.train", rows=n, temperature=temp,
+                                 config=config)
                  for r, (n, temp) in rows.items()}
         return cls(sources, base, trainee, train)
 
@@ -276,91 +283,6 @@ def weights_in_use(cfg: ModelConfig, layers, head_bytes: int, mesh,
     head = " + head" if gather and head_bytes else ""
     return [Term(f"layer weights in use (gathered or cast: {count} layer{'s' * (count > 1)}"
                  f"{head})", nbytes, "mesh.fsdp; config.model.master_dtype")]
-
-
-def head_terms(cfg: ModelConfig, mesh, micro_batches: int, trains_head: bool) -> list:
-    """The output head [V, D] in a train step under fsdp > 1, as XLA's buffer assignment of
-    the compiled step shows it (2-layer Qwen3-8B on 8 CPU devices, rows pinned to their
-    devices by `parallel.constrain_rows`): with micro-batches (n > 1) its gather is hoisted
-    out of the micro-batch loop, two gathered copies (compute dtype) live through it; a step
-    that trains the head also holds its whole float32 gradient and the buffer that gradient
-    is all-reduced into before each device keeps its shard (on GPU, XLA may turn that
-    all-reduce into a reduce-scatter: then the plan is one head above)."""
-    if mesh.shape["fsdp"] == 1:
-        return []
-    v, d = -(-cfg.vocab_size // mesh.shape["tensor"]), cfg.dim
-    out = []
-    if micro_batches > 1:
-        out.append(Term("output head gathered (2 copies, hoisted out of the micro-batch loop)",
-                        2 * v * d * cfg.compute_dtype.itemsize, "mesh.tensor; micro-batches"))
-    if trains_head:
-        out.append(Term("output head gradient, whole (float32, + its all-reduce buffer)",
-                        2 * v * d * 4, "config.lora.rank > 0 (a frozen head); mesh.tensor"))
-    return out
-
-
-def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: int,
-                prompt: int, new: int, attention: str, block: int,
-                backend: Optional[str] = None) -> list:
-    """Transient terms of one GRPO step (`train_step.train_step`) of `role` on R = `rows`
-    rows of T = prompt + new tokens, `micro_batch` rows per gradient pass, on `backend`
-    ("cpu" | "gpu" | "tpu"; None: this one)."""
-    cfg, tc = models_.trainee[role], models_.train[role]
-    shards, tensor = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["tensor"]
-    # Rows of one micro-batch on one device.
-    b = max(micro_batch // shards, 1)
-    t, n = prompt + new, rows // micro_batch
-    trained = models_.trained_shapes(role)
-    mb_field = f"config.{role}.train.micro_batch_size"
-    grads = tree_bytes(_f32(trained), mesh)
-    # The output head scores only the completion (start = P): chunks of at most N tokens.
-    chunk = min(tc.logits_chunk, new)
-    batch = Term("batch arrays", rows // shards * t * BATCH_BYTES,
-                 f"config.{role}.max_new_tokens")
-    weights_ = weights_in_use(cfg, (models_.sampling_shapes(role) if cfg.lora_rank
-                                     else trained)["layers"], 0, mesh, backend)
-    weights_ += head_terms(cfg, mesh, n, trains_head=not cfg.lora_rank)
-    layer = [Term("one recomputed layer (+ its gradients)",
-                  widths_bytes(cfg, b, t, TRAIN_WIDTHS, tensor), mb_field),
-             attention_term(cfg, b, t, t, TRAIN_ATTENTION, attention, block, tensor)]
-    logits = [Term(f"logits chunks ({TRAIN_LOGITS} x float32 [{b}, {chunk}, V])",
-                   TRAIN_LOGITS * b * chunk * -(-cfg.vocab_size // tensor) * 4,
-                   f"config.{role}.train.logits_chunk")]
-    # A gradient pass holds the gradients (the accumulator when n > 1: XLA adds each
-    # micro-batch's into it as they are made), the residuals of every layer, then either a
-    # layer's backward or the output head's (never both at once).
-    passes = [Term(f"{role} gradients (float32{', accumulated' if n > 1 else ''})", grads,
-                   "config.lora.rank"),
-              _saved_activations(cfg, tc.remat, b, t, attention, block, tensor, mb_field,
-                                 f"config.{role}.train.remat"),
-              batch, *weights_, *max(layer, logits, key=total_bytes)]
-    if not cfg.lora_rank and cfg.tie_embeddings:
-        # Tied: the lookup's gradient is a scatter into its own [V, D] buffer, added to the
-        # head's gradient. Untied, that scatter is the embedding's gradient itself (already
-        # in the gradients above); counting it again over-planned Qwen3's update by 14-20%.
-        passes.append(Term("embedding gradient (float32 [V, D])",
-                           tree_bytes(_f32({"embed": trained["embed"]}), mesh),
-                           "config.lora.rank"))
-    if mesh.shape["data"] > 1:  # replicated gradients are all-reduced into a new buffer
-        passes.append(Term("all-reduced gradients (data > 1)", grads, "mesh.fsdp over data"))
-    update = [Term(f"{role} AdamW update ({OPTIMIZER_COPIES} x float32 trained params)",
-                   OPTIMIZER_COPIES * grads, "config.lora.rank; mesh.fsdp"), batch]
-    return max(passes, update, key=total_bytes)
-
-
-def _saved_activations(cfg: ModelConfig, remat: bool, b: int, t: int, attention: str,
-                       block: int, tensor: int, mb_field: str, remat_field: str) -> Term:
-    """What the forward of a gradient pass keeps for its backward: with remat the L layer
-    inputs (each layer is recomputed), without it every layer's activations."""
-    if remat:
-        return Term(f"remat residuals (L x {b} rows x T={t} x D)",
-                    cfg.num_layers * b * t * cfg.dim * cfg.compute_dtype.itemsize, mb_field)
-    per_layer = widths_bytes(cfg, b, t, SAVED_WIDTHS, tensor)
-    att = attention_term(cfg, b, t, t, SAVED_ATTENTION, attention, block, tensor)
-    if "dense" in att.name:
-        per_layer += att.bytes
-    return Term(f"saved activations, no remat (L x {b} rows x T={t})",
-                cfg.num_layers * per_layer, f"{remat_field}=True; {mb_field}")
 
 
 def total_bytes(terms: list) -> int:

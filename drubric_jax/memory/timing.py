@@ -3,7 +3,10 @@
 Each step of Algorithm 1 is counted from the config (`memory.costs`): the sampler's prefill
 (FLOPs) and decode (per step, the larger of the bytes it reads, weights + the KV cache of
 its segment, over the HBM bandwidth and its FLOPs over the peak), the verifier's prefix and
-suffix passes (FLOPs) and the GRPO update (FLOPs). `roofline_s` is the time at the target's vendor peaks,
+suffix passes (FLOPs) and the GRPO update (FLOPs; `update_tokens`: in groups that share a
+prefix, P + R N tokens a group, where the trainee's `shared_prefix` says so, else per row,
+R (P + N); the other layout is printed beside it for comparison, outside the step's total).
+`roofline_s` is the time at the target's vendor peaks,
 a lower bound; `expected_s` divides it by the efficiency measured on one H200
 (`MEASURED_EFFICIENCY`, results/device_check_h200_2026-12-04), carried to other targets as
 an assumption. Not counted: host work (tokenising, llguidance masks: 8% of a constrained
@@ -27,6 +30,7 @@ import numpy as np
 
 from drubric_jax.memory.costs import (Target, causal_pairs, forward_flops, kv_bytes,
                                       weight_bytes)
+from drubric_jax.memory.train_terms import padded_groups
 from drubric_jax.sampling.buckets import cache_schedule, mean_slots_read
 from drubric_jax.sampling.lengths import (engine_steps, parse_lengths, row_lengths,
                                           static_steps)
@@ -54,6 +58,7 @@ class PhaseTime:
     flops: float
     hbm_bytes: float
     roofline_s: float
+    counted: bool = True  # in the step's total (False: a layout shown for comparison)
 
     @property
     def expected_s(self) -> float:
@@ -103,14 +108,53 @@ def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, ta
     return out
 
 
-def _update(phase, name, cfg, rows, length, lora, remat, reference, devices, target):
-    """A GRPO update of `rows` rows of `length` tokens: backward 2x the forward (1x with
-    LoRA: no weight gradients of frozen matrices), a recomputed forward with remat, and
-    the reference's forward when beta > 0."""
-    fwd = forward_flops(cfg, rows * length, rows * causal_pairs(length), rows * length)
+def update_tokens(rows: int, prompt: int, new: int, group: int = 0,
+                  shards: int = 1) -> tuple:
+    """(tokens, attended (query, key) pairs, scored positions) of one forward of a GRPO
+    update on `rows` rows of a P = `prompt` prefix and N = `new` completion tokens.
+
+    Per row (group 0): R (P + N) tokens, R causal(P + N) pairs. Grouped (`group` = R rows a
+    group sharing the prefix, `train_step.GroupBatch`; groups padded to the `shards` row
+    shards as `rounds.phases.train_batch` pads them, every group live): Gn (P + R N)
+    tokens; pairs Gn (causal(P) + R (N P + causal(N))): the prefix once, each suffix over
+    the prefix and causally over itself (`models.attention.attend_shared_prefix`). Either
+    way the output head scores the R N completion positions (the prompt is never scored).
+    """
+    if not group:
+        return rows * (prompt + new), rows * causal_pairs(prompt + new), rows * new
+    groups = padded_groups(rows, group, shards)
+    return (groups * (prompt + group * new),
+            groups * (causal_pairs(prompt) + group * (new * prompt + causal_pairs(new))),
+            groups * group * new)
+
+
+def _update(phase, name, cfg, rows, prompt, new, group, lora, remat, reference, devices,
+            tensor, target, counted=True):
+    """A GRPO update of `rows` rows (`update_tokens`: per row, or in groups of `group`):
+    backward 2x the forward (1x with LoRA: no weight gradients of frozen matrices), a
+    recomputed forward with remat, and the reference's forward when beta > 0."""
+    tokens, pairs, scored = update_tokens(rows, prompt, new, group, max(devices // tensor, 1))
+    fwd = forward_flops(cfg, tokens, pairs, scored)
     mult = 1 + (1 if lora else 2) + (1 if remat else 0) + (1 if reference else 0)
     flops = fwd * mult
-    return PhaseTime(phase, name, "update", flops, 0.0, flops / (devices * target.tflops * 1e12))
+    return PhaseTime(phase, name, "update", flops, 0.0,
+                     flops / (devices * target.tflops * 1e12), counted)
+
+
+def _updates(phase, role, cfg, rows, prompt, new, group, train, lora, devices, tensor,
+             target) -> list:
+    """The update the trainee runs (`train.shared_prefix`: grouped, else per row), and the
+    other layout beside it for comparison (not counted in the step's total)."""
+    out = []
+    for grouped in (train.shared_prefix, not train.shared_prefix):
+        runs = grouped == train.shared_prefix
+        g = padded_groups(rows, group, max(devices // tensor, 1))
+        shape = (f"grouped: {g} x ({prompt} + {group} x {new}) tokens" if grouped else
+                 f"per row: {rows} x ({prompt} + {new}) tokens")
+        name = f"{role} update, {shape}" + ("" if runs else " *")
+        out.append(_update(phase, name, cfg, rows, prompt, new, group if grouped else 0,
+                           lora, train.remat, train.beta > 0, devices, tensor, target, runs))
+    return out
 
 
 def _verification(phase, cfg, prefixes, prefix, suffix, items, devices, target):
@@ -158,14 +202,14 @@ def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices
         per_prefix = items * (lists if phase == "generator step" else 1)
         out.append(_verification(phase, ver, verified, v.max_prefix_tokens,
                                  v.max_suffix_tokens, per_prefix, devices, target))
+        # The update as `models_.train` says (remat resolved, `planner.with_remat`).
         if phase == "generator step":
-            out.append(_update(phase, "generator update", gen, gen_lists,
-                               g.input_budget + g.max_new_tokens, lora, g.train.remat,
-                               g.train.beta > 0, devices, target))
+            out += _updates(phase, "generator", gen, gen_lists, g.input_budget,
+                            g.max_new_tokens, lists, models_.train["generator"], lora, devices,
+                            tensor, target)
         else:
-            out.append(_update(phase, "policy update", pol, rows,
-                               p.max_prompt_tokens + p.max_new_tokens, lora, p.train.remat,
-                               p.train.beta > 0, devices, target))
+            out += _updates(phase, "policy", pol, rows, p.max_prompt_tokens, p.max_new_tokens,
+                            k, models_.train["policy"], lora, devices, tensor, target)
     return out
 
 
@@ -178,8 +222,13 @@ def table(config, times: list, target: Target, devices: int) -> str:
     totals = {}
     for t in times:
         lines.append(f"  {t.phase + ': ' + t.name:<78}{t.roofline_s:>12.1f}{t.expected_s:>12.1f}")
+        if not t.counted:
+            continue
         r, e = totals.get(t.phase, (0.0, 0.0))
         totals[t.phase] = (r + t.roofline_s, e + t.expected_s)
+    if any(not t.counted for t in times):
+        lines.append("  * the other layout of the update, for comparison: not what the config "
+                     "runs (train.shared_prefix), not in the total")
     for phase, (r, e) in totals.items():
         lines.append(f"{phase + ' (total)':<80}{r:>12.1f}{e:>12.1f}")
     steps = {"generator step": config.rounds.generator_steps,
