@@ -22,6 +22,8 @@ def run(main) -> None:
       (`run_logging.quiet_third_party_logs`; `--verbose` keeps them).
     - A help flag exits with status 0 after the usage text: asking for help is not an
       error (absl exits with 1).
+    - A config's `train.remat="auto"` is decided by the memory planner for the devices
+      and memory of this machine, and logged (`drubric_jax.memory.remat.install`).
     - A bad config value (`ConfigError`: the field and what is wrong) or a `--config.`
       override naming no field (ml_collections' "Did you mean ...") ends with one
       `error:` line and status 2, not a traceback.
@@ -35,10 +37,13 @@ def run(main) -> None:
     started = []
 
     def quiet_main(argv):
+        from drubric_jax.memory import remat
         from drubric_jax.rounds import run_logging
 
         started.append(True)
         run_logging.quiet_third_party_logs(not VERBOSE.value)
+        # train.remat "auto" decided by the memory planner for this machine's devices.
+        remat.install()
         return main(argv)
 
     try:

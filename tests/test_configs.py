@@ -163,7 +163,8 @@ def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
     rows = config.policy.prompts_per_step * config.policy.num_responses  # a step's rows
     from drubric_jax.rounds.settings import train_config
 
-    tc = train_config(config.policy.train, "policy.train", rows=rows, temperature=1.0)
+    tc = train_config(config.policy.train, "policy.train", rows=rows, temperature=1.0,
+                      config=config)
     assert (tc.kl_estimator, tc.eps) == ("k1", 1e-6)
     config.policy.train.kl_estimator = "k9"
     with pytest.raises(config_check.ConfigError, match="config.policy.train.kl_estimator"):
@@ -176,3 +177,43 @@ def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
     config.generator.response_lengths = "0.5:10,0.1:20"
     with pytest.raises(config_check.ConfigError, match="config.generator.response_lengths"):
         config_check.validate(config, device_count=8, process_count=1)
+
+
+def test_remat_is_true_false_or_auto_and_a_bad_value_is_named():
+    """`config.<role>.train.remat` takes True, False or "auto" (the default: the run decides
+    from the update's memory, `memory.planner.resolve_remat`), set in Python or on the
+    command line (a field of any type: `--config.policy.train.remat=False` parses to the
+    bool); anything else is refused naming the field. A TrainConfig holds the bool."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from drubric_jax.rl.train_config import TrainConfig
+    from drubric_jax.rounds.settings import train_config
+
+    config = smollm2_cpu.get_config("world=checks")
+    assert config.policy.train.remat == config.generator.train.remat == "auto"
+    for value in (True, False, "auto"):
+        config.generator.train.remat = value
+        config_check.validate(config, device_count=1, process_count=1)
+    for bad in ("yes", "False", 1, None):
+        config.generator.train.remat = bad
+        with pytest.raises(config_check.ConfigError,
+                           match=r"config\.generator\.train\.remat: must be True, False or "
+                                 r"'auto' \(got "):
+            config_check.validate(config, device_count=1, process_count=1)
+    with pytest.raises(config_check.ConfigError, match=r"TrainConfig\.remat"):
+        TrainConfig(remat="auto")
+    # What a command-line override gives the field (config_flags parses by its type).
+    for text, value in (("False", False), ("True", True), ("auto", "auto")):
+        argv = ["run", f"--config={smollm2_cpu.__file__}:world=checks",
+                f"--config.policy.train.remat={text}"]
+        values = flags.FlagValues()
+        config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                        sys_argv=argv)
+        values(argv)
+        got = values.config.policy.train.remat
+        assert got == value and type(got) is type(value), (text, got)
+    config.policy.train.remat = False
+    rows = config.policy.prompts_per_step * config.policy.num_responses
+    assert train_config(config.policy.train, "policy.train", rows=rows, temperature=1.0,
+                        config=config).remat is False

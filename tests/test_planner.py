@@ -8,7 +8,7 @@ F = 128, tied embeddings, float32.
 import pytest
 
 from configs import qwen3_8b, smollm2_cpu
-from drubric_jax import sampling
+from drubric_jax import config_check, sampling
 from drubric_jax.memory import planner
 from drubric_jax.memory.inference_terms import kv_cache_bytes
 from drubric_jax.models.config import TINY
@@ -95,7 +95,10 @@ def test_verdict_names_the_largest_term_and_the_field_that_shrinks_it():
 def test_qwen3_8b_lora_fits_one_h200_and_full_fits_eight_80gb():
     """The memory plan's verdicts (docs/SCALE.md): at the paper's lengths, with blockwise attention, LoRA fits
     one 141 GB device and full fine-tuning (idle moments offloaded) 8 x 80 GB; with this
-    package's dense attention neither does, and the verdict says which field to change."""
+    package's dense attention neither does, and the verdict says which field to change.
+    Their updates run per row (`train.shared_prefix=False` in configs/qwen3_8b.py): in
+    groups, a device's pass holds a whole group of P + R N = 90,112 generator tokens, which
+    does not fit 80 GB (the verdict names shared_prefix) and fits 141 GB."""
     lora = planner.plan(qwen3_8b.get_config("lora"), 1, 141, attention="blockwise")
     assert lora.fits, lora.verdict()
     picked = {(s.phase, s.name): s.rows for s in lora.steps if s.of_rows}
@@ -105,10 +108,191 @@ def test_qwen3_8b_lora_fits_one_h200_and_full_fits_eight_80gb():
         qwen3_8b.get_config("lora").generator.train.micro_batch_size
     full = planner.plan(qwen3_8b.get_config(""), 8, 80, attention="blockwise")
     assert full.fits, full.verdict()
+    assert not any(s.group for s in full.steps)
+    grouped = qwen3_8b.get_config("")
+    grouped.policy.train.shared_prefix = grouped.generator.train.shared_prefix = True
+    tight = planner.plan(grouped, 8, 80, attention="blockwise")
+    assert tight.verdict().startswith("DOES-NOT-FIT"), tight.verdict()
+    assert "config.generator.train.shared_prefix=False" in tight.verdict()
+    assert tight.worst.group == 8 and tight.worst.rows == 64  # one group of 8 a device
+    assert planner.plan(grouped, 8, 141, attention="blockwise").fits
     dense = planner.plan(qwen3_8b.get_config("lora"), 1, 141, attention="dense")
     assert dense.verdict().startswith("DOES-NOT-FIT")
     assert "attention dense" in dense.verdict()
     assert "ModelConfig.attention=blockwise" in dense.verdict()
+
+
+@pytest.mark.parametrize("groups,r,micro_batch,shards", [
+    (2, 4, 8, 8),    # fewer groups than row shards: padded to 8, 2 groups a pass
+    (8, 4, 32, 8),   # a group a device, one pass
+    (32, 8, 8, 8),   # the paper's generator shape with 8 rows a pass: one group a pass
+    (3, 4, 4, 1),    # one device: one group a pass
+    (6, 2, 4, 2)])   # padded to 6 (a multiple of 2), 2 groups a pass
+def test_group_layout_is_the_batch_the_run_builds(groups, r, micro_batch, shards):
+    """`terms.group_layout` (what the planner counts) against the run's own batch
+    (`rounds.phases.train_batch` with every group live, `train_step.micro_batches`): the
+    same padded group count and the same micro-batches."""
+    import jax
+    import numpy as np
+
+    from drubric_jax import parallel
+    from drubric_jax.memory.train_terms import group_layout
+    from drubric_jax.rl import train_step as ts
+    from drubric_jax.rl.train_config import TrainConfig
+    from drubric_jax.rounds import phases
+    from drubric_jax.rounds.context import PhaseStep, Timer
+    from test_shared_prefix import synthetic_rollout
+
+    rollout = synthetic_rollout((groups, r, 6, 4), vocab=64)
+    rows = groups * r
+    step = PhaseStep(rollout, np.zeros(rows, np.float32), np.ones(rows, bool), {}, Timer())
+    mesh = None if shards == 1 else parallel.make_mesh(1, shards, 1, jax.devices()[:shards])
+    tc = TrainConfig(micro_batch_size=micro_batch)
+    batch, total = phases.train_batch(step, tc, mesh)
+    lay = group_layout(rows, r, micro_batch, shards)
+    assert total == lay.groups == batch.tokens.shape[0]
+    assert ts.micro_batches(batch, tc) == lay.passes
+    assert lay.per_pass * lay.passes == lay.groups
+    assert lay.per_device == -(-lay.per_pass // shards)
+
+
+def test_grouped_update_terms_by_hand():
+    """The grouped update's terms (`terms.train_terms`, `train.shared_prefix`) on the tiny
+    config, 8 prompts x K = 4 over fsdp = 8, 32 rows a pass: one group a device, packed as
+    one row of P + K N = 128 + 4 x 16 = 192 tokens where the per-row update runs 4 rows of
+    P + N = 144 (576 tokens); its three attentions (the prompt's causal [P x P], the
+    answers' [K N x P] over it, each answer's [N x N]); the head on the K N answer tokens."""
+    from drubric_jax.memory import terms
+
+    c = _tiny()
+    c.policy.prompts_per_step = 8
+    c.policy.train.micro_batch_size = 32
+    c.policy.train.remat = True
+    # One-token logits chunks (3 float32 [4, 1, V] = 2.4 MB), so the recomputed layer and
+    # its attention (3.5 MB) are the pass's larger part and appear in the terms.
+    c.policy.train.logits_chunk = 1
+    p = planner.plan(c, 8, mesh_sizes=(1, 8, 1), search=False)
+    step = next(s for s in p.steps if s.name == "policy update")
+    assert (step.rows, step.of_rows, step.group) == (32, 32, 4)
+    got = _terms(step.terms)
+    cfg = TINY  # L = 2, D = 64, H = 4, Dh = 16, F = 128, float32
+    pp, n, k = 128, 16, 4
+    packed = pp + k * n
+    assert got[f"remat residuals (L x 1 group x (P + R N = {pp} + {k} x {n}) x D)"] == \
+        cfg.num_layers * packed * cfg.dim * 4
+    # TRAIN_WIDTHS per token: 10 D-wide and 6 H*Dh-wide float32, 15 F-wide (float32 here).
+    d, f, q = terms.TRAIN_WIDTHS
+    layer = packed * ((d * 64 + q * 64) * 4 + f * 128 * 4)
+    attention = terms.TRAIN_ATTENTION * 4 * 4 * (pp * pp + k * n * pp + k * n * n)
+    assert got["one recomputed layer (+ its gradients)"] == layer
+    assert got[f"attention dense ({terms.TRAIN_ATTENTION} x float32 [1, H, {pp}, {pp}] + "
+               f"[1, H, {k * n}, {pp}] + [{k}, H, {n}, {n}])"] == attention
+    # 32 rows a pass over 8 devices: 4 scored rows a device, chunks [4, 1, V] (smaller).
+    assert terms.TRAIN_LOGITS * 4 * 1 * cfg.vocab_size * 4 < layer + attention
+    assert not any(name.startswith("logits chunks") for name in got)
+    assert got["batch arrays"] == 1 * packed * terms.BATCH_BYTES
+    # Per row, the same rows hold K (P + N) tokens a device's pass: 3x the prompt.
+    c.policy.train.shared_prefix = False
+    rows = next(s for s in planner.plan(c, 8, mesh_sizes=(1, 8, 1), search=False).steps
+                if s.name == "policy update")
+    assert _terms(rows.terms)[f"remat residuals (L x 4 rows x T={pp + n} x D)"] == \
+        cfg.num_layers * k * (pp + n) * cfg.dim * 4
+    assert rows.group == 0 and k * (pp + n) == 3 * packed
+
+
+def test_remat_auto_is_decided_by_the_update_memory():
+    """`train.remat="auto"`: False exactly when the update planned with every layer's
+    activations saved fits the memory less the headroom (its phase's resident state + the
+    step's transients); True and False stand as set; unknown memory recomputes."""
+    c = smollm2_cpu.get_config("world=checks")
+    assert c.policy.train.remat == c.generator.train.remat == "auto"
+    for role in ("policy", "generator"):
+        choice = planner.remat_choice(c, role, 1, 100.0, backend="cpu")
+        assert choice.remat is False and choice.peak <= choice.usable
+        # The decision flips where the peak meets the usable memory.
+        at = choice.peak / ((1 - planner.DEFAULT_HEADROOM) * planner.GB)
+        assert planner.remat_choice(c, role, 1, at * 1.001, backend="cpu").remat is False
+        assert planner.remat_choice(c, role, 1, at * 0.999, backend="cpu").remat is True
+        assert planner.remat_choice(c, role, 1, None).remat is True
+        assert "auto -> False" in choice.describe() and "fits" in choice.describe()
+        # The peak is the plan's own update step, planned without remat.
+        flat = planner.with_remat(c, {"policy": False, "generator": False})
+        p = planner.plan(flat, 1, 100.0, search=False, backend="cpu")
+        step = next(s for s in p.steps if s.name == f"{role} update")
+        assert choice.peak == p.peak(step)
+    c.policy.train.remat = False
+    c.generator.train.remat = True
+    assert planner.remat_choice(c, "policy", 1, 0.001).remat is False
+    assert planner.remat_choice(c, "generator", 1, 1e6).remat is True
+    assert planner.resolve_remat(c, "policy") is False
+    with pytest.raises(config_check.ConfigError, match="config.policy.train.remat"):
+        planner.resolve_remat(None, "policy", "auto")
+
+
+def test_the_run_builds_its_train_configs_with_the_planners_decision():
+    """`rounds.settings.train_config` turns "auto" into the bool through `rounds.remat`:
+    the planner's `resolve_remat` once `memory.remat.install()` handed it over (every
+    experiment entry point does, `experiments.cli.run`), True where nothing did."""
+    from drubric_jax.memory import remat as memory_remat
+    from drubric_jax.rounds import remat as run_remat
+    from drubric_jax.rounds import settings
+
+    c = smollm2_cpu.get_config("world=checks")
+    rows = c.policy.prompts_per_step * c.policy.num_responses
+
+    def built():
+        return settings.train_config(c.policy.train, "policy.train", rows=rows,
+                                     temperature=1.0, config=c).remat
+
+    before = run_remat.use_planner(None)
+    try:
+        assert built() is True
+        calls = []
+        run_remat.use_planner(lambda config, role: calls.append(role) or False)
+        assert built() is False and calls == ["policy"]
+        memory_remat.install()
+        assert run_remat._planner is memory_remat.resolve_remat
+        assert built() is memory_remat.resolve_remat(c, "policy")
+        c.policy.train.remat = True  # a bool is never planned
+        assert built() is True
+    finally:
+        run_remat.use_planner(before)
+
+
+@pytest.mark.parametrize("module,arg", [
+    ("smollm2_cpu", "world=checks"), ("grpo_learns", "world=checks"),
+    ("ablation", "world=checks"), ("coevolution", "world=checks"), ("checks_policy", ""),
+    ("sensitivity", "")])
+def test_cpu_configs_train_without_remat_in_the_checks_world(module, arg):
+    """The CPU configs at the checks world's shapes (SmolLM2-135M, LoRA rank 16, one
+    device): "auto" gives no remat for both trainees on a host with the 7 GB the README
+    asks `make run` to have free; the plan's peaks are 3.8 GB (policy: 2 prompts x 8
+    answers of 64 after 128 prompt tokens, one pass) and 5.4 GB (generator: one input of
+    1,536 tokens and its 4 lists of 96, a pass)."""
+    import importlib
+
+    c = importlib.import_module(f"configs.{module}").get_config(arg)
+    for role in ("policy", "generator"):
+        choice = planner.remat_choice(c, role, c.mesh.num_devices or 1, 7.0, backend="cpu")
+        assert choice.setting == "auto" and choice.remat is False, choice.describe()
+
+
+def test_plan_prints_the_update_layout_and_the_remat_decision():
+    """The plan's text says, per update, whether it runs grouped or per row, and what each
+    trainee's remat came out as; memory.json's "planned" carries both."""
+    c = _tiny()
+    p = planner.plan(c, 8, device_memory_gb=10.0, mesh_sizes=(1, 8, 1), search=False)
+    text = p.table()
+    assert "policy update, 8 of 32 rows in groups of 4 sharing a prefix (grouped update)" \
+        in text
+    assert "config.policy.train.remat=auto -> False" in text
+    assert p.to_json()["remat"] == {"generator": False, "policy": False}
+    assert p.config.policy.train.remat is False  # the config as planned
+    c.policy.train.shared_prefix = False
+    c.policy.train.remat = True
+    text = planner.plan(c, 8, mesh_sizes=(1, 8, 1), search=False).table()
+    assert "policy update, 8 of 8 rows (per-row update)" in text
+    assert "config.policy.train.remat=True -> True (set in the config)" in text
 
 
 @pytest.mark.slow
@@ -133,7 +317,8 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis(sam
     p = planner.plan(c, 8, search=False)
     mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
     only = ("sampling",) if sampler == "engine" else ()
-    planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c), mesh,
+    planner_compiled.measure_plan(p, RoleModels.from_config(p.config),
+                                  Workload.from_config(p.config), mesh,
                                   only)
     for s in p.steps:
         if only and "sampling" not in s.name:
@@ -170,7 +355,8 @@ def test_planned_steps_hold_on_programs_not_used_to_fit_them():
     c.mesh.num_devices = 0  # all 8 fake devices
     p = planner.plan(c, 8, search=False)
     mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
-    planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c), mesh)
+    planner_compiled.measure_plan(p, RoleModels.from_config(p.config),
+                                  Workload.from_config(p.config), mesh)
     measured = [s for s in p.steps if s.compiled_how == "compiled"]
     assert {s.name for s in measured} >= {"policy update", "generator update"}
     for s in measured:
@@ -181,11 +367,14 @@ def test_planned_steps_hold_on_programs_not_used_to_fit_them():
 
 
 @pytest.mark.slow
-def test_saved_activations_without_remat_match_the_compiled_difference():
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["per_row", "grouped"])
+def test_saved_activations_without_remat_match_the_compiled_difference(shared_prefix):
     """train.remat=False: what the update steps hold on top of the remat ones (each layer's
     activations instead of its input) against the same difference of `memory_analysis()`
-    of the compiled steps, within 25% (measured 0.97-0.98 here, 0.90-0.96 at SmolLM2
-    widths); each whole step stays within the 25% band of the test above."""
+    of the compiled steps, within 25%; each whole step stays within the 25% band of the
+    test above. Per row (measured 0.97-0.98 here, 0.90-0.96 at SmolLM2 widths) and in
+    groups sharing a prefix (`train.shared_prefix`: 8 groups of 4 a pass, one a device:
+    the layout the planner counts; a pass of fewer groups than devices is placed by XLA)."""
     import jax
 
     from drubric_jax import parallel
@@ -199,13 +388,20 @@ def test_saved_activations_without_remat_match_the_compiled_difference():
         # Longer policy rows (dense attention, 640 tokens) so the activations are not
         # lost beside the logits chunks.
         c.policy.max_new_tokens, c.policy.train.micro_batch_size = 512, 8
+        if shared_prefix:
+            # 8 prompts and 8 anchors of 4 rows each, 8 groups a pass: one a device.
+            c.policy.prompts_per_step = c.generator.anchors_per_step = 8
+            c.policy.train.micro_batch_size = c.generator.train.micro_batch_size = 32
+        c.policy.train.shared_prefix = c.generator.train.shared_prefix = shared_prefix
         c.policy.train.remat = c.generator.train.remat = remat
         p = planner.plan(c, 8, search=False)
         mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
-        planner_compiled.measure_plan(p, RoleModels.from_config(c), Workload.from_config(c),
+        planner_compiled.measure_plan(p, RoleModels.from_config(p.config),
+                                      Workload.from_config(p.config),
                                       mesh, only=("update",))
         steps[remat] = {s.name: s for s in p.steps if "update" in s.name}
     assert set(steps[False]) == {"policy update", "generator update"}
+    assert all(bool(s.group) == shared_prefix for s in steps[False].values())
     for name, s in steps[False].items():
         names = [t.name for t in s.terms]
         assert any(n.startswith("saved activations, no remat") for n in names), names
@@ -251,9 +447,11 @@ def test_time_estimate_of_a_step_by_hand():
 
     c = smollm2_cpu.get_config("tiny")
     c.policy.rollout_micro_batch = 1
+    c.policy.train.remat = True  # a bool: "auto" would be decided on this machine
     target = costs.Target("test", tflops=1.0, tbps=1.0, memory_gb=1.0)
     models_ = RoleModels.from_config(c)
-    times = {(t.phase, t.name.split(" (")[0]): t for t in timing.estimate(c, models_, target, 1)}
+    times = {(t.phase, t.name.split(" (")[0].split(",")[0] + ("" if t.counted else " *")): t
+             for t in timing.estimate(c, models_, target, 1)}
     cfg = models_.base[models_.sources["policy"]]
     p = c.policy
     rows = p.prompts_per_step * p.num_responses
@@ -278,15 +476,31 @@ def test_time_estimate_of_a_step_by_hand():
     t = p.max_prompt_tokens
     assert prefill.roofline_s == pytest.approx(
         costs.forward_flops(cfg, rows * t, rows * t * (t + 1) // 2, rows) / 1e12)
+    # The update in groups (`train.shared_prefix`, the default): B = 2 prompts, each once
+    # beside its K = 4 answers: B (P + K N) tokens; the prefix's causal pairs once, each
+    # answer's N P over the prompt and causal(N) over itself; the head on the K N answers.
+    assert models_.train["policy"].shared_prefix
     update = times["policy step", "policy update"]
-    t = p.max_prompt_tokens + p.max_new_tokens
-    fwd = costs.forward_flops(cfg, rows * t, rows * t * (t + 1) // 2, rows * t)
+    b, k, pp, n = p.prompts_per_step, p.num_responses, p.max_prompt_tokens, p.max_new_tokens
+    fwd = costs.forward_flops(cfg, b * (pp + k * n),
+                              b * (pp * (pp + 1) // 2 + k * (n * pp + n * (n + 1) // 2)),
+                              b * k * n)
     # Full fine-tuning: forward + 2x backward + the remat forward + the reference forward.
-    assert update.roofline_s == pytest.approx(fwd * (1 + 2 + int(p.train.remat) + 1) / 1e12)
+    assert update.roofline_s == pytest.approx(fwd * (1 + 2 + 1 + 1) / 1e12)
     assert update.expected_s == pytest.approx(update.roofline_s
                                               / timing.MEASURED_EFFICIENCY["update"])
+    # The per-row update beside it (for comparison, not in the step's total): every row
+    # its prompt again, R (P + N) tokens, R causal(P + N) pairs, the same R N scored.
+    per_row = times["policy step", "policy update *"]
+    t = pp + n
+    fwd_rows = costs.forward_flops(cfg, rows * t, rows * t * (t + 1) // 2, rows * n)
+    assert per_row.roofline_s == pytest.approx(fwd_rows * 5 / 1e12)
+    assert per_row.roofline_s > update.roofline_s
     text = timing.table(c, list(times.values()), target, 1)
     assert "a round" in text and "NeMo RL" in text
+    policy_total = sum(x.roofline_s for x in times.values()
+                       if x.phase == "policy step" and x.counted)
+    assert f"{'policy step (total)':<80}{policy_total:>12.1f}" in text
 
 
 def test_decode_steps_from_response_lengths_by_hand():

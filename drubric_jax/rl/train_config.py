@@ -43,8 +43,19 @@ TRAINER_RULES: dict[str, tuple[Callable, str]] = {
     "temperature": (lambda v: v >= 0, "must be >= 0"),
     "logits_chunk": (lambda v: v >= 1, "must be >= 1"),
     "mu_dtype": (lambda v: v in DTYPES, f"must be one of {DTYPES}"),
+    # A built TrainConfig holds a bool; a config node may also say "auto" (below).
     "remat": (lambda v: isinstance(v, bool), "must be True or False"),
     "shared_prefix": (lambda v: isinstance(v, bool), "must be True or False"),
+}
+
+# The rules of a config node (`config.<role>.train`) where they differ from a TrainConfig's:
+# remat may also be "auto", which the run resolves to a bool before it builds the
+# TrainConfig (`memory.planner.resolve_remat`, called by `rounds.settings.train_config`):
+# recompute each layer only where the update's saved activations would not fit the device.
+REMAT_AUTO = "auto"
+CONFIG_RULES: dict[str, tuple[Callable, str]] = {
+    "remat": (lambda v: isinstance(v, bool) or v == REMAT_AUTO,
+              f"must be True, False or {REMAT_AUTO!r}"),
 }
 
 
@@ -54,12 +65,15 @@ def check_trainer(values: Mapping, prefix: str, rows: Optional[int] = None) -> N
     Args:
         values: field -> value (a ConfigDict node or `dataclasses.asdict(TrainConfig)`).
         prefix: dotted name used in messages ("config.policy.train" or "TrainConfig").
-        rows: the step's rows; given for config nodes, where micro_batch_size 0 = all rows.
+        rows: the step's rows; given for config nodes, where micro_batch_size 0 = all rows
+            and `CONFIG_RULES` apply (remat "auto").
 
     Raises:
         ConfigError: "<prefix>.<field>: <reason> (got <value>)".
     """
-    for name, (ok, message) in TRAINER_RULES.items():
+    # A config node (rows given) is checked by its own rules where they differ.
+    rules = {**TRAINER_RULES, **CONFIG_RULES} if rows is not None else TRAINER_RULES
+    for name, (ok, message) in rules.items():
         if name in values:
             require(ok(values[name]), f"{prefix}.{name}", f"{message} (got {values[name]!r})")
     mb = values.get("micro_batch_size")
@@ -94,7 +108,10 @@ class TrainConfig:
     temperature: float = 1.0        # sampler temperature; log-probs use it; 0 (greedy) -> 1
     logits_chunk: int = 128         # tokens per logits chunk (bounds the [R, chunk, V] buffer)
     mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
-    remat: bool = True              # recompute each layer in the backward pass (see below)
+    # Recompute each layer in the backward pass instead of keeping its activations. A config
+    # node may say "auto" (its default, configs/base.py): the run sets True only where the
+    # update's saved activations would not fit the device (`memory.planner.resolve_remat`).
+    remat: bool = True
     # Each group's shared prefix (a prompt, a generator input) forward and backward once,
     # its R rows beside it (`train_step.GroupBatch`); False: every row runs its prefix again.
     shared_prefix: bool = True
