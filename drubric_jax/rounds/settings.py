@@ -24,6 +24,7 @@ from drubric_jax.config_check import uses_anchors
 from drubric_jax.data.loading import DataSpec
 from drubric_jax.rl import generator_rewards, rule_rewards
 from drubric_jax.rl.train_config import TrainConfig, check_trainer
+from drubric_jax.rounds import remat
 
 # The policy rewards that read each prompt row's true checks (`checks.TRUE_CHECK_REWARDS`;
 # named here so that reading a config does not import the checkers).
@@ -42,7 +43,8 @@ class RunSettings:
     data: DataSpec
 
 
-def train_config(node, field: str, *, rows: int, temperature: float) -> TrainConfig:
+def train_config(node, field: str, *, rows: int, temperature: float,
+                 config=None) -> TrainConfig:
     """The TrainConfig of config node `node` (at dotted path `field`, e.g. "policy.train").
 
     Args:
@@ -51,6 +53,8 @@ def train_config(node, field: str, *, rows: int, temperature: float) -> TrainCon
         rows: R, rows (responses or rubric lists) of one step; micro_batch_size 0 means all
             of them.
         temperature: the sampler's temperature for this trainee.
+        config: the run config `node` belongs to: remat "auto" is decided from it
+            (`rounds.remat.decide`).
 
     Raises:
         types.ConfigError: a bad field, named "config.<field>.<name>".
@@ -58,6 +62,7 @@ def train_config(node, field: str, *, rows: int, temperature: float) -> TrainCon
     values = {f.name: node[f.name] for f in dataclasses.fields(TrainConfig) if f.name in node}
     check_trainer(values, f"config.{field}", rows=rows)
     values["micro_batch_size"] = values.get("micro_batch_size") or rows
+    values["remat"] = remat.decide(config, field.split(".")[0], values.get("remat", True))
     return TrainConfig(**values, temperature=float(temperature))
 
 
@@ -111,9 +116,9 @@ def read(config) -> RunSettings:
     return RunSettings(
         policy_train=train_config(p.train, "policy.train",
                                   rows=p.prompts_per_step * p.num_responses,
-                                  temperature=p.temperature),
+                                  temperature=p.temperature, config=config),
         generator_train=train_config(g.train, "generator.train",
                                      rows=g.anchors_per_step * g.num_lists,
-                                     temperature=g.temperature),
+                                     temperature=g.temperature, config=config),
         policy_reward=str(p.reward), rule=rule,
         generator_weights=generator_reward_weights(config), data=data_spec(config))
