@@ -89,7 +89,7 @@ def trainer_config(learning_rate: float) -> ml_collections.ConfigDict:
     c.micro_batch_size = 0           # responses per gradient-accumulation chunk; 0 = whole batch
     # True | False | "auto": recompute each layer in the backward pass; "auto" only where the
     # update's saved activations would not fit the device memory (the run decides and logs
-    # it, `memory.planner.resolve_remat`; `experiments.plan` prints the decision). A field
+    # it, `memory.remat.resolve_remat`; `experiments.plan` prints the decision). A field
     # of any type, so both `c.policy.train.remat = False` and `--config.policy.train.remat=
     # False` (parsed as the bool) set it.
     c.remat = ml_collections.FieldReference("auto", field_type=object)

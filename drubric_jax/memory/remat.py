@@ -34,7 +34,8 @@ class RematChoice:
              activations saved (its phase's resident state + the step's transients at the
              config's micro-batch); None when the device memory is unknown
     usable   "auto" only: the device memory less the headroom, bytes (None: unknown)
-    memory   where the capacity came from ("80.0 GB per device (--device_memory_gb)", ...)
+    memory   where the capacity came from ("80.0 GB per device" for a plan, "18.9 GB
+             available host memory" or "NVIDIA H100 80GB HBM3 bytes_limit" for a run)
     """
 
     role: str

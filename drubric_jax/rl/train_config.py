@@ -50,7 +50,8 @@ TRAINER_RULES: dict[str, tuple[Callable, str]] = {
 
 # The rules of a config node (`config.<role>.train`) where they differ from a TrainConfig's:
 # remat may also be "auto", which the run resolves to a bool before it builds the
-# TrainConfig (`memory.planner.resolve_remat`, called by `rounds.settings.train_config`):
+# TrainConfig (`rounds.remat.decide`, called by `rounds.settings.train_config`, asks the
+# memory planner, `memory.remat.resolve_remat`):
 # recompute each layer only where the update's saved activations would not fit the device.
 REMAT_AUTO = "auto"
 CONFIG_RULES: dict[str, tuple[Callable, str]] = {
@@ -110,7 +111,7 @@ class TrainConfig:
     mu_dtype: str = "float32"       # storage of Adam's first moment: float32 | bfloat16
     # Recompute each layer in the backward pass instead of keeping its activations. A config
     # node may say "auto" (its default, configs/base.py): the run sets True only where the
-    # update's saved activations would not fit the device (`memory.planner.resolve_remat`).
+    # update's saved activations would not fit the device (`rounds.remat.decide`).
     remat: bool = True
     # Each group's shared prefix (a prompt, a generator input) forward and backward once,
     # its R rows beside it (`train_step.GroupBatch`); False: every row runs its prefix again.
