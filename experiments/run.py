@@ -51,7 +51,7 @@ def main(argv):
                                    heartbeat_timeout_seconds=_HEARTBEAT.value)
     logging.info("JAX devices (process %d of %d): %s", jax.process_index(),
                  jax.process_count(), jax.devices())
-    from drubric_jax.data.loading import MissingDataFile
+    from drubric_jax.data import MissingDataFile
 
     # Validates the config, then checks the data, before any weights load.
     try:
