@@ -272,3 +272,55 @@ def test_decode_values_as_matmul_equal_the_cpu_reduction(dtype):
     bound = 2 * s * np.finfo(np.float32).eps * jnp.einsum(
         "bkgs,bksd->bkgd", jnp.abs(probs.astype(jnp.float32)), jnp.abs(v.astype(jnp.float32)))
     assert bool(jnp.all(jnp.abs(mm - red) <= bound))
+
+
+@pytest.mark.parametrize("impl", ["materialized", "blockwise"])
+def test_shared_prefix_attention_equals_each_row_alone(impl):
+    """`attend_shared_prefix` over packed groups [prefix | R suffixes] (METHOD 15) against
+    the causal attention of each row [prefix | suffix r] alone (`materialized`): the
+    prefix's and every suffix's outputs, and the gradients by q, k, v, the prefix's summed
+    over its R rows. Blockwise with blocks of 3 and 4 exercises the log-sum-exp join's
+    custom backward (the lse cotangent). Left-padded prefixes, right-padded suffixes, a
+    suffix of one real token."""
+    gn, p, r, n, h, hkv, dh = 2, 7, 3, 5, 4, 2, 8
+    cfg = cfg_lib.TINY.replace(attention=impl, attention_block_q=3, attention_block_kv=4)
+    rng = np.random.default_rng(0)
+    length = p + r * n
+    q = jnp.asarray(rng.normal(size=(gn, length, h, dh)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(gn, length, hkv, dh)), jnp.float32) for _ in range(2))
+    pmask = np.ones((gn, p), bool)
+    pmask[0, :3] = False
+    smask = np.arange(n)[None, None] < rng.integers(1, n + 1, (gn, r))[..., None]
+    smask[1, 2] = np.arange(n) < 1
+    w = rng.normal(size=(gn, length, h * dh))
+
+    def rows(x):  # packed [Gn, P + R N, ...] -> rows [Gn R, P + N, ...]
+        pre = jnp.repeat(x[:, :p], r, axis=0)
+        suf = x[:, p:].reshape(gn * r, n, *x.shape[2:])
+        return jnp.concatenate([pre, suf], axis=1)
+
+    row_valid = jnp.asarray(np.concatenate([np.repeat(pmask, r, 0),
+                                            smask.reshape(gn * r, n)], 1))
+
+    def per_row(q, k, v):
+        out = attention.materialized(rows(q), rows(k).transpose(0, 2, 1, 3),
+                                     rows(v).transpose(0, 2, 1, 3), row_valid, 0)
+        out = out.reshape(gn, r, p + n, h * dh)
+        # The prefix's outputs are the same in each of its rows: row 0's stand for them.
+        return jnp.concatenate([out[:, 0, :p], out[:, :, p:].reshape(gn, r * n, -1)], 1)
+
+    def grouped(q, k, v):
+        return attention.attend_shared_prefix(cfg, q, k, v, jnp.asarray(pmask),
+                                              jnp.asarray(smask))
+
+    want = _value_and_grads(per_row, q, k, v, w)
+    got = _value_and_grads(grouped, q, k, v, w)
+    real = np.concatenate([pmask, smask.reshape(gn, r * n)], 1)[..., None]
+    # Terms per entry: at most P + N keys for an output or dq; the R rows' queries for the
+    # prefix's dk, dv.
+    for name, g, wnt, terms in zip(("out", "dq", "dk", "dv"), got, want,
+                                   (p + n, p + n, r * length * h, r * length * h)):
+        g, wnt = np.asarray(g), np.asarray(wnt)
+        if name == "out":  # outputs at padding positions are no one's: compare real tokens
+            g, wnt = g * real, wnt * real
+        _assert_close(g, wnt, jnp.float32, terms)

@@ -123,7 +123,8 @@ def test_qwen3_8b_lora_fits_one_h200_and_full_fits_eight_80gb():
 
 
 @pytest.mark.parametrize("groups,r,micro_batch,shards", [
-    (2, 4, 8, 8),    # fewer groups than row shards: padded to 8, 2 groups a pass
+    (2, 4, 8, 8),    # fewer groups than row shards: split into 8 packed rows of 1 row
+    (2, 8, 16, 4),   # split into 4 packed rows of 4, one a device
     (8, 4, 32, 8),   # a group a device, one pass
     (32, 8, 8, 8),   # the paper's generator shape with 8 rows a pass: one group a pass
     (3, 4, 4, 1),    # one device: one group a pass
@@ -149,7 +150,10 @@ def test_group_layout_is_the_batch_the_run_builds(groups, r, micro_batch, shards
     mesh = None if shards == 1 else parallel.make_mesh(1, shards, 1, jax.devices()[:shards])
     tc = TrainConfig(micro_batch_size=micro_batch)
     batch, total = phases.train_batch(step, tc, mesh)
-    lay = group_layout(rows, r, micro_batch, shards)
+    # A step of fewer groups than row shards splits its groups (`rows_per_pass`).
+    rp = ts.rows_per_pass(r, groups, shards)
+    assert batch.tokens.shape[1] == rp
+    lay = group_layout(rows, rp, micro_batch // rp * rp, shards)
     assert total == lay.groups == batch.tokens.shape[0]
     assert ts.micro_batches(batch, tc) == lay.passes
     assert lay.per_pass * lay.passes == lay.groups

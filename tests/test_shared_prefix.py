@@ -267,3 +267,29 @@ def test_sharded_update_equals_one_device():
     assert float(m_8["active_rows"]) == 12  # 3 live groups of 4
     assert_adam_first_steps_close(jax.device_get(state_8.params), state_1.params, g_1, c,
                                   m_1["grad_norm"])
+
+
+def test_groups_split_into_packed_rows_give_the_same_gradient():
+    """`train_step.rows_per_pass`: a step of fewer groups than row shards (or a
+    `group_rows` cap) runs each group as R / R' packed rows [prefix | R' rows], each with
+    its prefix; the loss and gradients are the whole groups' (and the per-row update's)."""
+    assert ts.rows_per_pass(8, 2, 8) == 2 and ts.rows_per_pass(8, 8, 8) == 8
+    assert ts.rows_per_pass(8, 1, 16) == 1 and ts.rows_per_pass(8, 8, 1, cap=4) == 4
+    assert ts.rows_per_pass(6, 1, 3) == 2  # the largest divisor of R that fills the shards
+    cfg, params, base, rollout, adv, live = model_and_rollout("tiny", 0, "policy")
+    gn, r = SHAPES["policy"][:2]
+    c = train_config.TrainConfig(beta=0.05, micro_batch_size=gn * r, temperature=TEMPERATURE,
+                                 logits_chunk=4)
+    whole = ts.group_batch(rollout, adv, live)
+    split = ts.group_batch(rollout, adv, live, rows_per_group=2)
+    assert split.tokens.shape[:2] == (2 * whole.tokens.shape[0], 2)
+    np.testing.assert_array_equal(split.prefix_tokens[::2], whole.prefix_tokens)
+    g_whole, m_whole = grads_fn(cfg, c)(params, whole, base)
+    g_split, m_split = grads_fn(cfg, c)(params, split, base)
+    for k in m_whole:
+        np.testing.assert_allclose(m_split[k], m_whole[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    terms = summed_terms(cfg, rollout)
+    for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_split)):
+        assert float(jnp.abs(a - b).max()) <= grad_tolerance(a, terms)
+    with pytest.raises(ValueError, match="does not divide"):
+        ts.group_batch(rollout, adv, live, rows_per_group=3)

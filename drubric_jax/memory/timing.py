@@ -31,6 +31,7 @@ import numpy as np
 from drubric_jax.memory.costs import (Target, causal_pairs, forward_flops, kv_bytes,
                                       weight_bytes)
 from drubric_jax.memory.train_terms import padded_groups
+from drubric_jax.rl.batches import rows_per_pass
 from drubric_jax.sampling.buckets import cache_schedule, mean_slots_read
 from drubric_jax.sampling.lengths import (engine_steps, parse_lengths, row_lengths,
                                           static_steps)
@@ -146,13 +147,16 @@ def _updates(phase, role, cfg, rows, prompt, new, group, train, lora, devices, t
     """The update the trainee runs (`train.shared_prefix`: grouped, else per row), and the
     other layout beside it for comparison (not counted in the step's total)."""
     out = []
+    shards = max(devices // tensor, 1)
+    # R', the rows a packed row holds (`train_step.rows_per_pass`, as the run picks it).
+    rp = rows_per_pass(group, max(rows // group, 1), shards, train.group_rows) if group else 0
     for grouped in (train.shared_prefix, not train.shared_prefix):
         runs = grouped == train.shared_prefix
-        g = padded_groups(rows, group, max(devices // tensor, 1))
-        shape = (f"grouped: {g} x ({prompt} + {group} x {new}) tokens" if grouped else
+        g = padded_groups(rows, rp, shards) if rp else 0
+        shape = (f"grouped: {g} x ({prompt} + {rp} x {new}) tokens" if grouped else
                  f"per row: {rows} x ({prompt} + {new}) tokens")
         name = f"{role} update, {shape}" + ("" if runs else " *")
-        out.append(_update(phase, name, cfg, rows, prompt, new, group if grouped else 0,
+        out.append(_update(phase, name, cfg, rows, prompt, new, rp if grouped else 0,
                            lora, train.remat, train.beta > 0, devices, tensor, target, runs))
     return out
 

@@ -66,6 +66,20 @@ class GroupLayout:
     per_device: int
 
 
+def pass_group(tc, group: int, rows: int, shards: int) -> int:
+    """R', the rows of a group the grouped update packs into a row
+    (`train_step.rows_per_pass` of `tc.group_rows`, as `rounds.phases.train_batch` picks
+    it), or 0 for the per-row update (`tc.shared_prefix` off, or no groups).
+
+    Args:
+        tc: the trainee's TrainConfig; group: R, rows a group; rows: the step's rows;
+            shards: the row shards.
+    """
+    if not (tc.shared_prefix and group):
+        return 0
+    return ts.rows_per_pass(group, max(rows // group, 1), shards, tc.group_rows)
+
+
 def padded_groups(rows: int, group: int, shards: int) -> int:
     """The groups of a step of `rows` rows in groups of `group`, every group live, padded as
     `rounds.phases.train_batch` pads them: the largest `train_step.group_buckets` count,
@@ -146,7 +160,7 @@ def train_terms(models_: RoleModels, role: str, mesh, rows: int, micro_batch: in
     """
     cfg, tc = models_.trainee[role], models_.train[role]
     shards, tensor = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["tensor"]
-    grouped = group if tc.shared_prefix else 0
+    grouped = pass_group(tc, group, rows, shards)
     # Units (rows, or packed groups) of one micro-batch on one device, and their tokens.
     mb_field = f"config.{role}.train.micro_batch_size"
     b, t, scored, parts, n, label = update_pass(rows, micro_batch, prompt, new, shards,

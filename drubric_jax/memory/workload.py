@@ -14,7 +14,8 @@ import ml_collections
 from drubric_jax.evaluator.budgets import DEFAULT_BUDGETS, suffix_bucket
 from drubric_jax.evaluator.rubric_generator import MIN_PROMPT_BUCKET
 from drubric_jax.memory.terms import RoleModels, Step
-from drubric_jax.memory.train_terms import group_layout, padded_groups, train_terms
+from drubric_jax.memory.train_terms import (group_layout, padded_groups, pass_group,
+                                            train_terms)
 from drubric_jax.sampling import bucket_length
 
 PHASES = ("generator", "policy")
@@ -107,7 +108,7 @@ def update_step(models_: RoleModels, w: Workload, role: str, mesh, attention: st
     """
     rows, prompt, new, group = w.update(role)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    grouped = group if models_.train[role].shared_prefix and group else 0
+    grouped = pass_group(models_.train[role], group, rows, shards)
     if grouped:
         padded = padded_groups(rows, grouped, shards)
         of_rows = padded * grouped

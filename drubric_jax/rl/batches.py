@@ -198,8 +198,24 @@ def group_buckets(max_groups: int, unit: int = 1) -> tuple:
     return tuple(counts + [top])
 
 
-def group_batch(rollout: Rollout, advantages, live, num_groups: Optional[int] = None
-                ) -> GroupBatch:
+def rows_per_pass(rows: int, groups: int, shards: int, cap: int = 0) -> int:
+    """R', the rows of a group that one packed row [prefix | R' rows] holds: the largest
+    divisor of R (at most `cap` when given: `TrainConfig.group_rows`, for memory) at which
+    the step's groups x R / R' packed rows fill the row shards, so no device holds only
+    filler; 1 when even single rows cannot fill them. A group of R rows then runs as R / R'
+    packed rows, each with its own copy of the prefix: the prefix is computed R / R' times
+    instead of once, and R times in the per-row update.
+
+    Args:
+        rows: R, rows of a group; groups: the step's groups; shards: row shards of the
+            devices the batch is split over (data x fsdp, this process's); cap: 0 = none.
+    """
+    fits = [d for d in range(rows, 0, -1) if rows % d == 0 and (not cap or d <= cap)]
+    return next((d for d in fits if groups * (rows // d) >= shards), fits[-1])
+
+
+def group_batch(rollout: Rollout, advantages, live, num_groups: Optional[int] = None,
+                rows_per_group: Optional[int] = None) -> GroupBatch:
     """The live groups of a rollout as a GroupBatch (module docstring), padded to
     `num_groups` groups with flagged-dead copies of a group (their rows enter no loss, no
     divisor and no metric).
@@ -211,6 +227,8 @@ def group_batch(rollout: Rollout, advantages, live, num_groups: Optional[int] = 
         live: bool[R], the rows whose group is not flat (`live_rows`).
         num_groups: the groups of the batch (a `group_buckets` count); None: the live
             groups' count (at least 1).
+        rows_per_group: R' (`rows_per_pass`): each group enters as R / R' groups of R'
+            consecutive rows, each with the prefix; None: whole groups.
 
     Returns:
         GroupBatch of host numpy arrays.
@@ -225,6 +243,12 @@ def group_batch(rollout: Rollout, advantages, live, num_groups: Optional[int] = 
             raise ValueError(f"{r_total} rollout rows but {name} of shape {np.shape(x)}")
     live = np.asarray(live, bool)
     groups = _groups(rollout)
+    if rows_per_group:
+        r = len(groups[0])
+        if r % rows_per_group:
+            raise ValueError(f"rows_per_group={rows_per_group} does not divide the groups' "
+                             f"{r} rows")
+        groups = [g[i:i + rows_per_group] for g in groups for i in range(0, r, rows_per_group)]
     mixed = [i for i, r in enumerate(groups) if live[r].any() != live[r].all()]
     if mixed:
         raise ValueError(f"groups {mixed[:3]} have live and dead rows: the flat flag is a "

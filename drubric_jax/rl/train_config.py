@@ -46,6 +46,8 @@ TRAINER_RULES: dict[str, tuple[Callable, str]] = {
     # A built TrainConfig holds a bool; a config node may also say "auto" (below).
     "remat": (lambda v: isinstance(v, bool), "must be True or False"),
     "shared_prefix": (lambda v: isinstance(v, bool), "must be True or False"),
+    "group_rows": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                   "must be an integer >= 0 (0 = a group's rows in one packed row)"),
 }
 
 # The rules of a config node (`config.<role>.train`) where they differ from a TrainConfig's:
@@ -116,6 +118,9 @@ class TrainConfig:
     # Each group's shared prefix (a prompt, a generator input) forward and backward once,
     # its R rows beside it (`train_step.GroupBatch`); False: every row runs its prefix again.
     shared_prefix: bool = True
+    # Rows of a group one packed row holds at most (0 = all R; `batches.rows_per_pass`):
+    # below R, a group runs as several packed rows, each with its prefix (for memory).
+    group_rows: int = 0
 
     def __post_init__(self):
         check_trainer(dataclasses.asdict(self), "TrainConfig")

@@ -38,7 +38,8 @@ from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling.lengths import length_metrics
 # The batch layouts, re-exported: callers build batches through this module.
 from drubric_jax.rl.batches import (Batch, GroupBatch, Rows, batch_from_rollout,  # noqa: F401
-                                    group_batch, group_buckets, live_rows, rows_of)
+                                    group_batch, group_buckets, live_rows, rows_of,
+                                    rows_per_pass)
 
 
 @flax.struct.dataclass

@@ -163,10 +163,15 @@ def train_batch(step: PhaseStep, train_cfg, mesh) -> tuple:
     """(this process's part of the step's batch, the global batch's leading size).
 
     With `train_cfg.shared_prefix`: a `train_step.GroupBatch` of this process's live groups,
-    padded to the smallest `train_step.group_buckets` count that holds every process's
-    (one compiled update per count); counts are multiples of this process's row shards,
-    and of a micro-batch's groups when they exceed one micro-batch. Else the per-row
-    `train_step.Batch` of all its rows.
+    each split into packed rows of R' rows (`train_step.rows_per_pass`: whole groups when
+    the step's groups fill the row shards and `group_rows` allows), padded to the smallest
+    `train_step.group_buckets` count that holds every process's (one compiled update per
+    count); counts are multiples of this process's row shards, and of a micro-batch's
+    groups when they exceed one micro-batch. Else the per-row `train_step.Batch` of all its
+    rows.
+
+    Raises:
+        ValueError: a micro-batch's groups divide no bucket count (names the field).
     """
     rollout, live = step.rollout, step.live
     if not train_cfg.shared_prefix:
@@ -175,14 +180,19 @@ def train_batch(step: PhaseStep, train_cfg, mesh) -> tuple:
     ids = np.asarray(rollout.group_ids)
     groups = len(np.unique(ids))
     r = rollout.num_rows // max(groups, 1)
-    per_micro = max(1, train_cfg.micro_batch_size // max(r, 1))
-    shards = 1 if mesh is None else parallel.row_shards(mesh) // jax.process_count()
-    # Every process pads to the same count: the most live groups any process holds.
-    most = parallel.agree_max(len(np.unique(ids[live])))
-    count = next(c for c in train_step.group_buckets(groups, max(shards, 1))
-                 if c >= max(most, 1) and (c <= per_micro or c % per_micro == 0))
-    batch = train_step.group_batch(rollout, step.advantages, live, count)
-    return batch, count * jax.process_count()
+    shards = 1 if mesh is None else max(parallel.row_shards(mesh) // jax.process_count(), 1)
+    rp = train_step.rows_per_pass(r, groups, shards, train_cfg.group_rows)
+    per_micro = max(1, train_cfg.micro_batch_size // rp)
+    # Every process pads to the same count: the most live packed rows any process holds.
+    most = max(parallel.agree_max(len(np.unique(ids[live])) * (r // rp)), 1)
+    counts = [c for c in train_step.group_buckets(groups * (r // rp), shards)
+              if c >= most and (c <= per_micro or c % per_micro == 0)]
+    if not counts:
+        raise ValueError(f"train.micro_batch_size={train_cfg.micro_batch_size}: {per_micro} "
+                         f"groups of {rp} rows a micro-batch divide no batch of "
+                         f"{groups * (r // rp)} groups padded to the {shards} row shards")
+    batch = train_step.group_batch(rollout, step.advantages, live, counts[0], rp)
+    return batch, counts[0] * jax.process_count()
 
 
 # ----------------------------------------------------------------------------- phases
