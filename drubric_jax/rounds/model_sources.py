@@ -6,14 +6,15 @@ which re-exports these names).
     generator_used        whether anything reads the generator (else it is not loaded)
     verifier_model_used   whether a verifier model is loaded (not in the checks world)
     check_model_sources   every source exists, before any load (errors name the fields)
-    load_models           each distinct source loaded once, straight onto the mesh
+    load_models           each distinct source of a config loaded once, onto the mesh
+    load_sources          the same from the run's settings (`rounds.roles.build_roles`)
 
 Axis legend: none (host-side bookkeeping).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import ml_collections
 
@@ -38,7 +39,7 @@ class LoadedModel:
 def verifier_model_used(config: ml_collections.ConfigDict) -> bool:
     """Whether the run loads a verifier model: not when items are checks
     (`verifier.kind = "checks"`, METHOD 13: the checkers judge them on the host)."""
-    return config.verifier.get("kind", "llm") != "checks"
+    return config.verifier.kind != "checks"
 
 
 def trains(config: ml_collections.ConfigDict, role: Role) -> bool:
@@ -66,12 +67,17 @@ def _source_fields(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
     """{model source: the config fields that name it} (config.model.verifier left out when
     no verifier model is used, config.model.generator when no generator is:
     `generator_used`)."""
-    fields: dict[str, list[str]] = {}
     roles = (("policy",) + (("generator",) if generator_used(config) else ())
              + (("verifier",) if verifier_model_used(config) else ()))
-    for role in roles:
-        # One entry per distinct source: roles that name the same source share one load.
-        fields.setdefault(config.model[role], []).append(f"config.model.{role}")
+    return source_fields({role: config.model[role] for role in roles})
+
+
+def source_fields(role_sources: Mapping[str, str]) -> dict[str, list[str]]:
+    """{model source: the config fields that name it} of {role: source} (the roles a run
+    loads): roles that name the same source share one entry, so one load."""
+    fields: dict[str, list[str]] = {}
+    for role, source in role_sources.items():
+        fields.setdefault(source, []).append(f"config.model.{role}")
     return fields
 
 
@@ -105,14 +111,24 @@ def load_models(config: ml_collections.ConfigDict, mesh=None) -> dict[str, Loade
         config fields that hold the source ("config.model.policy: ..."); an exception type
         that cannot be rebuilt from one message is re-raised as is, with the fields as a note.
     """
-    fields = _source_fields(config)
+    return load_sources(_source_fields(config), config.model.dtype, config.seed, mesh)
+
+
+def load_sources(fields: Mapping[str, list[str]], dtype: str, seed: int,
+                 mesh=None) -> dict[str, LoadedModel]:
+    """{source: LoadedModel} of `fields` ({source: the config fields naming it},
+    `source_fields`), each loaded once in `dtype` (random-weight presets drawn from
+    `seed`), tensor by tensor straight onto `mesh` when given.
+
+    Raises:
+        as `load_models`.
+    """
     loaded = {}
     # Each tensor is placed onto its shards as it is read (`models.weights`).
     sharder = None if mesh is None else models.leaf_sharder(mesh)
     for source, names in fields.items():
         try:
-            cfg, params, tok = load_model(source, config.model.dtype, shardings=sharder,
-                                          seed=config.seed)
+            cfg, params, tok = load_model(source, dtype, shardings=sharder, seed=seed)
         except Exception as e:
             named = _named(e, names)
             # `_named` could not rebuild the type: the original goes up, with the fields as a note.
