@@ -125,7 +125,7 @@ def run(tmp_path_factory):
 def _ctx(run, variant, mode="hard"):
     config = tiny_config(variant)
     config.verifier.verdict = mode
-    return dataclasses.replace(run.ctx, config=config, settings=settings.read(config),
+    return dataclasses.replace(run.ctx, settings=settings.read(config),
                                generator=StubGenerator())
 
 
@@ -136,7 +136,7 @@ def test_generator_phase_rewards_and_advantages_by_hand(run, variant, mode):
     anchors = run.data.train_anchors[:1]
     key = jax.random.PRNGKey(5)
     step = phases.generator_rollout(ctx, key, anchors)
-    c, k = ctx.config, ctx.config.policy.num_responses
+    c, k = ctx.settings, ctx.settings.policy.num_responses
     # The policy samples the stub lists were asked about: the same key and sampler.
     _, responses = phases.sample_responses(ctx, jax.random.split(key)[0],
                                            [a.prompt for a in anchors],
@@ -148,8 +148,8 @@ def test_generator_phase_rewards_and_advantages_by_hand(run, variant, mode):
     rd = [r_disc(responses[:k], it, w, mode) for it, w in lists]
     ra = [r_anchor([score(y, it, w, mode) for y in a.responses], list(a.gold_ranks), any(w))
           for it, w in lists]
-    w_disc, lam = {"full": (1.0, c.generator.lam), "disc_only": (1.0, 0.0),
-                   "anchor_only": (0.0, 1.0)}[variant]
+    w_disc, lam = {"full": (1.0, c.generator.reward_weights["anchor"]),  # config.generator.lam
+                   "disc_only": (1.0, 0.0), "anchor_only": (0.0, 1.0)}[variant]
     want_adv = w_disc * advantages(rd) + lam * advantages(ra)
     np.testing.assert_allclose(step.metrics["r_disc"], np.mean(rd), atol=1e-6)
     np.testing.assert_allclose(step.metrics["r_anchor"], np.mean(ra), rtol=1e-5)
@@ -167,7 +167,7 @@ def test_policy_phase_scores_and_advantages_by_hand(run, variant, mode):
     items = run.data.prompts[:1]
     key = jax.random.PRNGKey(9)
     step = phases.policy_rollout(ctx, key, items)
-    k = ctx.config.policy.num_responses
+    k = ctx.settings.policy.num_responses
     _, responses = phases.sample_responses(ctx, jax.random.split(key)[0],
                                            [x.prompt for x in items],
                                            [list(x.history) for x in items], k,
@@ -220,7 +220,7 @@ def test_flat_group_fraction_counts_groups_whose_advantage_is_zero(run):
     assert np.all(step.advantages == 0)
     assert step.metrics["flat_group_fraction"] == 1.0
     other = _ctx(run, "full", "soft")
-    full = dataclasses.replace(ctx, config=other.config, settings=other.settings)
+    full = dataclasses.replace(ctx, settings=other.settings)
     step = phases.generator_rollout(full, jax.random.PRNGKey(1), run.data.train_anchors[:1])
     assert np.any(step.advantages != 0) and step.metrics["flat_group_fraction"] == 0.0
     assert step.metrics["r_anchor_std"] > 0 and step.metrics["r_disc_std"] == 0.0
@@ -236,7 +236,7 @@ def test_rule_reward_phase_advantages_and_group_means_by_hand(run):
     key = jax.random.PRNGKey(3)
     rule = rule_rewards.word_limit_reward(3)
     step = phases.rule_policy_rollout(ctx, key, items, rule)
-    k = ctx.config.policy.num_responses
+    k = ctx.settings.policy.num_responses
     _, responses = phases.sample_responses(ctx, key, [x.prompt for x in items],
                                            [list(x.history) for x in items], k,
                                            Timer())
@@ -331,10 +331,12 @@ def test_a_third_generator_reward_is_one_function_and_a_weight(run, monkeypatch)
     ctx = _ctx(run, "full", "soft")
     monkeypatch.setitem(generator_rewards.GENERATOR_REWARDS, "toy",
                         generator_rewards.GeneratorReward(valid_items_per_list, "toy_weight"))
-    ctx.config.generator.toy_weight = 0.5
-    ctx = dataclasses.replace(ctx, settings=settings.read(ctx.config))  # read once, again
+    config = tiny_config("full")
+    config.verifier.verdict = "soft"
+    config.generator.toy_weight = 0.5
+    ctx = dataclasses.replace(ctx, settings=settings.read(config))  # read once, again
     three = phases.generator_rollout(ctx, key, anchors)
-    g = ctx.config.generator.num_lists
+    g = ctx.settings.generator.num_lists
     toy = [sum(w > 0 for w in WEIGHTS[j % 4]) for j in range(g)]  # the stub's lists
     # The toy term's float32 z (|z| <= sqrt(G - 1)) differs from the float64 one by a few
     # rounding steps of Eq. 21 (< 8 ulps of 1); adding it rounds once more (<= 1 ulp of the
@@ -344,8 +346,8 @@ def test_a_third_generator_reward_is_one_function_and_a_weight(run, monkeypatch)
                                0.5 * advantages(toy), rtol=0, atol=tol)
     assert three.metrics["r_toy"] == np.mean(toy) and three.metrics["r_toy_std"] > 0
     assert {k: three.metrics[k] for k in two["full"].metrics} == two["full"].metrics
-    ctx.config.variant = "disc_only"
-    ctx = dataclasses.replace(ctx, settings=settings.read(ctx.config))
+    config.variant = "disc_only"
+    ctx = dataclasses.replace(ctx, settings=settings.read(config))
     ablation = phases.generator_rollout(ctx, key, anchors)
     np.testing.assert_array_equal(ablation.advantages, two["disc_only"].advantages)
 
@@ -383,14 +385,14 @@ def test_policy_sampler_engine_gives_the_static_rows(run):
     from tolerances import logprob_atol
 
     items = run.data.prompts[:2]
-    k = run.ctx.config.policy.num_responses
+    k = run.ctx.settings.policy.num_responses
     got = {}
     for sampler in ("static", "engine"):
         config = tiny_config()
         config.per_row_keys = True
         config.policy.sampler = sampler
         config.policy.rollout_micro_batch = 3
-        ctx = dataclasses.replace(run.ctx, config=config, settings=settings.read(config))
+        ctx = dataclasses.replace(run.ctx, settings=settings.read(config))
         got[sampler] = phases.sample_responses(ctx, jax.random.PRNGKey(8),
                                                [x.prompt for x in items],
                                                [list(x.history) for x in items], k, Timer())

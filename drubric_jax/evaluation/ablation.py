@@ -132,7 +132,7 @@ def heldout_per_list(ctx, key, anchors, num_lists: int, temperature: float,
            "pairs": pairs, "correct": correct, "ties": ties,
            "valid": (np.asarray(valid) & rb.list_valid).sum(axis=1).astype(np.float64),
            "ids": [a.id for a in anchors], "num_lists": g}
-    if ctx.config.verifier.get("kind", "llm") == "checks":
+    if ctx.settings.verifier.kind == "checks":
         truth = [(a.meta or {}).get("checks") or ctx.true_checks.get(a.prompt)
                  for a in anchors]
         out.update(constraint_per_anchor(rb.texts, np.asarray(rb.item_mask).reshape(u, g, -1),

@@ -32,7 +32,7 @@ def policy_samples(ctx, policy_params, key, prompts, histories) -> list:
     Returns:
         U lists of K response strings.
     """
-    k = ctx.config.policy.num_responses
+    k = ctx.settings.policy.num_responses
     _, texts = phases.sample_responses(ctx, key, prompts, histories, k, Timer(),
                                        params=policy_params)
     return [texts[i * k:(i + 1) * k] for i in range(len(prompts))]

@@ -48,7 +48,7 @@ from drubric_jax.models.attention import AUTO_BLOCKWISE_MIN_SCORES
 from drubric_jax.models.config import PRESETS, SMOLLM2_135M, ModelConfig
 from drubric_jax.models.default import DEFAULT_MODEL
 from drubric_jax.rounds.roles import LoadedModel, trainee_config
-from drubric_jax.rounds.settings import train_config
+from drubric_jax.rounds.settings import read as read_settings
 from drubric_jax.rl.train_config import make_optimizer
 
 GB = 1e9
@@ -174,19 +174,16 @@ class RoleModels:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "RoleModels":
-        sources = {r: config.model[r] for r in ("policy", "generator", "verifier")}
-        base = {s: source_config(s, config.model.dtype) for s in dict.fromkeys(sources.values())}
-        p, g = config.policy, config.generator
-        rows = {"policy": (p.prompts_per_step * p.num_responses, p.temperature),
-                "generator": (g.anchors_per_step * g.num_lists, g.temperature)}
+        s = read_settings(config)  # the run's settings, as `rounds.run_state.setup` reads them
+        sources = {r: getattr(s.model, r) for r in ("policy", "generator", "verifier")}
+        base = {src: source_config(src, s.model.dtype) for src in dict.fromkeys(sources.values())}
         # `roles.trainee_config` on a params-less LoadedModel: the config a run builds.
-        trainee = {r: trainee_config(LoadedModel(sources[r], base[sources[r]], {}, None), config)
-                   for r in rows}
+        trainee = {r: trainee_config(LoadedModel(sources[r], base[sources[r]], {}, None),
+                                     s.lora, s.model.master_dtype)
+                   for r in ("policy", "generator")}
         # train.remat "auto" is decided on this machine unless the config holds bools
         # (`planner.plan` and `remat_choice` plan with bools: `planner.with_remat`).
-        train = {r: train_config(config[r].train, f"{r}.train", rows=n, temperature=temp,
-                                 config=config)
-                 for r, (n, temp) in rows.items()}
+        train = {"policy": s.policy.train, "generator": s.generator.train}
         return cls(sources, base, trainee, train)
 
     def optimizer(self, role: str):

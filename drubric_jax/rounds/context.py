@@ -1,7 +1,7 @@
 """What every phase function shares: the run's context, a step timer and a step's output.
 
-    Context          the config, the roles, the rubric generator and verifier built for them,
-                     the mesh and the policy's stop / pad ids (`Context.build`)
+    Context          the run's settings, the roles, the rubric generator and verifier built
+                     for them, the mesh and the policy's stop / pad ids (`Context.build`)
     Timer            wall seconds per named part of a step ("sampling", "verification", ...)
     PhaseStep        what a rollout function returns: rows, advantages, metrics, timer, trace
     verifier_budgets the verifier's chunk budgets from the accelerator's memory
@@ -14,7 +14,6 @@ import time
 from typing import Any, Optional
 
 import jax
-import ml_collections
 import numpy as np
 
 from drubric_jax.evaluator.rubric_generator import RubricGenerator
@@ -22,8 +21,7 @@ from drubric_jax.evaluator.budgets import memory_budgets
 from drubric_jax.evaluator.rubric_formats import get_format
 from drubric_jax.evaluator.verifier import Verifier
 from drubric_jax.rounds.roles import Roles
-from drubric_jax.rounds.settings import RunSettings
-from drubric_jax.rounds.settings import read as read_settings
+from drubric_jax.rounds.settings_types import RunSettings
 from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.types import Rollout
 
@@ -54,17 +52,20 @@ class Timer:
 
 @dataclasses.dataclass
 class Context:
-    """What every phase function needs: the config, the roles and their samplers, the mesh,
-    the ids that end a policy response (the policy tokenizer's EOS / end of turn) and the
-    policy's pad id (the first of those; the masks, not the id, tell padding apart).
+    """What every phase function needs: the run's settings, the roles and their samplers,
+    the mesh, the ids that end a policy response (the policy tokenizer's EOS / end of turn)
+    and the policy's pad id (the first of those; the masks, not the id, tell padding apart).
 
+    `settings` is the run config read once (`rounds.settings.read`): no phase reads the
+    ConfigDict, which the context does not hold. A test that changes a setting replaces
+    it (`dataclasses.replace(ctx, settings=settings.read(other_config))`).
     The verifier is a `Verifier` (the model's P(yes)) or, with `verifier.kind = "checks"`,
     a `ChecksVerifier` (the checkers' 0/1, METHOD 13; the generator then writes checks).
     `generator` is None when the run loads no generator (`roles.generator_used`).
     `true_checks`: {prompt text: its true checks, `meta["checks"]`} of the run's prompts
     (METHOD 13's T(x); empty outside the checks world), for the step metrics."""
 
-    config: ml_collections.ConfigDict
+    settings: RunSettings
     roles: Roles
     generator: Optional[RubricGenerator]
     verifier: Any
@@ -72,43 +73,35 @@ class Context:
     policy_stop_ids: np.ndarray
     policy_pad_id: int
     true_checks: dict = dataclasses.field(default_factory=dict)
-    # The config read once into what rl/ takes (`rounds.settings.read`); `build` sets it.
-    # A context made with another config (tests: dataclasses.replace) passes its own.
-    settings: Optional[RunSettings] = None
 
     @classmethod
-    def build(cls, config, roles: Roles, mesh, prompts=(),
-              settings: Optional[RunSettings] = None) -> "Context":
-        """The context of a run; `prompts`: its `PromptItem`s (read for `true_checks`);
-        `settings`: `rounds.settings.read(config)` (read here when not given)."""
-        gen_cfg, ver_cfg = config.generator, config.verifier
+    def build(cls, settings: RunSettings, roles: Roles, mesh, prompts=()) -> "Context":
+        """The context of a run; `settings`: `rounds.settings.read(config)`; `prompts`: its
+        `PromptItem`s (read for `true_checks`)."""
+        gen_s, ver_s = settings.generator, settings.verifier
         gen = None if roles.generator is None else roles.generator.model
         stop = tok_lib.stop_ids(roles.policy.model.tokenizer)
-        kind = ver_cfg.get("kind", "llm")
         true_checks = {x.prompt: x.meta["checks"] for x in prompts
                        if isinstance(getattr(x, "meta", None), dict) and x.meta.get("checks")}
-        if kind == "checks":
+        if ver_s.kind == "checks":
             from drubric_jax.evaluator.checks_verifier import ChecksVerifier  # imports the checkers
-            verifier = ChecksVerifier(ver_cfg.loose, ver_cfg.check_workers)
+            verifier = ChecksVerifier(ver_s.loose, ver_s.check_workers)
         else:
             verifier = Verifier(roles.verifier.cfg, roles.verifier.tokenizer,
-                                max_prefix_tokens=ver_cfg.max_prefix_tokens,
-                                max_suffix_tokens=ver_cfg.max_suffix_tokens, mesh=mesh,
-                                **verifier_budgets(roles.verifier.cfg, ver_cfg.memory_fraction))
+                                max_prefix_tokens=ver_s.max_prefix_tokens,
+                                max_suffix_tokens=ver_s.max_suffix_tokens, mesh=mesh,
+                                **verifier_budgets(roles.verifier.cfg, ver_s.memory_fraction))
         # The generator samples with its role's config: a LoRA trainee's carries the
         # adapters' scale (the source's has none).
         generator = None if gen is None else RubricGenerator(
-            roles.generator.cfg, gen.tokenizer, max_items=gen_cfg.max_items,
-            max_item_chars=gen_cfg.max_item_chars, max_new_tokens=gen_cfg.max_new_tokens,
-            input_budget=gen_cfg.input_budget, mesh=mesh,
-            rows_per_call=gen_cfg.rollout_micro_batch, cache_segments=gen_cfg.cache_segments,
-            per_row_keys=config.per_row_keys,
-            fmt=get_format(kind, tuple(gen_cfg.get("check_pool", ()))),
-            keep_prompt=bool(gen_cfg.get("keep_prompt", False)),
-            sampler=gen_cfg.get("sampler", "static"),
-            orders_per_list=bool(gen_cfg.get("orders_per_list", False)))
-        return cls(config, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks,
-                   settings or read_settings(config))
+            roles.generator.cfg, gen.tokenizer, max_items=gen_s.max_items,
+            max_item_chars=gen_s.max_item_chars, max_new_tokens=gen_s.max_new_tokens,
+            input_budget=gen_s.input_budget, mesh=mesh,
+            rows_per_call=gen_s.rollout_micro_batch, cache_segments=gen_s.cache_segments,
+            per_row_keys=settings.per_row_keys, fmt=get_format(ver_s.kind, gen_s.check_pool),
+            keep_prompt=gen_s.keep_prompt, sampler=gen_s.sampler,
+            orders_per_list=gen_s.orders_per_list)
+        return cls(settings, roles, generator, verifier, mesh, stop, int(stop[0]), true_checks)
 
 
 def verifier_budgets(cfg, fraction: float) -> dict:

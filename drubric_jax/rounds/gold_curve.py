@@ -27,7 +27,7 @@ from drubric_jax.text import tokenizer as tok_lib
 from drubric_jax.types import Role
 
 
-def load_items(config) -> list:
+def load_items(rounds, require_splits: bool) -> list:
     """The first `rounds.heldout_gold_rows` prompts of `rounds.heldout_gold_path` (0 = all);
     [] when the curve is off (`heldout_gold_every` 0).
 
@@ -35,14 +35,18 @@ def load_items(config) -> list:
     `rounds.heldout_gold_split` ("dev" while settings are chosen from the curve, "heldout"
     where it is reported).
 
+    Args:
+        rounds: the run's `settings_types.RoundsSettings` (config.rounds).
+        require_splits: config.data.require_splits (`DataSpec.require_splits`).
+
     Raises:
         FileNotFoundError / ValueError: a missing file or a row without true checks
             (`meta.checks`), naming the config field, file and row.
         data.splits.SplitError (a ValueError): a row of another split (names the file, row,
             the split found and the one wanted).
     """
-    r = config.rounds
-    if not r.get("heldout_gold_every", 0):
+    r = rounds
+    if not r.heldout_gold_every:
         return []
     from drubric_jax.checks import true_checks_of
     from drubric_jax.data.sources import prompts_from_jsonl
@@ -60,8 +64,8 @@ def load_items(config) -> list:
     for i, it in enumerate(items):
         true_checks_of(it.meta, f"config.rounds.heldout_gold_path: {path}: row {i + 1} "
                                 f"{it.id!r}")
-    want = r.get("heldout_gold_split", "")
-    if config.data.get("require_splits", False) and want:
+    want = r.heldout_gold_split
+    if require_splits and want:
         # Each stage reads its own split (issue 53): the curve's file is dev's while the
         # policy trains, heldout's where the curve is the reported result. Every row of
         # the file, read with its line numbers.

@@ -72,8 +72,8 @@ def heldout_metrics(ctx: Context, key, anchors) -> dict:
         ctx.roles.rollout_params(Role.GENERATOR, ctx.mesh), key,
         # The anchor list itself is the response set C shown to the generator (nothing sampled).
         [RubricInput(a.prompt, tuple(a.responses), tuple(a.history)) for a in anchors],
-        num_lists=1, temperature=ctx.config.policy.heldout_temperature,
-        static=ctx.config.variant == "static")
+        num_lists=1, temperature=ctx.settings.policy.heldout_temperature,
+        static=ctx.settings.variant == "static")
     m = rb.weights.shape[-1]
     # Each process judges its own anchor lists, in one call (a collective: the same number
     # of calls on every process); the means are over all of them.

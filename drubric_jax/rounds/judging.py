@@ -28,13 +28,13 @@ def verify(ctx: Context, prompts, histories, responses, item_lists, timer: Timer
     process's own rows (`Verifier.p_yes(process_rows=True)`; every process calls).
     stats: optional dict of the verifier's counters (`Verifier.p_yes(stats=)`; a
     mixture-of-experts verifier's router load, `step_metrics.verifier_moe_metrics`)."""
-    ver_cfg = ctx.config.verifier
+    ver = ctx.settings.verifier
     with timer("verification"):
         p_yes = ctx.verifier.p_yes(ctx.roles.params("verifier"), prompts, responses,
                                    item_lists, history=histories,
-                                   calibration=ver_cfg.calibration, process_rows=own,
+                                   calibration=ver.calibration, process_rows=own,
                                    stats=stats)
-    return verdicts_from_p_yes(p_yes, ver_cfg.verdict)
+    return verdicts_from_p_yes(p_yes, ver.verdict)
 
 
 def fit_items(verdicts: np.ndarray, m: int) -> np.ndarray:
@@ -52,7 +52,7 @@ def verify_lists_on_sets(ctx: Context, rb, prompts, histories, sets, timer: Time
     (one shared prefix per response, `Verifier.p_yes`).
 
     Args:
-        ctx: the phase context (its verifier and config.verifier settings, `verify`).
+        ctx: the phase context (its verifier and verifier settings, `verify`).
         rb: the inputs' `RubricBatch` (weights int32[B, G, M], texts B x G x M strings).
         prompts, histories: B prompts and history lists.
         sets: B lists of responses, ragged (J_b responses for input b).

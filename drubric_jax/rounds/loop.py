@@ -74,11 +74,11 @@ def _maybe_eval(run: Run) -> None:
     config.rounds.heldout_eval is off."""
     # A list, not a tuple: `heldout_done` round-trips through the checkpoint's JSON meta.
     tag = [run.loop.round, run.loop.phase]
-    if tag in run.loop.heldout_done or not run.config.rounds.heldout_eval:
+    if tag in run.loop.heldout_done or not run.settings.rounds.heldout_eval:
         return
     # Step 10**6: a key no training step uses, and the same one on a resumed run.
     metrics = heldout.heldout_metrics(
-        run.ctx, phase_key(run.config.seed, run.loop.round, run.loop.phase, 10 ** 6),
+        run.ctx, phase_key(run.settings.seed, run.loop.round, run.loop.phase, 10 ** 6),
         run.data.heldout_anchors)
     hostmem.release_free_memory()
     if metrics:
@@ -111,7 +111,7 @@ def _policy_rollout_with_redraws(run: Run, key) -> tuple[phases.PhaseStep, int]:
     """
     step = _rollout(run, Role.POLICY, key)
     redraws = 0
-    while phases.all_groups_flat(step) and redraws < run.config.policy.max_redraws:
+    while phases.all_groups_flat(step) and redraws < run.settings.policy.max_redraws:
         redraws += 1
         again = _rollout(run, Role.POLICY, jax.random.fold_in(key, redraws))
         again.timer.add(step.timer)  # the discarded samples' work belongs to this step
@@ -135,18 +135,18 @@ def _phase(run: Run, role: Role, steps: int) -> None:
     # The idle trainee's AdamW moments leave the device for this phase (disk or pinned host).
     phase_timer = context.Timer()
     with phase_timer("park"):
-        if run.config.memory.park_idle_optimizer:
+        if run.settings.memory.park_idle_optimizer:
             run.ctx.roles.park_idle(role, run.park_dir)
-        elif run.config.memory.offload_idle_optimizer:
+        elif run.settings.memory.offload_idle_optimizer:
             run.ctx.roles.offload_idle(role)
-    bar = tqdm(total=steps, initial=run.loop.step, disable=not run.config.log.progress,
+    bar = tqdm(total=steps, initial=run.loop.step, disable=not run.settings.log.progress,
                desc=f"round {run.loop.round} {role.value}", unit="step")
     while run.loop.step < steps:
         if role is Role.POLICY:
             _maybe_gold_point(run)
         compiled_before = compilation.CompileClock.seconds()
         # A function of (round, phase, step) only: a resumed run draws the same keys.
-        key = phase_key(run.config.seed, run.loop.round, role.value, run.loop.step)
+        key = phase_key(run.settings.seed, run.loop.round, role.value, run.loop.step)
         if role is Role.POLICY:
             step, redraws = _policy_rollout_with_redraws(run, key)
             # The last policy step's samples become this round's trace/round_N.html.
@@ -163,7 +163,7 @@ def _phase(run: Run, role: Role, steps: int) -> None:
         phase_timer = context.Timer()  # the park seconds belong to the phase's first step
         run.loop.step += 1
         run.loop.global_step += 1
-        if run.loop.global_step % run.config.checkpoint.every_steps == 0:
+        if run.loop.global_step % run.settings.checkpoint.every_steps == 0:
             with step.timer("checkpoint"):
                 save(run)
             metrics["seconds_checkpoint"] = step.timer.seconds["checkpoint"]
@@ -183,16 +183,16 @@ def _maybe_gold_point(run: Run, last: bool = False) -> None:
     `rounds.heldout_gold_every`-th policy step of a round and after its last one. A later
     round's step 0 gets none: the policy is the one the last round's final point scored
     (a generator phase leaves it as it was)."""
-    every = run.config.rounds.get("heldout_gold_every", 0)
+    every = run.settings.rounds.heldout_gold_every
     if not every or not run.gold_items or (run.loop.step % every and not last):
         return
     if run.loop.step == 0 and run.loop.round > 0 and not last:
         return
     # Step 10**6 + s: keys no training step uses, the same on a resumed run.
-    key = phase_key(run.config.seed, run.loop.round, Role.POLICY.value,
+    key = phase_key(run.settings.seed, run.loop.round, Role.POLICY.value,
                     10 ** 6 + run.loop.step)
     timer = context.Timer()
-    p = run.config.policy
+    p = run.settings.policy
     with timer("heldout_gold"):
         point = gold_curve.heldout_gold_point(
             run.ctx, key, run.gold_items, max_prompt_tokens=p.max_prompt_tokens,
@@ -204,13 +204,13 @@ def _maybe_gold_point(run: Run, last: bool = False) -> None:
 def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
     """Runs (or resumes) the rounds; `stop_after_rounds` ends early (tests, preemption
     drills) after that many completed rounds, with a checkpoint."""
-    c = run.config
+    s = run.settings
     restore(run)
-    while run.loop.round < c.rounds.num_rounds:
+    while run.loop.round < s.rounds.num_rounds:
         # The static (RaR) baseline never trains its generator (METHOD 6); after
         # rounds.generator_rounds rounds it is frozen (the stale-evaluator arm).
-        frozen = 0 <= c.rounds.generator_rounds <= run.loop.round
-        gen_steps = 0 if c.variant == "static" or frozen else c.rounds.generator_steps
+        frozen = 0 <= s.rounds.generator_rounds <= run.loop.round
+        gen_steps = 0 if s.variant == "static" or frozen else s.rounds.generator_steps
         if stop_after_rounds is not None and run.loop.round >= stop_after_rounds:
             break
         # A run resumed in the policy phase goes straight to it.
@@ -219,7 +219,7 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
             _maybe_eval(run)
             _phase(run, Role.GENERATOR, gen_steps)
             run.loop.phase, run.loop.step = Role.POLICY.value, 0
-        _phase(run, Role.POLICY, c.rounds.policy_steps)
+        _phase(run, Role.POLICY, s.rounds.policy_steps)
         # After the round: the generator it trained (held-out metrics never use the policy).
         _maybe_eval(run)
         if run.last_trace and is_primary():
@@ -233,7 +233,7 @@ def run_rounds(run: Run, stop_after_rounds: Optional[int] = None) -> None:
         _write_json(epath.Path(run.workdir) / "round_end.json",
                     {"global_step": run.loop.global_step, "loop": dataclasses.asdict(run.loop)})
     run.ckpt.wait()
-    if run.loop.round >= c.rounds.num_rounds:
+    if run.loop.round >= s.rounds.num_rounds:
         finish(run)
 
 
@@ -247,7 +247,7 @@ def finish(run: Run) -> None:
     measured = {k: v / 2 ** 20 for k, v in role_memory(run.ctx.roles).items()}
     _write_json(os.path.join(run.workdir, "memory.json"),
                 {**measured, **hostmem.measured_peaks()})
-    if run.config.export:
+    if run.settings.export:
         # The trainees only: a frozen role is its unchanged source.
         for trainee in run.ctx.roles.trainees():
             tok = trainee.model.tokenizer
@@ -257,14 +257,14 @@ def finish(run: Run) -> None:
             export_hf_dir(params, trainee.cfg.replace(lora_rank=0, param_dtype=dtype),
                           os.path.join(run.workdir, "export", trainee.role.value), tok,
                           bos_id=tok.bos_token_id or 0, eos_id=tok.eos_token_id or 0)
-    rounds = int(run.config.rounds.num_rounds)
+    rounds = run.settings.rounds.num_rounds
     _write_json(os.path.join(run.workdir, FINISHED), {
         "rounds": rounds, "global_step": run.loop.global_step,
         "data_sha256": run.data.fingerprint["sha256"]})
     if is_primary():  # the last line of a run, after its progress bars
         print(f"{run.workdir}: finished {rounds} round{'' if rounds == 1 else 's'} "
               f"({run.loop.global_step} optimizer steps); metrics.jsonl, curves.png, "
-              f"memory.json{', export/' if run.config.export else ''} are there.", flush=True)
+              f"memory.json{', export/' if run.settings.export else ''} are there.", flush=True)
 
 
 def finished(workdir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
@@ -288,7 +288,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         stop_after_rounds: Optional[int] = None) -> None:
     """Runs Algorithm 1 for `config` in `workdir`, resuming from its last checkpoint.
 
-    Outputs: metrics.jsonl, tensorboard/, trace/round_N.html, curves.png, memory.json,
+    Outputs: config.json and settings.json (the config as given, and the settings the
+    stages read, flattened: `rounds.settings.flatten`; written at the start),
+    metrics.jsonl, tensorboard/, trace/round_N.html, curves.png, memory.json,
     checkpoints/, export/{policy,generator}/ of the roles that trained (docs/ARCHITECTURE.md, "Outputs of a run").
 
     Raises:

@@ -71,31 +71,31 @@ def sample_responses(ctx: Context, key, prompts: Sequence[str], histories, k: in
         prompt, group id = the prompt's index b in the batch; all B*K rows on one process,
         B*K response texts of every process in prompt order).
     """
-    model, pol_cfg = ctx.roles.policy.model, ctx.config.policy
+    model, pol = ctx.roles.policy.model, ctx.settings.policy
     stop = ctx.policy_stop_ids
     n = len(prompts)
     block, rows = parallel.process_share(prompts, histories)
-    ids = [policy_prompt_ids(model.tokenizer, x, h, pol_cfg.max_prompt_tokens)
+    ids = [policy_prompt_ids(model.tokenizer, x, h, pol.max_prompt_tokens)
            for x, h in zip(*rows)]
     rows_ids = [i for i in ids for _ in range(k)]  # a prompt's K rows are consecutive
-    kw = dict(key=key, max_new_tokens=pol_cfg.max_new_tokens,
-              method=sampling.method_from_flags(pol_cfg.temperature, top_p=pol_cfg.top_p),
-              stop_ids=stop, pad_id=ctx.policy_pad_id, min_bucket=pol_cfg.min_prompt_bucket,
+    kw = dict(key=key, max_new_tokens=pol.max_new_tokens,
+              method=sampling.method_from_flags(pol.temperature, top_p=pol.top_p),
+              stop_ids=stop, pad_id=ctx.policy_pad_id, min_bucket=pol.min_prompt_bucket,
               mesh=ctx.mesh,
               # Row b*K + i of the step's batch draws by that id (config.per_row_keys).
               row_ids=(list(range(block.start * k, (block.start + len(ids)) * k))
-                       if ctx.config.per_row_keys else None))
+                       if ctx.settings.per_row_keys else None))
     # The trainee's config: with LoRA its adapters act only under its lora scale (the
     # source's config has none, and would sample from the base alone).
     weights = ctx.roles.rollout_params(Role.POLICY, ctx.mesh) if params is None else params
     cfg = ctx.roles.rollout_cfg(Role.POLICY)
     with timer("sampling"):
-        if pol_cfg.get("sampler", "static") == "engine":
+        if pol.sampler == "engine":
             out = sampling.generate_engine(weights, cfg, rows_ids, num_slots=sampling.engine_slots(
-                pol_cfg.rollout_micro_batch, len(rows_ids), ctx.mesh), **kw)
+                pol.rollout_micro_batch, len(rows_ids), ctx.mesh), **kw)
         else:
-            out = sampling.generate_chunked(weights, cfg, rows_ids, pol_cfg.rollout_micro_batch,
-                                            cache_segments=pol_cfg.cache_segments, **kw)
+            out = sampling.generate_chunked(weights, cfg, rows_ids, pol.rollout_micro_batch,
+                                            cache_segments=pol.cache_segments, **kw)
     # Rows b*K .. b*K+K-1 answer prompt b, so b is their GRPO group id (METHOD 11: by id).
     out = out.replace(group_ids=np.repeat(np.arange(block.start, block.stop, dtype=np.int32), k))
     texts = decode(model.tokenizer, out, set(stop.tolist()))
@@ -203,7 +203,7 @@ def _responses_and_rubrics(ctx: Context, key, items, num_lists: int, temperature
     """K policy responses per item (prompt or anchor example), then num_lists rubric lists
     per (x, C) from the current generator: (Rollout, K texts per item, RubricBatch). The
     key splits into the sampling key and the rubric key (the same split in every phase)."""
-    k = ctx.config.policy.num_responses
+    k = ctx.settings.policy.num_responses
     k_resp, k_rub = jax.random.split(key)
     prompts = [x.prompt for x in items]
     hists = [list(x.history) for x in items]
@@ -222,11 +222,11 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     `rl.generator_rewards` (R_disc on C, R_anchor on the anchor list, Eq. 13, 15), and the
     advantage sum_n w_n A_n of their group-normalised advantages (Eq. 24-25; the paper's
     A_disc + lambda A_anchor), with the weights of `config.variant`."""
-    config, gen_cfg = ctx.config, ctx.config.generator
+    st, gen = ctx.settings, ctx.settings.generator
     timer = Timer()
-    k = config.policy.num_responses
-    _, sets, rb = _responses_and_rubrics(ctx, key, anchors, gen_cfg.num_lists,
-                                         gen_cfg.temperature, False, timer)
+    k = st.policy.num_responses
+    _, sets, rb = _responses_and_rubrics(ctx, key, anchors, gen.num_lists, gen.temperature,
+                                         False, timer)
     b, g, m = rb.weights.shape
     anchor_sizes = np.array([len(a.responses) for a in anchors])  # A of each input (ragged)
     a_max = int(anchor_sizes.max())
@@ -253,7 +253,7 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
     verdicts_c = gather_items(inputs.verdicts)                               # [B, G, K, M]
     # Row b * G + g: list g of input b (METHOD 11: by id), over the whole batch.
     ids = np.repeat(np.arange(b, dtype=np.int32), g)
-    weights = ctx.settings.generator_weights
+    weights = gen.weights
     adv, flats = adv_lib.generator_advantages_by_id(
         {name: r.reshape(-1) for name, r in values.items()}, weights, ids, b)
     adv = np.asarray(adv)  # [B * G], every input's lists
@@ -267,7 +267,7 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
         **verifier_moe_metrics(vstats))
     if _checks_world(ctx):  # METHOD 13: gold of the samples, the lists' constraint recovery
         truth = _true_checks(ctx, anchors)
-        metrics.update(**gold_metrics(truth, sets, loose=config.verifier.loose),
+        metrics.update(**gold_metrics(truth, sets, loose=st.verifier.loose),
                        **constraint_metrics([t for lists in rb.texts for t in lists],
                                             rb.item_mask.reshape(b * g, m),
                                             [t for t in truth for _ in range(g)]),
@@ -279,13 +279,13 @@ def generator_rollout(ctx: Context, key, anchors) -> PhaseStep:
 def policy_rollout(ctx: Context, key, items) -> PhaseStep:
     """Algorithm 1, policy update: K responses per prompt, one rubric list from the fixed
     generator (prompt-only for the `static` variant), scores E (Eq. 12), group advantages
-    (Eq. 21) by prompt id."""
-    config = ctx.config
+    (Eq. 21) by prompt id. The lists are decoded at the list temperature
+    (config.policy.rubric_temperature)."""
+    st = ctx.settings
     timer = Timer()
-    k = config.policy.num_responses
-    rollout, sets, rb = _responses_and_rubrics(ctx, key, items, 1,
-                                               config.policy.rubric_temperature,
-                                               config.variant == "static", timer)
+    k = st.policy.num_responses
+    rollout, sets, rb = _responses_and_rubrics(ctx, key, items, 1, st.policy.rubric_temperature,
+                                               st.variant == "static", timer)
     prompts = [x.prompt for x in items]
     hists = [list(x.history) for x in items]
     responses = [y for cs in sets for y in cs]  # B*K, grouped by prompt
@@ -310,7 +310,7 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
         **verifier_moe_metrics(vstats))
     if _checks_world(ctx):  # METHOD 13: gold beside the proxy score trained on
         truth = _true_checks(ctx, items)
-        metrics.update(**gold_metrics(truth, sets, scores, config.verifier.loose),
+        metrics.update(**gold_metrics(truth, sets, scores, st.verifier.loose),
                        **constraint_metrics([lists[0] for lists in rb.texts], rb.item_mask[:, 0],
                                             truth),
                        **item_rate_metrics(rb.counters))
@@ -323,7 +323,7 @@ def policy_rollout(ctx: Context, key, items) -> PhaseStep:
          "verdicts": [[round(float(x), 3) for x, on in zip(v[i, j], rb.item_mask[i, 0])
                        if on] for j in range(k)],
          "scores": [float(s) for s in scores[i]], "valid": bool(rb.list_valid[i, 0])}
-        for i in range(min(b, config.log.trace_prompts))]
+        for i in range(min(b, st.log.trace_prompts))]
     return PhaseStep(rollout, process_part(adv, rollout, k),
                      train_step.live_rows(rollout.group_ids, flat), metrics, timer, trace)
 
@@ -333,7 +333,7 @@ def rule_policy_rollout(ctx: Context, key, items,
     """Plain GRPO baseline: the same sampling as `policy_rollout`, with a cheap rule reward
     `reward_fn(prompt_item, response) -> float` instead of rubrics (Eq. 21 advantages)."""
     timer = Timer()
-    k = ctx.config.policy.num_responses
+    k = ctx.settings.policy.num_responses
     rollout, responses = sample_responses(
         ctx, key, [x.prompt for x in items], [list(x.history) for x in items], k, timer)
     with timer("reward"):
@@ -346,14 +346,14 @@ def rule_policy_rollout(ctx: Context, key, items,
                                             len(items))
     trace = [{"prompt": items[i].prompt, "responses": responses[i * k:(i + 1) * k],
               "scores": [float(s) for s in scores[i * k:(i + 1) * k]]}
-             for i in range(min(len(items), ctx.config.log.trace_prompts))]
+             for i in range(min(len(items), ctx.settings.log.trace_prompts))]
     return PhaseStep(rollout, process_part(adv, rollout, k),
                      train_step.live_rows(rollout.group_ids, flat), metrics, timer, trace)
 
 
 def _checks_world(ctx: Context) -> bool:
     """Whether items are checks (`config.verifier.kind = "checks"`, METHOD 13)."""
-    return ctx.config.verifier.get("kind", "llm") == "checks"
+    return ctx.settings.verifier.kind == "checks"
 
 
 def _true_checks(ctx: Context, items) -> list:

@@ -44,7 +44,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -55,16 +54,15 @@ from drubric_jax.models import lora
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.models.rollout import rollout_copy
 from drubric_jax.rl.train_config import TrainConfig
-from drubric_jax.rounds.settings import RunSettings
-from drubric_jax.rounds.settings import read as read_settings
+from drubric_jax.rounds.settings_types import LoraSettings, RunSettings
 from drubric_jax.types import Role
 
 
 # The sources half (which models load, which roles train) lives in `model_sources`;
 # re-exported here, where the memory planner, the experiments and the tests import it.
 from drubric_jax.rounds.model_sources import (LoadedModel, check_model_sources,  # noqa: E402,F401
-                                              generator_used, load_models, trains,
-                                              verifier_model_used)
+                                              generator_used, load_models, load_sources,
+                                              source_fields, trains, verifier_model_used)
 
 ROLE_KEYS = {Role.POLICY: 1, Role.GENERATOR: 2}  # fold_in of the seed for adapter inits
 
@@ -154,11 +152,13 @@ class FrozenRole:
         return self.model.params
 
 
-def trainee_config(model: LoadedModel, config: ml_collections.ConfigDict) -> ModelConfig:
-    """The trainee's ModelConfig: the source's, trained in the master dtype, with LoRA."""
-    lo = config.lora
-    return model.cfg.replace(param_dtype=config.model.master_dtype, lora_rank=int(lo.rank),
-                             lora_alpha=float(lo.alpha), lora_targets=tuple(lo.targets))
+def trainee_config(model: LoadedModel, lora_settings: LoraSettings,
+                   master_dtype: str) -> ModelConfig:
+    """The trainee's ModelConfig: the source's, trained in `master_dtype`
+    (config.model.master_dtype), with the adapters of `lora_settings` (config.lora.*)."""
+    return model.cfg.replace(param_dtype=master_dtype, lora_rank=lora_settings.rank,
+                             lora_alpha=lora_settings.alpha,
+                             lora_targets=tuple(lora_settings.targets))
 
 
 def make_trainee(role: Role, model: LoadedModel, cfg: ModelConfig, train_config: TrainConfig,
@@ -292,32 +292,34 @@ class Roles:
         hostmem.release_free_memory()
 
 
-def build_roles(config: ml_collections.ConfigDict, mesh,
-                run_settings: Optional[RunSettings] = None) -> Roles:
-    """Loads every model source once and builds the roles of `config` on `mesh`, each
-    trainee with its TrainConfig of `run_settings` (`rounds.settings.read(config)` when not
-    given).
+def build_roles(run_settings: RunSettings, mesh) -> Roles:
+    """Loads every model source once and builds the roles of `run_settings` on `mesh`: a
+    role that trains (`run_settings.roles`) becomes a Trainee with its TrainConfig
+    (`policy.train`, `generator.train`), one that never does a FrozenRole; the generator
+    and the verifier model are loaded only where the run reads them.
 
     Raises:
-        config_check.ConfigError: a bad trainer field (named).
+        whatever `model_sources.load_sources` raises (naming the config.model fields).
     """
-    run_settings = run_settings or read_settings(config)
-    loaded = load_models(config, mesh)
-    policy_tc, generator_tc = run_settings.policy_train, run_settings.generator_train
+    s, use = run_settings, run_settings.roles
+    loaded_roles = (("policy",) + (("generator",) if use.generator_loaded else ())
+                    + (("verifier",) if use.verifier_loaded else ()))
+    loaded = load_sources(source_fields({r: getattr(s.model, r) for r in loaded_roles}),
+                          s.model.dtype, s.seed, mesh)
 
-    def build(role: Role, source: str, train_config: TrainConfig):
+    def build(role: Role, source: str, trains_here: bool, train_config: TrainConfig):
         # A role that never trains gets no master copy and no AdamW moments (`trains`).
         model = loaded[source]
-        if not trains(config, role):
+        if not trains_here:
             return FrozenRole(role, model)
-        return make_trainee(role, model, trainee_config(model, config), train_config, mesh,
-                            config.seed)
+        return make_trainee(role, model, trainee_config(model, s.lora, s.model.master_dtype),
+                            train_config, mesh, s.seed)
 
     return Roles(
-        policy=build(Role.POLICY, config.model.policy, policy_tc),
-        generator=(build(Role.GENERATOR, config.model.generator, generator_tc)
-                   if generator_used(config) else None),
-        verifier=loaded[config.model.verifier] if verifier_model_used(config) else None)
+        policy=build(Role.POLICY, s.model.policy, use.policy_trains, s.policy.train),
+        generator=(build(Role.GENERATOR, s.model.generator, use.generator_trains,
+                         s.generator.train) if use.generator_loaded else None),
+        verifier=loaded[s.model.verifier] if use.verifier_loaded else None)
 
 
 def role_memory(roles: Roles) -> dict:

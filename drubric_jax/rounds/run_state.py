@@ -3,10 +3,11 @@ re-exports these names).
 
     LoopState       where the loop is (round, phase, step, global step): in every
                     checkpoint's meta
-    Run             everything one run holds: config, context, data iterators, checkpointer,
-                    metrics writer
-    setup           validates the config, checks the data (world v2: no constraint cut from
-                    a role's input) before any weights load, loads the models, opens outputs
+    Run             everything one run holds: settings, context, data iterators,
+                    checkpointer, metrics writer
+    setup           validates the config, reads it once (`rounds.settings`; settings.json),
+                    checks the data (world v2: no constraint cut from a role's input)
+                    before any weights load, loads the models, opens outputs
     save / restore  the trainees' states (only the roles that train) and the loop meta
     phase_key       the key of (round, phase, step): a resumed run draws the same keys
 
@@ -53,9 +54,10 @@ def phase_key(seed: int, round_: int, phase: str, step: int) -> jax.Array:
 
 @dataclasses.dataclass
 class Run:
-    """Everything one run holds; the functions of this module act on it."""
+    """Everything one run holds; the functions of this module act on it. `settings` is the
+    run config read once (`rounds.settings.read`); the run keeps no ConfigDict."""
 
-    config: ml_collections.ConfigDict
+    settings: settings.RunSettings
     workdir: str
     ctx: context.Context
     data: data.LoadedData
@@ -74,55 +76,62 @@ class Run:
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
-    """Validates the config, reads the data, loads the models, opens the outputs.
+    """Validates the config, reads it once into the run's settings, reads the data, loads
+    the models, opens the outputs.
 
-    Data errors come before any weights are loaded.
+    `settings.read(config)` is the last read of the ConfigDict: everything after it (the
+    data, the roles, the context, the checkpointer, the loop) reads the settings. The
+    workdir gets config.json (the config as given) and settings.json (the settings,
+    flattened: `settings.flatten`, so a report can diff arms). Data errors come before any
+    weights are loaded.
 
     Raises:
         config_check.ConfigError: a bad config field (named).
         ValueError / FileNotFoundError: bad data (file, line and field named).
     """
     config_check.validate(config, jax.device_count(), jax.process_count())
+    check_model_sources(config)  # every model path exists: seconds, not after a load
+    # The config this invocation runs with, overrides included (a resumed run rewrites it).
+    config_json = json.loads(config.to_json_best_effort())
+    s = settings.read(config)  # the config read once: nothing below reads `config`
     hostmem.configure_malloc()  # CPU: large freed buffers go back to the kernel
-    compilation.enable_persistent_cache(config.compile.cache_dir)
+    compilation.enable_persistent_cache(s.compile.cache_dir)
     # Each step's seconds_compile metric reads this clock.
     compilation.CompileClock.install()
-    c = config
-    check_model_sources(c)  # every model path exists: seconds, not after a load
-    run_settings = settings.read(c)  # the config read once into what rl/ and data/ take
-    data.check_data_sources(run_settings.data)  # every file parses, before any weights load
+    data.check_data_sources(s.data)  # every file parses, before any weights load
     # Only now: a run refused for its models or data leaves no empty workdir behind.
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    # The config this invocation runs with, overrides included (a resumed run rewrites it);
-    # after the checks, so a run refused for its data writes no config.json.
-    _write_json(epath.Path(workdir) / "config.json", json.loads(config.to_json_best_effort()))
+    # After the checks, so a run refused for its data writes neither file.
+    _write_json(epath.Path(workdir) / "config.json", config_json)
+    _write_json(epath.Path(workdir) / settings.SETTINGS_FILE, settings.flatten(s))
     # Every process reads whole global batches (the iterators' defaults, host 0 of 1): the
     # rows of a batch are a global value, as `parallel.put` expects.
-    loaded = data.load_data(run_settings.data)
+    loaded = data.load_data(s.data)
     # World v2 (data.refuse_cut_constraints): no row whose constraints a role's input
     # budget would cut; checked with the tokenizer alone, before any weights load.
-    check_config_rows(c, loaded.prompts, [a for a in loaded.train_anchors],
-                      where=", ".join(c.data.prompt_paths) or "config.data")
-    gold_items = gold_curve.load_items(c)  # the gold curve's held-out prompts, checked now
+    check_config_rows(s, loaded.prompts, [a for a in loaded.train_anchors],
+                      where=", ".join(s.data.prompt_paths) or "config.data")
+    # The gold curve's held-out prompts (and, under data.require_splits, their split), now.
+    gold_items = gold_curve.load_items(s.rounds, s.data.require_splits)
     # mesh.num_devices = 0 keeps every device (the slice [:None]).
-    mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor,
-                              jax.devices()[:c.mesh.num_devices or None])
-    roles = build_roles(c, mesh, run_settings)
+    mesh = parallel.make_mesh(s.mesh.data, s.mesh.fsdp, s.mesh.tensor,
+                              jax.devices()[:s.mesh.num_devices or None])
+    roles = build_roles(s, mesh)
     return Run(
-        config=c, workdir=workdir, data=loaded,
-        ctx=context.Context.build(c, roles, mesh, loaded.prompts, run_settings),
+        settings=s, workdir=workdir, data=loaded,
+        ctx=context.Context.build(s, roles, mesh, loaded.prompts),
         # None when the run reads no anchor list (`config_check.uses_anchors`: no generator
         # trains and no held-out Delta_gap, e.g. the gold arm).
         anchor_iter=None if not loaded.train_anchors else data.EpochIterator(
-            loaded.train_anchors, c.generator.anchors_per_step, c.seed, name="anchors"),
+            loaded.train_anchors, s.generator.anchors_per_step, s.seed, name="anchors"),
         # seed + 1: the prompt order is shuffled independently of the anchor order.
-        prompt_iter=data.EpochIterator(loaded.prompts, c.policy.prompts_per_step, c.seed + 1,
+        prompt_iter=data.EpochIterator(loaded.prompts, s.policy.prompts_per_step, s.seed + 1,
                                        name="prompts"),
         # Synchronous saves: an async save keeps a host copy of both trainees' params and
         # AdamW moments alive during the next step (3.2 GB for SmolLM2 in float32).
         ckpt=ckpt_lib.Checkpointer(epath.Path(workdir) / "checkpoints",
-                                   max_to_keep=c.checkpoint.max_to_keep, async_save=False),
-        writer=run_logging.MetricsWriter(workdir, tensorboard=c.log.tensorboard,
+                                   max_to_keep=s.checkpoint.max_to_keep, async_save=False),
+        writer=run_logging.MetricsWriter(workdir, tensorboard=s.log.tensorboard,
                                          enabled=is_primary()),
         gold_items=gold_items)
 
@@ -157,7 +166,7 @@ def save(run: Run) -> None:
     state = {t.role.value: t.resident_state() for t in trainees}
     meta = {"loop": dataclasses.asdict(run.loop),
             "anchor_iter": None if run.anchor_iter is None else run.anchor_iter.state(),
-            "prompt_iter": run.prompt_iter.state(), "seed": int(run.config.seed),
+            "prompt_iter": run.prompt_iter.state(), "seed": run.settings.seed,
             "data_fingerprint": run.data.fingerprint, "trace": run.last_trace,
             "trainees": [t.role.value for t in trainees]}
     run.ckpt.save(run.loop.global_step, state, meta, force=True)
@@ -240,12 +249,13 @@ def _check_same_data(run: Run, saved: Optional[dict], step: int) -> None:
     message = (f"{run.workdir}: checkpoint {step} was trained on other data (files and "
                f"rows then: {was}; now: {now}; content hashes differ). Resume anyway with "
                "--config.checkpoint.allow_data_change=True, or use a new workdir.")
-    if not run.config.checkpoint.allow_data_change:
+    if not run.settings.checkpoint.allow_data_change:
         raise ValueError(message)
     logging.warning("%s (allowed by config.checkpoint.allow_data_change)", message)
 
 
-def check_config_rows(config, prompts, anchors=(), where: str = "") -> Optional[dict]:
+def check_config_rows(run_settings: settings.RunSettings, prompts, anchors=(),
+                      where: str = "") -> Optional[dict]:
     """`check_rows_fit` of a run's prompt rows (and anchor lists' prompts) with its budgets:
     `policy.max_prompt_tokens`; the generator's `input_budget` with K = policy.num_responses
     responses of policy.max_new_tokens tokens, its list naming `generator.check_pool`
@@ -255,23 +265,24 @@ def check_config_rows(config, prompts, anchors=(), where: str = "") -> Optional[
     Raises:
         ValueError: as `check_rows_fit`, naming `where` (the data files' config field).
     """
-    if not config.data.get("refuse_cut_constraints", False):
+    s = run_settings
+    if not s.world.refuse_cut_constraints:
         return None
     from drubric_jax.checks.fit import check_rows_fit, generator_render
     from drubric_jax.checks.schema import check_lines
     from drubric_jax.checks.table import SCORABLE_CHECKS
     from drubric_jax.models import load_tokenizer
 
-    tok = load_tokenizer(config.model.policy)
+    tok = load_tokenizer(s.model.policy)
     gen = None
-    if config.policy.reward == "rubric" or config.rounds.generator_steps > 0:
-        pool = tuple(config.generator.get("check_pool", ())) or SCORABLE_CHECKS
-        gen = {"k": int(config.policy.num_responses),
-               "response_tokens": int(config.policy.max_new_tokens),
-               "budget": int(config.generator.input_budget),
-               "render": generator_render(tok, check_lines(pool), int(config.generator.max_items)),
-               "keep_prompt": bool(config.generator.get("keep_prompt", False))}
+    p, g = s.policy, s.generator
+    if p.reward == "rubric" or s.rounds.generator_steps > 0:
+        pool = g.check_pool or SCORABLE_CHECKS
+        gen = {"k": p.num_responses, "response_tokens": p.max_new_tokens,
+               "budget": g.input_budget,
+               "render": generator_render(tok, check_lines(pool), g.max_items),
+               "keep_prompt": g.keep_prompt}
     out = check_rows_fit(list(prompts) + list(anchors), tok,
-                         policy_budget=int(config.policy.max_prompt_tokens), generator=gen,
+                         policy_budget=p.max_prompt_tokens, generator=gen,
                          where=where or "config.data.prompt_paths")
     return out

@@ -135,7 +135,7 @@ def _examples(config, tokenizer, generator, rows, heldout):
     s = config.sft
     examples = sft_examples(rows, heldout, np.random.default_rng((int(config.seed), 0)),
                             pairs_per_prompt=int(s.pairs_per_prompt),
-                            pool=tuple(config.generator.get("check_pool", ())),
+                            pool=tuple(config.generator.check_pool),
                             where=s.train_anchors)
     stop = int(tok_lib.stop_ids(tokenizer)[0])
     inputs, targets = [], []
@@ -197,11 +197,18 @@ def run_sft(config, workdir: str) -> dict:
     from drubric_jax.rounds.checkpoint import Checkpointer
     from drubric_jax.rounds.run_logging import MetricsWriter, add_wall_time, read_metrics
 
-    s, g = config.sft, config.generator
+    from drubric_jax.rounds.roles import trainee_config
+    from drubric_jax.rounds.model_sources import LoadedModel
+    from drubric_jax.rounds.settings import read as read_settings
+
+    s = config.sft
     check_sft_config(s)
+    # The run config's fields (model, lora, generator, seed, log, data) read once.
+    st = read_settings(config)
+    g = st.generator
     for field in ("train_anchors", "heldout_prompts", "eval_anchors"):
         if not os.path.exists(s[field]):
-            build = config.data.get("checks_build", "")
+            build = st.data.checks_build
             raise FileNotFoundError(
                 f"config.sft.{field}: no such file {s[field]}" + (
                     "\nBuild the checks world's files first (from the repository root):\n  "
@@ -216,18 +223,16 @@ def run_sft(config, workdir: str) -> dict:
     rows, heldout, eval_rows = read_sft_rows(s)  # each file its split, before any weight
     os.makedirs(workdir, exist_ok=True)
     t_start = time.perf_counter()
-    cfg, base, tokenizer = models.load_model(config.model.generator, config.model.dtype)
-    if int(config.lora.rank) < 1:
+    if st.lora.rank < 1:
         raise ValueError("config.lora.rank: the warm start trains LoRA adapters (rank >= 1)")
-    tcfg = cfg.replace(param_dtype=config.model.master_dtype, lora_rank=int(config.lora.rank),
-                       lora_alpha=float(config.lora.alpha),
-                       lora_targets=tuple(config.lora.targets))
+    cfg, base, tokenizer = models.load_model(st.model.generator, st.model.dtype)
+    tcfg = trainee_config(LoadedModel(st.model.generator, cfg, base, tokenizer), st.lora,
+                          st.model.master_dtype)
     generator = RubricGenerator(
         tcfg, tokenizer, max_items=g.max_items, max_item_chars=g.max_item_chars,
         max_new_tokens=g.max_new_tokens, input_budget=g.input_budget,
         rows_per_call=int(s.eval_batch), per_row_keys=True,
-        fmt=get_format("checks", tuple(g.get("check_pool", ()))),
-        keep_prompt=bool(g.get("keep_prompt", False)))
+        fmt=get_format("checks", g.check_pool), keep_prompt=g.keep_prompt)
     examples, inputs, targets = _examples(config, tokenizer, generator, rows, heldout)
     batch = int(s.batch)
     steps_per_epoch = len(examples) // batch
@@ -243,7 +248,7 @@ def run_sft(config, workdir: str) -> dict:
                             micro_batch_size=batch, logits_chunk=int(s.logits_chunk),
                             remat=bool(s.remat), temperature=1.0)
     optimizer, step_fn = sft.make_sft_step(tcfg, train_cfg)
-    key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), SFT_ROLE_KEY)
+    key = jax.random.fold_in(jax.random.PRNGKey(st.seed), SFT_ROLE_KEY)
     adapters = trainable_init(tcfg, key, base)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=adapters,
                        opt_state=optimizer.init(adapters))
@@ -262,7 +267,7 @@ def run_sft(config, workdir: str) -> dict:
         with open(rec_path, encoding="utf-8") as f:
             evals = [json.loads(line) for line in f if line.strip()]
     writer = MetricsWriter(workdir, tensorboard=False)
-    eval_key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), 1)
+    eval_key = jax.random.fold_in(jax.random.PRNGKey(st.seed), 1)
     # The running epoch's losses so far (a resumed stage reads those it logged).
     metrics_path = os.path.join(workdir, "metrics.jsonl")
     logged = {r["step"]: r for r in (read_metrics(metrics_path)
@@ -291,12 +296,12 @@ def run_sft(config, workdir: str) -> dict:
 
     evaluate(0, 0)
     bar = tqdm(total=total, initial=done, desc="G_sft", unit="step",
-               disable=not config.log.progress)
+               disable=not st.log.progress)
     try:
         while done < total:
             epoch, k = divmod(done, steps_per_epoch)
             # The epoch's order: a function of (seed, epoch) only, so a resume redraws it.
-            order = np.random.default_rng((int(config.seed), 1, epoch)).permutation(
+            order = np.random.default_rng((st.seed, 1, epoch)).permutation(
                 len(examples))
             idx = order[k * batch:(k + 1) * batch]
             b = sft.pack_batch([inputs[i] for i in idx], [targets[i] for i in idx],
