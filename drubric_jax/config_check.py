@@ -59,7 +59,7 @@ def uses_anchors(config) -> bool:
     other than static, generator_rounds != 0) or it evaluates Delta_gap on held-out lists."""
     r = config.rounds
     trains = (r.generator_steps > 0 and config.variant != "static"
-              and r.get("generator_rounds", -1) != 0)
+              and r.generator_rounds != 0)
     return bool(trains or r.heldout_eval)
 
 
@@ -109,22 +109,22 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(isinstance(c.rounds.heldout_eval, bool), "rounds.heldout_eval", "must be True or False")
     need(c.rounds.generator_rounds >= -1, "rounds.generator_rounds",
          "must be -1 (every round) or >= 0")
-    need(c.rounds.get("heldout_gold_every", 0) >= 0, "rounds.heldout_gold_every",
+    need(c.rounds.heldout_gold_every >= 0, "rounds.heldout_gold_every",
          "must be >= 0 (0 = no held-out gold curve)")
-    need(c.rounds.get("heldout_gold_rows", 0) >= 0, "rounds.heldout_gold_rows",
+    need(c.rounds.heldout_gold_rows >= 0, "rounds.heldout_gold_rows",
          "must be >= 0 (0 = every row)")
-    need(not c.rounds.get("heldout_gold_every", 0) or bool(c.rounds.heldout_gold_path),
+    need(not c.rounds.heldout_gold_every or bool(c.rounds.heldout_gold_path),
          "rounds.heldout_gold_path", "needed when rounds.heldout_gold_every > 0")
     from drubric_jax.data.splits import SPLITS
     need(c.rounds.get("heldout_gold_split", "") in ("",) + SPLITS, "rounds.heldout_gold_split",
          f"must be one of {SPLITS} or '' (any split), got "
          f"{c.rounds.get('heldout_gold_split', '')!r}")
     p, g = c.policy, c.generator
-    pool = tuple(g.get("check_pool", ()))
+    pool = tuple(g.check_pool)
     # An unknown verifier kind is reported by its own check below, not as the pool's.
-    if pool and c.verifier.get("kind", "llm") in VERIFIER_KINDS:
+    if pool and c.verifier.kind in VERIFIER_KINDS:
         from drubric_jax.checks.table import SCORABLE_CHECKS
-        need(c.verifier.get("kind", "llm") == "checks", "generator.check_pool",
+        need(c.verifier.kind == "checks", "generator.check_pool",
              "applies to verifier.kind='checks' only")
         need(set(pool) <= set(SCORABLE_CHECKS), "generator.check_pool",
              f"{sorted(set(pool) - set(SCORABLE_CHECKS))} are not scorable check ids")
@@ -137,10 +137,10 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(p.rubric_temperature >= 0, "policy.rubric_temperature", "must be >= 0")
     need(p.heldout_temperature >= 0, "policy.heldout_temperature", "must be >= 0")
     for node, field in ((p, "policy"), (g, "generator")):
-        need(node.get("sampler", "static") in SAMPLERS, f"{field}.sampler",
-             f"{node.get('sampler')!r} not in {SAMPLERS} (sampling.SAMPLERS)")
+        need(node.sampler in SAMPLERS, f"{field}.sampler",
+             f"{node.sampler!r} not in {SAMPLERS} (sampling.SAMPLERS)")
         try:
-            parse_lengths(node.get("response_lengths", ""), node.max_new_tokens)
+            parse_lengths(node.response_lengths, node.max_new_tokens)
         except ValueError as e:
             need(False, f"{field}.response_lengths", str(e))
     rewards = rule_rewards.reward_names()

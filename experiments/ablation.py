@@ -123,10 +123,10 @@ def main(argv):
         "kind": "ablation", "command": command, "wall_s": wall, "seed": int(c.seed),
         "baseline": e.baseline, "variants": variants, "heldout_ids": per[e.baseline]["ids"],
         "generator_steps": int(c.rounds.generator_steps), "eval_lists": int(e.eval_lists),
-        "heldout_paths": list(c.data.get("heldout_anchor_paths", ()) or ()),
+        "heldout_paths": list(c.data.heldout_anchor_paths),
         **summary}, indent=2)
     summary["seed"] = int(c.seed)
-    summary["heldout_paths"] = list(c.data.get("heldout_anchor_paths", ()) or ())
+    summary["heldout_paths"] = list(c.data.heldout_anchor_paths)
     table = ablation.markdown_table(summary, command, wall, ablation.heldout_note(summary))
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)

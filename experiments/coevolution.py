@@ -64,7 +64,7 @@ def branch(src: str, dst: str) -> None:
 
 def checks_world(c) -> bool:
     """Whether the run is in the checks world (METHOD 13): gold scores replace win rates."""
-    return c.verifier.get("kind", "llm") == "checks"
+    return c.verifier.kind == "checks"
 
 
 def eval_rows(c) -> list:
@@ -216,7 +216,7 @@ def check_evaluation(c) -> str:
         if c.rounds.num_rounds < 2:
             raise ValueError(f"config.rounds.num_rounds: {c.rounds.num_rounds} < 2 (round 0, "
                              "then the arms' rounds)")
-        if not c.rounds.get("heldout_gold_every", 0) or not c.rounds.policy_steps:
+        if not c.rounds.heldout_gold_every or not c.rounds.policy_steps:
             raise ValueError("config.rounds.heldout_gold_every and rounds.policy_steps must be "
                              "> 0 with experiment.evaluation = 'rounds' (the gold curve is "
                              "its evaluation)")

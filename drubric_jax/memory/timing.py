@@ -196,12 +196,12 @@ def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices
         rows = prompts * k
         out += _sampling(phase, "policy sampling", pol, rows, p.max_prompt_tokens,
                          p.max_new_tokens, p.rollout_micro_batch, devices, tensor, target,
-                         p.get("cache_segments", 0), p.get("sampler", "static"),
-                         p.get("response_lengths", ""), k)
+                         p.cache_segments, p.sampler,
+                         p.response_lengths, k)
         out += _sampling(phase, "rubric sampling", gen, gen_lists, g.input_budget,
                          g.max_new_tokens, g.rollout_micro_batch, devices, tensor, target,
-                         g.get("cache_segments", 0), g.get("sampler", "static"),
-                         g.get("response_lengths", ""))
+                         g.cache_segments, g.sampler,
+                         g.response_lengths)
         # Items per prefix: every list of the prefix's prompt (G in the generator step).
         per_prefix = items * (lists if phase == "generator step" else 1)
         out.append(_verification(phase, ver, verified, v.max_prefix_tokens,
@@ -244,7 +244,7 @@ def table(config, times: list, target: Target, devices: int) -> str:
     lines.append(f"{label:<80}{rr / 3600:>12.2f}{re_ / 3600:>12.2f}")
     p = config.policy
     # Responses at their lengths' mean when the config gives them (else all N).
-    points = parse_lengths(p.get("response_lengths", ""), p.max_new_tokens)
+    points = parse_lengths(p.response_lengths, p.max_new_tokens)
     rows = p.prompts_per_step * p.num_responses
     response = (float(row_lengths(points, rows).mean()) if points else p.max_new_tokens)
     tokens = rows * (p.max_prompt_tokens + response)

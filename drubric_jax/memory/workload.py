@@ -39,10 +39,10 @@ class Workload:
     verifier_suffix: int  # suffix bucket
     verifier_rows: int    # prefixes per verifier pass
     verifier_items: int   # items per suffix pass
-    policy_segments: int = 0  # config.policy.cache_segments (0 = auto)
-    rubric_segments: int = 0  # config.generator.cache_segments
-    policy_sampler: str = "static"  # config.policy.sampler: "static" | "engine"
-    rubric_sampler: str = "static"  # config.generator.sampler
+    policy_segments: int  # config.policy.cache_segments (0 = auto)
+    rubric_segments: int  # config.generator.cache_segments
+    policy_sampler: str   # config.policy.sampler: "static" | "engine"
+    rubric_sampler: str   # config.generator.sampler
     # Rows of a group that shares a prefix (the grouped update's R, `train_step.GroupBatch`):
     # a prompt's K answers, an input's G lists; 0 = rows planned one by one.
     policy_group: int = 0
@@ -65,9 +65,8 @@ class Workload:
                    bucket_length(p.max_prompt_tokens, p.min_prompt_bucket), p.max_new_tokens,
                    g.anchors_per_step * g.num_lists, p.prompts_per_step,
                    bucket_length(g.input_budget, gen_bucket), g.max_new_tokens,
-                   prefix, suffix, rows, items, p.get("cache_segments", 0),
-                   g.get("cache_segments", 0), p.get("sampler", "static"),
-                   g.get("sampler", "static"), p.num_responses, g.num_lists)
+                   prefix, suffix, rows, items, p.cache_segments, g.cache_segments,
+                   p.sampler, g.sampler, p.num_responses, g.num_lists)
 
     def update(self, role: str) -> tuple:
         """(rows R, prompt bucket P, new tokens N, rows a group) of `role`'s update."""
