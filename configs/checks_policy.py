@@ -12,12 +12,18 @@ Arms (`drubric_jax.evaluation.checks_policy.ARMS`), each from P_0 with the same 
     oracle          config.policy.reward = "checks_oracle": Eq. 12 of the prompt's true
                     checks as a rubric list of equal weights (the rubric reward's upper bound)
     rubric_sft      config.policy.reward = "rubric" with `experiment.sft_generator` (G_sft,
-                    the export of experiments.sft_generator), its lists greedy
+                    the export of experiments.sft_generator)
     rubric_g0       config.policy.reward = "rubric" with the untrained generator G_0
     rubric_trained  the same with `experiment.trained_generator` (a Hugging Face directory,
                     e.g. the export/generator of a generator-only run on the anchor lists;
                     `{seed}` in it is each run's seed, so seed S can read the generator
                     that experiments.ablation's seed S trained)
+The arms differ only in their reward (METHOD 15): config.policy.reward and, for a rubric
+arm, config.model.generator. Every other setting is the experiment's, the list temperature
+included: `experiment.list_temperature` (default `LIST_TEMPERATURE`, 0 = greedy) is the
+config.policy.rubric_temperature of every arm (`arm_config`; no arm overrides it; the gold
+and oracle arms load no generator and leave it unread), and the experiment's setup line
+prints it. Each arm's run writes its resolved settings to settings.json in its directory.
 The checks world's files come from `checks_dir` (configs/checks_world.py `checks_world`);
 held-out prompts are its heldout.jsonl, never trained on.
 Switches after ':': scale=smollm2_cpu (default) | qwen3_8b, tiny, checks_dir=DIR,
@@ -40,6 +46,11 @@ from configs.base import checks_experiment_base
 
 # World v2's gold-arm schedule (results/checks_world_v2/sweep.md chose it).
 V2_PROMPTS_PER_STEP, V2_POLICY_STEPS = 2, 20
+# The list temperature of every rubric arm (experiment.list_temperature's default; also
+# the co-evolution's policy reward lists, configs/coevolution.py): greedy, as G_sft's
+# held-out recovery was measured (configs/sft_generator.py sft.eval_temperature). To be
+# chosen on the development split; a second level is a factor of its own (METHOD 15).
+LIST_TEMPERATURE = 0.0
 
 
 def get_config(arg: str = ""):
@@ -56,6 +67,7 @@ def get_config(arg: str = ""):
         trained_generator="",   # model.generator of the rubric_trained arm (an HF directory;
                                 # `{seed}` in it is filled with each run's seed)
         sft_generator="",       # model.generator of the rubric_sft arm (G_sft's export)
+        list_temperature=LIST_TEMPERATURE,  # every rubric arm's lists (0 = greedy)
         heldout_rows=0,         # held-out prompts answered (0 = all of heldout.jsonl)
         eval_samples=0,         # held-out answers per prompt at the temperature (0 = greedy only)
         eval_batch=32,          # held-out prompts per sampler call
@@ -112,7 +124,11 @@ def get_sweep(hyper=None):
 
 
 def arm_config(c, arm: str, seed: int | None = None):
-    """The loop config of one arm (configs/checks_policy.py).
+    """The loop config of one arm (configs/checks_policy.py): the experiment's run config
+    with the arm's reward (config.policy.reward; a rubric arm's generator in
+    config.model.generator), its policy steps, and the experiment's list temperature as
+    config.policy.rubric_temperature (every arm alike). Nothing else differs between arms
+    (tests/test_settings.py::test_arms_differ_only_in_their_reward).
 
     Args:
         c: the experiment config (`get_config`).
@@ -149,9 +165,7 @@ def arm_config(c, arm: str, seed: int | None = None):
             raise ValueError(f"config.experiment.{field}: the {arm} arm needs a Hugging Face "
                              f"directory of a generator, got {path!r}")
         cfg.model.generator = os.path.abspath(path)
-    if arm == "rubric_sft":
-        # G_sft writes its lists greedily, as its held-out recovery was measured
-        # (configs/sft_generator.py sft.eval_temperature); temperature 1 is for the untrained
-        # G_0, whose greedy lists copy the prompt's format line (configs/smollm2_cpu.py).
-        cfg.policy.rubric_temperature = 0.0
+    # One list temperature for every arm (the experiment's, METHOD 15): configs/smollm2_cpu.py's
+    # 1.0 is the LLM world's, where greedy SmolLM2 copies its prompt's format line.
+    cfg.policy.rubric_temperature = float(c.experiment.list_temperature)
     return cfg

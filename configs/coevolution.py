@@ -129,9 +129,10 @@ def world_v2_rounds(c, scale: str, tiny: bool) -> None:
     training lists are all anchor lists of the gen_rl split, K = 8 responses each, the
     policy's prompts the policy split; the gold curve is the reported result, so it reads
     the heldout split (`rounds.heldout_gold_split`; issue 53); the policy's reward lists
-    are greedy, as G_sft's recovery was measured and Q1's rubric_sft arm used them.
+    are at Q1's list temperature (configs/checks_policy.py LIST_TEMPERATURE, set there
+    once: greedy, as G_sft's recovery was measured).
     G_0 is G_sft: pass --config.model.generator=runs/g_sft192/export/generator."""
-    from configs.checks_policy import V2_PROMPTS_PER_STEP
+    from configs.checks_policy import LIST_TEMPERATURE, V2_PROMPTS_PER_STEP
 
     e = c.experiment
     e.evaluation = "rounds"
@@ -141,7 +142,7 @@ def world_v2_rounds(c, scale: str, tiny: bool) -> None:
     # Far apart: a point before round 0's first policy step and one after each round's last.
     c.rounds.heldout_gold_every = 10 ** 6
     c.rounds.heldout_gold_rows = V2_GOLD_ROWS
-    c.policy.rubric_temperature = 0.0
+    c.policy.rubric_temperature = LIST_TEMPERATURE
     c.data.max_responses, c.data.max_anchor_rows = 8, 0
     # Every prompt of the policy split and every anchor list of the gen_rl split trains:
     # nothing here scores held-out anchor lists (rounds.heldout_eval is off).

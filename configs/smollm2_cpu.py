@@ -30,7 +30,10 @@ The rubric lists that score the policy and the held-out lists are sampled at tem
 (`policy.rubric_temperature`, `policy.heldout_temperature`), not greedy: greedy SmolLM2
 copies the JSON format line of its prompt ("<criterion>", "1.1.1.1...", "1", "2", ...), so
 4 of 6 greedy lists on three demo prompts had no valid item (every score 0, every policy
-group flat), against 0 of 6 sampled at temperature 1.
+group flat), against 0 of 6 sampled at temperature 1. That is the LLM world's list
+temperature; the checks-world experiments set their own for every arm alike
+(configs/checks_policy.py `experiment.list_temperature`, which configs/coevolution.py's
+world v2 rounds share), so no arm keeps this one by omission.
 """
 from configs.base import base_config, parse_switches
 

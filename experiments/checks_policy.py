@@ -5,7 +5,8 @@ per arm and seed, then every policy answers the held-out prompts (issue 32, ques
 
 configs/checks_policy.py says what each arm trains on. Writes, in the workdir:
     p0_heldout.json            P_0's greedy answers to the held-out prompts, gold scored
-    seed<S>/<arm>/             the arm's co-evolution loop run (metrics.jsonl, checkpoints,
+    seed<S>/<arm>/             the arm's co-evolution loop run (settings.json: its resolved
+                               settings, flattened; metrics.jsonl, checkpoints,
                                export/policy), and heldout.json: the trained policy's answers
     summary.json, results.md, curves.png   (`drubric_jax.evaluation.checks_policy`)
 Running the command again resumes: a finished run or evaluation is skipped, an unfinished
@@ -53,7 +54,7 @@ def main(argv):
         (arm, s): arm_config(c, arm, s) for s in seeds for arm in arms}
     heldout_path = os.path.join(c.data.checks_dir, CHECKS_FILES["heldout"])
     if not os.path.exists(heldout_path):  # before any model loads: say what to build
-        build = c.data.get("checks_build", "")
+        build = c.data.checks_build
         raise SystemExit(f"error: no such file {heldout_path}" + (
             "\nBuild the checks world's files first (from the repository root):\n  "
             + build.replace("\n", "\n  ") if build else ""))
@@ -93,7 +94,9 @@ def main(argv):
              f"responses of <= {c.policy.max_new_tokens} tokens, learning rate "
              f"{c.policy.train.learning_rate}; policy {c.model.policy}; trained generator "
              f"{e.trained_generator or '-'}; LoRA rank {c.lora.rank}; beta "
-             f"{c.policy.train.beta}; held-out answers greedy"
+             f"{c.policy.train.beta}; every rubric arm's lists at temperature "
+             f"{float(e.list_temperature)} (experiment.list_temperature); held-out answers "
+             "greedy"
              + (f" and {budgets['samples']} samples per prompt at temperature "
                 f"{budgets['temperature']}" if budgets.get("samples") else ""))
     summary = cp.summarize(workdir, arms, seeds, int(e.n_bootstrap), int(c.seed),

@@ -213,7 +213,11 @@ def test_checks_policy_config_validates_for_every_arm(tmp_path):
     assert arm_config(c, "oracle").policy.reward == "checks_oracle"
     sft_arm = arm_config(c, "rubric_sft")
     assert sft_arm.policy.reward == "rubric" and sft_arm.model.generator == c.experiment.sft_generator
-    assert sft_arm.policy.rubric_temperature == 0.0
+    # One list temperature, the experiment's, for every arm (METHOD 15).
+    assert {arm_config(c, a, seed=0).policy.rubric_temperature for a in cp.ARMS} == {
+        c.experiment.list_temperature} == {checks_policy.LIST_TEMPERATURE}
+    c.experiment.list_temperature = 0.7
+    assert {arm_config(c, a, seed=0).policy.rubric_temperature for a in cp.ARMS} == {0.7}
     # `{seed}` in a generator path is filled with the run's seed (seed S of Q1 reads the
     # generator the ablation's seed S trained); without a seed it cannot be filled.
     (tmp_path / "seed2").mkdir()
@@ -279,6 +283,12 @@ def test_checks_policy_experiment_end_to_end_resumes_and_reports(tmp_path):
         assert len(s["arms"][arm]["seeds"]["0"]["curves"]["gold"]) == 2  # policy steps
     trained = json.loads((work / "seed0" / "rubric_trained" / "config.json").read_text())
     assert trained["model"]["generator"] == str(gen)
+    # Each arm's resolved settings, flat; the list temperature is the setup line's.
+    flat = {a: json.loads((work / "seed0" / a / "settings.json").read_text())
+            for a in s["arms_run"]}
+    assert flat["rubric_trained"]["model.generator"] == str(gen)
+    assert {f["policy.rubric_temperature"] for f in flat.values()} == {0.0}
+    assert "lists at temperature 0.0 (experiment.list_temperature)" in s["setup"]
     assert "rubric_trained - gold" in s["versus"] and "Shown:" in out
     assert "heldout_sampled" in s["arms"]["gold"]["seeds"]["0"] and "step 2" in out
     # --summarize_only trains nothing: seed 1 has no run, each arm keeps the seed it has.
