@@ -11,7 +11,7 @@ import pytest
 from drubric_jax.rounds import loop, settings
 from drubric_jax.rounds.settings_types import PolicySettings, RunSettings, config_field
 from drubric_jax.types import ConfigError
-from helpers import one_round_config
+from helpers import one_round_config, tiny_config, write_checks_world
 
 # What a Q1 arm may change against the gold arm (METHOD 15: "the reward, or the generator
 # behind a rubric reward"), and nothing else:
@@ -77,17 +77,30 @@ def poison(config: ml_collections.ConfigDict) -> None:
 
 
 @pytest.mark.usefixtures("smollm2_gguf")
-def test_every_stage_reads_the_resolved_settings(tmp_path, monkeypatch):
+@pytest.mark.parametrize("world", ["checks", pytest.param("llm", marks=pytest.mark.slow)])
+def test_every_stage_reads_the_resolved_settings(tmp_path, monkeypatch, world):
     """A one-round tiny run (configs/smollm2_cpu.py:tiny, `helpers.one_round_config`) whose
     ConfigDict refuses every read once `settings.read` has read it: the run still takes a
     generator step and a policy step, evaluates the held-out anchor lists, checkpoints and
     finishes, so no stage after the read touches the ConfigDict; settings.json holds the
-    settings, flattened."""
+    settings, flattened. The checks world (world v2 on `helpers.write_checks_world`'s rows)
+    also has the checkers' verifier, the cut-constraint check of the rows and the held-out
+    gold curve; the LLM world (slow: it loads a verifier model) the verifier model."""
+    data = tmp_path / "checks_world"
+    if world == "checks":
+        data.mkdir()
+        write_checks_world(str(data))
+
     def tiny_run_config():
-        c = one_round_config()
+        c = one_round_config() if world == "llm" else tiny_config(
+            extra=f"world=checks,checks_dir={data}")
+        c.rounds.num_rounds = 1
         # Per-row update batches: what this test is about is who reads the config, not the
         # train step's layout (tests/test_train_step.py tests the shared-prefix one).
         c.policy.train.shared_prefix = c.generator.train.shared_prefix = False
+        if world == "checks":  # the gold curve on the one held-out prompt, each step
+            c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = 1, 1
+            c.rounds.heldout_gold_path = str(data / "heldout.jsonl")
         return c
 
     config = tiny_run_config()
@@ -113,6 +126,7 @@ def test_every_stage_reads_the_resolved_settings(tmp_path, monkeypatch):
     kinds = {(r["kind"], r["phase"]) for r in rows}
     assert {("train", "generator"), ("train", "policy"), ("heldout", "generator"),
             ("heldout", "policy")} <= kinds, kinds
+    assert (("heldout_gold", "policy") in kinds) == (world == "checks")
     assert os.listdir(os.path.join(workdir, "checkpoints"))
     assert os.path.exists(os.path.join(workdir, loop.FINISHED))
     with open(os.path.join(workdir, settings.SETTINGS_FILE)) as f:
