@@ -116,9 +116,8 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     need(not c.rounds.heldout_gold_every or bool(c.rounds.heldout_gold_path),
          "rounds.heldout_gold_path", "needed when rounds.heldout_gold_every > 0")
     from drubric_jax.data.splits import SPLITS
-    need(c.rounds.get("heldout_gold_split", "") in ("",) + SPLITS, "rounds.heldout_gold_split",
-         f"must be one of {SPLITS} or '' (any split), got "
-         f"{c.rounds.get('heldout_gold_split', '')!r}")
+    need(c.rounds.heldout_gold_split in ("",) + SPLITS, "rounds.heldout_gold_split",
+         f"must be one of {SPLITS} or '' (any split), got {c.rounds.heldout_gold_split!r}")
     p, g = c.policy, c.generator
     pool = tuple(g.check_pool)
     # An unknown verifier kind is reported by its own check below, not as the pool's.
@@ -156,7 +155,7 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
              "must be >= 0 (0 = auto, 1 = one cache of P + N slots)")
     check_trainer(p.train, "config.policy.train", rows=p.prompts_per_step * p.num_responses)
     need(g.anchors_per_step >= 1, "generator.anchors_per_step", "must be >= 1")
-    need(not (g.get("orders_per_list", False) and g.train.shared_prefix),
+    need(not (g.orders_per_list and g.train.shared_prefix),
          "generator.train.shared_prefix", "must be False with generator.orders_per_list: "
          "lists that show the responses in their own orders share no prompt to run once")
     need(g.num_lists >= 2, "generator.num_lists", "G must be >= 2 for GRPO groups")

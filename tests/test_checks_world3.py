@@ -348,6 +348,7 @@ def test_prompt_splits_are_disjoint(tmp_path, smollm2_tokenizer):
     from drubric_jax.evaluation.checks_policy import heldout_setup
     from drubric_jax.rounds import gold_curve
     from drubric_jax.rounds.settings import data_spec
+    from drubric_jax.rounds.settings import read as read_settings
     from drubric_jax.rounds.sft_stage import read_sft_rows
     from experiments.make_checks_anchors import check_prompt_split
 
@@ -447,10 +448,11 @@ def test_prompt_splits_are_disjoint(tmp_path, smollm2_tokenizer):
         check_data_sources(data_spec(bad))
     # The gold curve while the policy trains reads dev, not the reported held-out split.
     c.rounds.heldout_gold_every = 1
-    assert [x.id for x in gold_curve.load_items(c)] == [r.id for r in rows["dev"]]
+    dev_items = gold_curve.load_items(read_settings(c).rounds, c.data.require_splits)
+    assert [x.id for x in dev_items] == [r.id for r in rows["dev"]]
     c.rounds.heldout_gold_path = str(w / "heldout.jsonl")
     with pytest.raises(splits.SplitError, match=refused("heldout", "dev", w / "heldout.jsonl")):
-        gold_curve.load_items(c)
+        gold_curve.load_items(read_settings(c).rounds, c.data.require_splits)
     # The policy's held-out evaluation reads heldout, not the policy's prompts.
     assert len(heldout_setup(c, str(w / "heldout.jsonl"), 0, 4)[0]) == 7
     with pytest.raises(splits.SplitError, match=refused("policy", "heldout",

@@ -147,7 +147,7 @@ def heldout_setup(config, path: str, rows: int, batch: int) -> tuple[list, dict]
     from drubric_jax.data.sources import prompts_from_jsonl
     from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
 
-    if config.data.get("require_splits", False):
+    if config.data.require_splits:
         records = load_jsonl(path)
         require_split(records[:int(rows)] if rows else records,
                       STAGE_SPLITS["policy_heldout"], path,
