@@ -95,12 +95,8 @@ def test_every_stage_reads_the_resolved_settings(tmp_path, monkeypatch, world):
         c = one_round_config() if world == "llm" else tiny_config(
             extra=f"world=checks,checks_dir={data}")
         c.rounds.num_rounds = 1
-        # Per-row update batches: what this test is about is who reads the config, not the
-        # train step's layout (tests/test_train_step.py tests the shared-prefix one).
-        c.policy.train.shared_prefix = c.generator.train.shared_prefix = False
-        if world == "checks":  # the gold curve on the one held-out prompt, each step
+        if world == "checks":  # the gold curve (on the world's dev split), each step
             c.rounds.heldout_gold_every, c.rounds.heldout_gold_rows = 1, 1
-            c.rounds.heldout_gold_path = str(data / "heldout.jsonl")
         return c
 
     config = tiny_run_config()
