@@ -113,7 +113,7 @@ def world(tmp_path_factory):
 
 def _context(world, variant: str):
     config = _config(world.data_dir, variant)
-    return dataclasses.replace(world.ctx, config=config, settings=settings.read(config))
+    return dataclasses.replace(world.ctx, settings=settings.read(config))
 
 
 def _anchors():
@@ -144,7 +144,7 @@ def _share(ctx, responses, key) -> float:
     for i in range(MEASURE_CALLS):
         rb = ctx.generator.generate_batch(
             ctx.roles.rollout_params(Role.GENERATOR, ctx.mesh), jax.random.fold_in(key, i),
-            inputs, num_lists=G, temperature=ctx.config.generator.temperature)
+            inputs, num_lists=G, temperature=ctx.settings.generator.temperature)
         for texts, valid in zip(rb.texts, rb.list_valid):
             for items, ok in zip(texts, valid):
                 total += 1
