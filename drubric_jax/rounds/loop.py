@@ -159,7 +159,7 @@ def _phase(run: Run, role: Role, steps: int) -> None:
         if redraws is not None:
             metrics["redraws"] = redraws
             # Prompts this step took from the policy iterator, discarded redraws included.
-            metrics["prompts_drawn"] = run.config.policy.prompts_per_step * (1 + redraws)
+            metrics["prompts_drawn"] = run.settings.policy.prompts_per_step * (1 + redraws)
         phase_timer = context.Timer()  # the park seconds belong to the phase's first step
         run.loop.step += 1
         run.loop.global_step += 1
