@@ -287,7 +287,13 @@ def test_plan_prints_the_update_layout_and_the_remat_decision():
     c = _tiny()
     p = planner.plan(c, 8, device_memory_gb=10.0, mesh_sizes=(1, 8, 1), search=False)
     text = p.table()
-    assert "policy update, 8 of 32 rows in groups of 4 sharing a prefix (grouped update)" \
+    # 2 prompts x K = 4 over 8 row shards: each group splits into 4 packed rows of one
+    # answer (`train_step.rows_per_pass`: no device holds only filler).
+    assert "policy update, 8 of 8 rows in groups of 1 sharing a prefix (grouped update)" in text
+    c.policy.prompts_per_step = 8  # 8 groups fill the 8 shards: whole groups of 4
+    text = planner.plan(c, 8, device_memory_gb=10.0, mesh_sizes=(1, 8, 1),
+                        search=False).table()
+    assert "policy update, 32 of 32 rows in groups of 4 sharing a prefix (grouped update)" \
         in text
     assert "config.policy.train.remat=auto -> False" in text
     assert p.to_json()["remat"] == {"generator": False, "policy": False}
@@ -295,7 +301,7 @@ def test_plan_prints_the_update_layout_and_the_remat_decision():
     c.policy.train.shared_prefix = False
     c.policy.train.remat = True
     text = planner.plan(c, 8, mesh_sizes=(1, 8, 1), search=False).table()
-    assert "policy update, 8 of 8 rows (per-row update)" in text
+    assert "policy update, 32 of 32 rows (per-row update)" in text
     assert "config.policy.train.remat=True -> True (set in the config)" in text
 
 

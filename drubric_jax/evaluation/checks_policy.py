@@ -390,7 +390,10 @@ def bookkeeping_over_seeds(per_seed: dict) -> dict:
 SETTINGS_FILE = "settings.json"  # a run's resolved settings, {"dotted.config.field": value}
 # The fields in which an arm may differ from the gold arm: its reward, and which generator
 # writes its lists (METHOD 15, "Arms"). A field matches one of these or lies under it.
-ARM_FIELDS = ("policy.reward", "model.generator")
+ARM_FIELDS = ("policy.reward", "model.generator",
+              # What follows from the reward: whether it reads the prompts' true checks, and
+              # whether a generator is loaded at all (`rounds.settings_types.RoleUse`).
+              "data.true_checks_reward", "roles.generator_loaded")
 
 
 def _is_arm_field(field: str, allowed: Sequence[str]) -> bool:
