@@ -102,11 +102,9 @@ class RubricGenerator:
         self.rows_per_call, self.cache_segments, self.keep_prompt = (
             int(rows_per_call), int(cache_segments), bool(keep_prompt))
         self.sampler = sampling.check_sampler(sampler)
-        # False: an input's G lists show its responses in one drawn order (one shared
-        # prompt); True: each list draws its own (module docstring).
-        self.orders_per_list = bool(orders_per_list)
-        # True: list (b, g) draws from its global row id b * G + g (`sampling.generate`).
-        self.per_row_keys = bool(per_row_keys)
+        # orders_per_list: an order per list, not per input (module docstring);
+        # per_row_keys: list (b, g) draws from its global row id b * G + g.
+        self.orders_per_list, self.per_row_keys = bool(orders_per_list), bool(per_row_keys)
         self.max_items, self.max_item_chars = int(max_items), int(max_item_chars)
         self.max_new_tokens, self.input_budget, self.min_bucket = (
             int(max_new_tokens), int(input_budget), int(min_bucket))
@@ -228,18 +226,8 @@ class RubricGenerator:
         for i, inp in enumerate(inputs):
             if not statics[i] and not inp.responses:
                 raise ValueError(f"input {first + i} has no responses (use static=True)")
-        # One order per dynamic input (drawn by its global index), shown to its G lists; or
-        # one per list (b, g), drawn by its global row id.
-        dynamic = [(i, j) for i in range(b) if not statics[i] for j in range(g)]
-        if self.orders_per_list:
-            perms = response_orders(order_key, [(first + i) * g + j for i, j in dynamic],
-                                    [len(inputs[i].responses) for i, _ in dynamic])
-        else:
-            shown = [i for i in range(b) if not statics[i]]
-            per_input = dict(zip(shown, response_orders(
-                order_key, [first + i for i in shown], [len(inputs[i].responses) for i in shown])))
-            perms = [per_input[i] for i, _ in dynamic]
-        perm_of = dict(zip(dynamic, perms))
+        perm_of = _list_orders(order_key, [len(x.responses) for x in inputs], statics, first,
+                               g, self.orders_per_list)
         prompts = []
         for i, inp in enumerate(inputs):
             k = len(inp.responses)
@@ -327,6 +315,23 @@ def _lists_from_rows(tokenizer, out, grammar_done, stops: set, max_items: int,
         texts=nested(texts), weights=grid(weights), item_mask=grid(item_mask),
         list_valid=grid(valid), finish_reasons=nested(reasons), raw_texts=nested(raws),
         rollout=rollout, counters=counters, **prompt_side)
+
+
+def _list_orders(order_key: jax.Array, sizes: Sequence[int], statics: Sequence[bool],
+                 first: int, g: int, per_list: bool) -> dict:
+    """{(b, j): int32[K_b] permutation} for list j of each dynamic (not static) input b of
+    a batch whose first input is the global input `first` (`response_orders`): one order
+    per input, drawn by its global index, shown to its G lists; with `per_list`, one per
+    list, drawn by its global row id b * G + j."""
+    dynamic = [(i, j) for i in range(len(sizes)) if not statics[i] for j in range(g)]
+    if per_list:
+        perms = response_orders(order_key, [(first + i) * g + j for i, j in dynamic],
+                                [sizes[i] for i, _ in dynamic])
+        return dict(zip(dynamic, perms))
+    shown = [i for i in range(len(sizes)) if not statics[i]]
+    per_input = dict(zip(shown, response_orders(order_key, [first + i for i in shown],
+                                                [sizes[i] for i in shown])))
+    return {(i, j): per_input[i] for i, j in dynamic}
 
 
 def response_orders(order_key: jax.Array, row_ids: Sequence[int],
