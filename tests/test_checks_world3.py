@@ -263,6 +263,16 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
     assert [(r["step"], r["epoch"]) for r in rec] == [(0, 0), (2, 1), (4, 2)]
     assert json.loads((work / "export" / "generator" / "sft_step.json").read_text()) == {
         "step": 4}
+    # The exported generator scored on the dev split at two list temperatures (how the
+    # rubric arms' list temperature is chosen): the stage's dev rows, nothing trained.
+    out = run_module(*args, "--dev_temperatures=0,1", timeout=600)
+    dev = json.loads((work / "dev_temperatures.json").read_text())
+    assert set(dev) == {"0.0", "1.0"}
+    for d in dev.values():
+        assert d["ids"] == ["dev/2", "dev/3"] and d["rows"] == 2
+        assert d["ci"][0] <= d["constraint_f1"] <= d["ci"][1]
+    assert "dev lists at temperature 1.0" in out
+    assert len((work / "metrics.jsonl").read_text().splitlines()) == 2  # nothing trained
     # More training prompts than anchor rows stops before any weight loads, naming the
     # command that extends the file.
     with pytest.raises(AssertionError, match="--limit=5"):

@@ -146,6 +146,44 @@ def _examples(config, tokenizer, generator, rows, heldout):
     return examples, inputs, targets
 
 
+def dev_recovery(config, generator_dir: str, temperature: float) -> dict:
+    """Constraint recovery of an exported generator (`generator_dir`, e.g. G_sft's
+    export/generator) on the dev split's rows (`config.sft.eval_anchors`, its first
+    `eval_rows`), one list a row at `temperature`: how a setting of the lists (their
+    temperature) is chosen without reading the reported split (METHOD 15). The same
+    generator and keys as the stage's own evaluation (`run_sft`).
+
+    Returns:
+        `heldout_recovery`'s dict (per-row stats, ids, lists).
+
+    Raises:
+        data.splits.SplitError: an eval row of another split; FileNotFoundError: no such
+            directory or file.
+    """
+    from drubric_jax import models
+    from drubric_jax.data.schema import load_jsonl
+    from drubric_jax.data.splits import STAGE_NAMES, STAGE_SPLITS, require_split
+    from drubric_jax.evaluator.rubric_formats import get_format
+    from drubric_jax.evaluator.rubric_generator import RubricGenerator
+    from drubric_jax.rounds.settings import read as read_settings
+
+    s = config.sft
+    st = read_settings(config)
+    g = st.generator
+    rows = load_jsonl(s.eval_anchors)
+    rows = rows[:int(s.eval_rows)] if s.eval_rows else rows
+    require_split(rows, STAGE_SPLITS["sft_eval"], f"config.sft.eval_anchors: {s.eval_anchors}",
+                  stage=f"{STAGE_NAMES['sft_eval']} (config.sft.eval_anchors)")
+    cfg, params, tokenizer = models.load_model(generator_dir, st.model.dtype)
+    generator = RubricGenerator(
+        cfg, tokenizer, max_items=g.max_items, max_item_chars=g.max_item_chars,
+        max_new_tokens=g.max_new_tokens, input_budget=g.input_budget,
+        rows_per_call=int(s.eval_batch), per_row_keys=True,
+        fmt=get_format("checks", g.check_pool), keep_prompt=g.keep_prompt)
+    key = jax.random.fold_in(jax.random.PRNGKey(st.seed), 1)  # the stage's eval key
+    return heldout_recovery(generator, params, rows, key, float(temperature))
+
+
 def check_sft_config(s) -> None:
     """Validates `config.sft` before any file or weight is read.
 
