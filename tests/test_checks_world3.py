@@ -272,7 +272,7 @@ def test_sft_stage_end_to_end_resumes_and_reports(tmp_path):
         assert d["ids"] == ["dev/2", "dev/3"] and d["rows"] == 2
         assert d["ci"][0] <= d["constraint_f1"] <= d["ci"][1]
     assert "dev lists at temperature 1.0" in out
-    assert len((work / "metrics.jsonl").read_text().splitlines()) == 2  # nothing trained
+    assert len((work / "metrics.jsonl").read_text().splitlines()) == 4  # nothing trained
     # More training prompts than anchor rows stops before any weight loads, naming the
     # command that extends the file.
     with pytest.raises(AssertionError, match="--limit=5"):
