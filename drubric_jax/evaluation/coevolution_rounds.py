@@ -333,12 +333,7 @@ def pooled_headlines(values: dict, n_boot: int, seed, ids: dict | None = None) -
     Raises:
         ValueError: fewer than two runs, or runs of different round counts.
     """
-    if len(values) < 2:
-        raise ValueError(f"pooling needs two or more runs; got {list(values)}")
-    counts = {n: v["rounds"] for n, v in values.items()}
-    if len(set(counts.values())) != 1:
-        raise ValueError(f"runs of different round counts: {counts}")
-    r = next(iter(counts.values()))
+    r = _same_rounds({n: v["rounds"] for n, v in values.items()}, "pooling")
     diffs, kept = [], []
     for v in values.values():
         arr = {k: np.asarray(x, np.float64) for k, x in v["gold_greedy"].items()}
@@ -357,6 +352,19 @@ def pooled_headlines(values: dict, n_boot: int, seed, ids: dict | None = None) -
             {**gap, "diff": gap["mean"]}}
 
 
+def _same_rounds(counts: dict, what: str) -> int:
+    """The round count {run name: rounds} of two or more runs share.
+
+    Raises:
+        ValueError: fewer than two runs, or runs of different round counts.
+    """
+    if len(counts) < 2:
+        raise ValueError(f"{what} needs two or more runs; got {list(counts)}")
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"runs of different round counts: {counts}")
+    return next(iter(counts.values()))
+
+
 def across_seeds(summaries: dict, pooled: dict | None = None) -> str:
     """Markdown: the headline differences (`headlines`) of several runs, one row per run,
     then their mean, sd (ddof 1) and range, how many runs' CIs exclude 0 and, given
@@ -365,12 +373,8 @@ def across_seeds(summaries: dict, pooled: dict | None = None) -> str:
     Raises:
         ValueError: fewer than two runs, or runs of different round counts.
     """
-    if len(summaries) < 2:
-        raise ValueError(f"across_seeds needs two or more runs; got {list(summaries)}")
-    counts = {n: s["rounds"] for n, s in summaries.items()}
-    if len(set(counts.values())) != 1:
-        raise ValueError(f"runs of different round counts: {counts}")
-    lines = [f"# Co-evolved vs stale evaluator across seeds, {next(iter(counts.values()))} "
+    rounds = _same_rounds({n: s["rounds"] for n, s in summaries.items()}, "across_seeds")
+    lines = [f"# Co-evolved vs stale evaluator across seeds, {rounds} "
              "rounds (Figure 2)", "", f"{len(summaries)} runs.", ""]
     per_run = {n: headlines(s) for n, s in summaries.items()}
     for name in next(iter(per_run.values())):
