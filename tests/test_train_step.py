@@ -446,6 +446,58 @@ def test_a_row_at_its_group_mean_stays_in_the_update(setup):
     close(m_dead["pg_loss"], -adv.sum() / 7, atol=1e-5)
 
 
+@pytest.mark.slow  # ~10 s on 2 cores
+def test_flat_groups_are_cut_from_the_batch():
+    """The shared-prefix update's batch (`rounds.phases.train_batch`, METHOD 15) holds only
+    the live groups: of 4 groups, 2 flat, the compiled update takes a GroupBatch of 2 groups
+    (the smallest `group_buckets` count that holds them), so a flat group costs no FLOPs.
+    The params after one AdamW step equal those of the per-row update over all 16 rows
+    with the flat groups masked by their flag (`assert_adam_first_steps_close`, the
+    per-row gradient's float32 tolerance)."""
+    from drubric_jax.rounds import phases
+    from test_shared_prefix import (TEMPERATURE as T, model_and_rollout, synthetic_rollout,
+                                    with_old_logprobs)
+    from drubric_jax.types import Rollout
+
+    cfg, params, base, rollout, adv, live = model_and_rollout("tiny", 0, "policy")
+    # A 4th group of 4 rows, flat too: groups 1 and 3 flat, groups 0 and 2 live.
+    extra = with_old_logprobs(synthetic_rollout((1, 4, 10, 6), cfg.vocab_size, seed=5),
+                              params, cfg, seed=6).replace(group_ids=np.full(4, 3, np.int32))
+    rollout = Rollout(**{f.name: np.concatenate([getattr(rollout, f.name),
+                                                  getattr(extra, f.name)])
+                         for f in dataclasses.fields(Rollout)})
+    adv = np.concatenate([adv, np.zeros(4, np.float32)])
+    live = np.concatenate([live, np.zeros(4, bool)])
+    assert live.reshape(4, 4).all(1).tolist() == [True, False, True, False]
+    c = dataclasses.replace(CFG, beta=0.05, micro_batch_size=16, temperature=T,
+                            logits_chunk=4, shared_prefix=True)
+    step = phases.PhaseStep(rollout=rollout, advantages=adv, live=live, metrics={}, timer=None)
+    batch, global_rows = phases.train_batch(step, c, None)
+    assert isinstance(batch, ts.GroupBatch) and global_rows == 2
+    assert batch.tokens.shape[:2] == (2, 4) and batch.live.all()
+    np.testing.assert_array_equal(batch.tokens.reshape(8, -1),
+                                  rollout.tokens[np.flatnonzero(live)])
+
+    optimizer = train_config.make_optimizer(c)
+    grouped_step = jit_step(cfg, c, optimizer)
+    lowered = grouped_step.lower(ts.init_train_state(copy_tree(params), optimizer), batch,
+                                 base)
+    batch_avals = jax.tree.leaves(lowered.args_info[0][1])
+    assert {a.shape[0] for a in batch_avals} == {2}  # the compiled batch: 2 groups
+    s_grp, m_grp = grouped_step(ts.init_train_state(copy_tree(params), optimizer), batch, base)
+
+    per_row_cfg = dataclasses.replace(c, shared_prefix=False)
+    masked = ts.batch_from_rollout(rollout, adv, live)
+    assert masked.tokens.shape[0] == 16
+    g_row, _ = jit_grads(cfg, per_row_cfg)(params, masked, base)
+    s_row, m_row = jit_step(cfg, per_row_cfg, optimizer)(
+        ts.init_train_state(copy_tree(params), optimizer), masked, base)
+    for k in ("loss", "pg_loss", "kl", "num_tokens", "active_rows"):
+        close(m_grp[k], m_row[k], atol=1e-5)
+    assert float(m_grp["active_rows"]) == 8
+    assert_adam_first_steps_close(s_grp.params, s_row.params, g_row, c, m_row["grad_norm"])
+
+
 def _dot_count(compiled) -> int:
     """Dot instructions (matrix products) in a compiled program's HLO text."""
     import re
