@@ -177,8 +177,13 @@ def test_config_kind_is_validated_and_checks_refuse_calibration():
 
     c = get_config("tiny,world=checks,checks_dir=/nowhere")
     config_check.validate(c)
-    assert c.verifier.kind == "checks" and c.data.prompt_paths == ("/nowhere/train.jsonl",)
-    assert c.data.anchor_paths == ("/nowhere/anchors.jsonl",) and c.data.checks_dir == "/nowhere"
+    # World v2 (the default): the policy reads its own split, the generator's RL its own.
+    assert c.verifier.kind == "checks" and c.data.prompt_paths == ("/nowhere/policy.jsonl",)
+    assert c.data.anchor_paths == ("/nowhere/gen_rl_anchors.jsonl",)
+    assert c.data.checks_dir == "/nowhere"
+    v1 = get_config("tiny,world=checks,world_version=1,checks_dir=/nowhere")
+    assert v1.data.prompt_paths == ("/nowhere/train.jsonl",)
+    assert v1.data.anchor_paths == ("/nowhere/anchors.jsonl",)
     c.verifier.calibration = "contextual"
     with pytest.raises(config_check.ConfigError, match="config.verifier.calibration"):
         config_check.validate(c)

@@ -91,7 +91,7 @@ def test_a_check_out_of_budget_skips_every_phase(tmp_path):
 
 
 def test_a_phase_past_its_timeout_is_killed_and_reported():
-    from experiments.device_check import run_phase, table
+    from experiments.device_runner import run_phase, table
 
     res = run_phase("decode", 0.2, ("--tiny",))
     assert res["status"] == "timeout" and res["rows"] == [] and res["returncode"] != 0

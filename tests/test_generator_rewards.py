@@ -87,9 +87,9 @@ def test_variant_weights():
     gen_cfg = ml_collections.ConfigDict({"disc_weight": 0.75, "lam": 2.0})
     config = ml_collections.ConfigDict({"generator": gen_cfg, "variant": "full"})
     assert settings.generator_reward_weights(config) == {"disc": 0.75, "anchor": 2.0}
-    config.variant = "static"
-    assert settings.generator_reward_weights(config) is None
-    weights = {"disc": 0.75, "anchor": 2.0}
+    weights = settings.generator_reward_weights(config)
+    assert settings.variant_weights(weights, "full") == weights
+    assert settings.variant_weights(weights, "static") is None
     assert generator_rewards.variant_weights(weights, "full") == weights
     assert generator_rewards.variant_weights(weights, "disc_only") == {"disc": 1.0,
                                                                        "anchor": 0.0}
