@@ -90,7 +90,7 @@ from experiments import cli  # noqa: E402
 
 from experiments import device_measure as dm
 from experiments.device_phases import PHASES
-from experiments.device_runner import run_phase, table  # noqa: F401 (re-exported)
+from experiments.device_runner import run_phase, table
 
 _TINY = flags.DEFINE_bool("tiny", False, "Tiny presets at CPU-size lengths (device_measure.TINY).")
 _QUICK = flags.DEFINE_bool("quick", True, "Qwen3 shapes for one accelerator, about 8 min "
