@@ -47,7 +47,9 @@ from drubric_jax.models.attention import attend_shared_prefix
 # The block's pieces; rms_norm and rope_inv_freq are also read as `llama.X` by callers.
 from drubric_jax.models.blocks import (attend_over, heads_first, layer,  # noqa: F401
                                        rms_norm, rope_inv_freq, self_attention, swiglu_mlp)
+from drubric_jax.models import paged
 from drubric_jax.models.cache import KVCache, call_slots, write_layer
+from drubric_jax.models.paged import PagedKV
 from drubric_jax.models.config import ModelConfig
 
 # The registry's row: `ModelConfig.family`, and the Hugging Face `model_type` and
@@ -218,6 +220,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, params["layers"])
         return rms_norm(x, params["final_norm"], cfg.norm_eps), None
 
+    if isinstance(cache, PagedKV):  # the rollout engine's paged cache (`models.paged`)
+        return _forward_paged(params, cfg, x, positions, token_mask, cache, inv_freq, mlp)
+
     # Every row writes the same slots (left padding), so one index serves the batch.
     start = cache.index
     # The new slots are valid only for real tokens (not padding, not rows that did not emit).
@@ -279,6 +284,57 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         (x, k_new, v_new), _ = jax.lax.scan(
             body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
     new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index, ring=cache.ring)
+    return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
+
+
+def _forward_paged(params, cfg, x, positions, token_mask, cache: PagedKV, inv_freq, mlp):
+    """`forward_hidden`'s decode step on a paged cache: one token a slot (T = 1) written at
+    its length (where token_mask is True; else to the scratch page), attending over the
+    slot's live tokens with it (`paged.attend_pages`). Returns (hidden, the cache with the
+    written pools and lengths + token_mask)."""
+    b, t, _ = x.shape
+    if t != 1:
+        raise ValueError(f"a paged cache takes one token a slot a call, got T={t}")
+    write = token_mask[:, 0]
+    lengths = cache.lengths
+    seen = lengths + write.astype(lengths.dtype)  # the query reads its own key too
+
+    def attention_over(kc, vc):
+        def attention(q, k, v):
+            kc2 = paged.write_token(kc, k[:, 0], cache.tables, lengths, write)
+            vc2 = paged.write_token(vc, v[:, 0], cache.tables, lengths, write)
+            out = paged.attend_pages(q[:, 0], kc2, vc2, cache.tables, seen, cache.impl,
+                                     cache.interpret)
+            return out.reshape(b, 1, -1), (kc2, vc2)
+        return attention
+
+    layers = params["layers"]
+    if isinstance(cache.k, tuple):  # per-layer pools: a layer loop
+        k_new, v_new = [], []
+        for i in range(cfg.num_layers):
+            p = layers[i] if isinstance(layers, (list, tuple)) else _layer_slice(layers, i)
+            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
+                                attention_over(cache.k[i], cache.v[i]), mlp)
+            k_new.append(kc)
+            v_new.append(vc)
+        k_new, v_new = tuple(k_new), tuple(v_new)
+    else:  # stacked pools [L, ...]: a scan whose carry is the pools (TPU's decode form)
+        def body(carry, xs):
+            x, k_all, v_all = carry
+            p, i = xs
+            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
+                                attention_over(k_all[i], v_all[i]), mlp)
+            return (x, k_all.at[i].set(kc), v_all.at[i].set(vc)), None
+
+        if isinstance(layers, (list, tuple)):
+            carry = (x, cache.k, cache.v)
+            for i, p in enumerate(layers):
+                carry, _ = body(carry, (p, i))
+            x, k_new, v_new = carry
+        else:
+            (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v),
+                                                (layers, jnp.arange(cfg.num_layers)))
+    new_cache = cache.replace(k=k_new, v=v_new, lengths=seen)
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
 
