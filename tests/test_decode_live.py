@@ -38,12 +38,29 @@ def _dense(q, k_pages, v_pages, tables, lengths):
     return out.reshape(e, h, dh)
 
 
-@pytest.mark.parametrize("impl,interpret", [("xla", False), ("pallas", True)])
-def test_live_length_attention_equals_dense(impl, interpret):
+def _bf16_products_atol(q, k_pages, v_pages) -> float:
+    """A bound on the TPU kernel's error against float32 when its two products round their
+    inputs to bfloat16 (unit roundoff u = 2^-9): each score moves by <= ds = 2u sum_d
+    |q_d k_d| / sqrt(Dh) (both factors rounded), so each probability by a factor within
+    exp(+-2 ds) (numerator and normaliser), sum |dp| <= expm1(2 ds); the rounded values
+    and probabilities add 2u |v|."""
+    import math
+
+    u = 2.0 ** -9
+    dh = q.shape[-1]
+    ds = 2 * u * float(jnp.abs(q).max()) * float(jnp.abs(k_pages).max()) * dh * dh ** -0.5
+    return float(jnp.abs(v_pages).max()) * (math.expm1(2 * ds) + 2 * u)
+
+
+@pytest.mark.parametrize("impl,interpret,kernel", [("xla", False, None),
+                                                   ("pallas", True, "gpu"),
+                                                   ("pallas", True, "tpu")])
+def test_live_length_attention_equals_dense(impl, interpret, kernel):
     """Slots of different live lengths, at and around the page edges (0, 1, Ps - 1, Ps,
     Ps + 1, the whole table), over pages in a shuffled order: the paged attention (XLA, and
-    JAX's Pallas GPU kernel in interpret mode) equals the dense step over the same keys
-    within float32 summation error; a slot with nothing live gives 0."""
+    JAX's Pallas GPU and TPU kernels in interpret mode) equals the dense step over the same
+    keys, within float32 summation error (the TPU kernel: within its bfloat16 products'
+    bound); a slot with nothing live gives 0; keys past a slot's length are not read."""
     hkv, h, dh, ps, pt = 2, 8, 16, 8, 4
     lengths = jnp.array([0, 1, ps - 1, ps, ps + 1, 2 * ps + 3, pt * ps], jnp.int32)
     e = lengths.shape[0]
@@ -54,16 +71,17 @@ def test_live_length_attention_equals_dense(impl, interpret):
     tables = jnp.asarray(order[:e * pt].reshape(e, pt), jnp.int32)
     q = jax.random.normal(jax.random.PRNGKey(1), (e, h, dh), jnp.float32)
     got = paged.attend_pages(q, k_pages, v_pages, tables, lengths, impl=impl,
-                             interpret=interpret)
+                             interpret=interpret, kernel=kernel)
     want = _dense(q, k_pages, v_pages, tables, lengths)
     assert got.shape == (e, h, dh) and got.dtype == jnp.float32
-    atol = _sum_atol(pt * ps, float(jnp.abs(v_pages).max()))
+    atol = (_bf16_products_atol(q, k_pages, v_pages) if kernel == "tpu"
+            else _sum_atol(pt * ps, float(jnp.abs(v_pages).max())))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=atol)
     np.testing.assert_array_equal(np.asarray(got[0]), 0.0)
     # Keys past a slot's length do not count: changing them leaves its output as it is.
     junk = k_pages.at[:, tables[2, 0], ps - 1].set(1e3)   # slot 2 (Ps - 1 live) past its end
     again = paged.attend_pages(q, junk, v_pages, tables, lengths, impl=impl,
-                               interpret=interpret)
+                               interpret=interpret, kernel=kernel)
     np.testing.assert_array_equal(np.asarray(again[2]), np.asarray(got[2]))
 
 

@@ -218,9 +218,11 @@ def test_a_ring_cache_takes_one_token_into_a_written_cache(tiny_model):
 
 @pytest.mark.slow
 def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
-    """On a 2 x 2 x 2 mesh of fake devices (slots over data x fsdp = 4, KV heads over
-    tensor) the engine writes the one-device engine's rows, and its cache keeps that
-    layout through inserts and steps (no gather of the cache into one device)."""
+    """On a 2 x 2 x 2 mesh of fake devices (slots and the pool's pages over data x fsdp =
+    4, KV heads over tensor) the engine writes the one-device engine's rows, and its cache
+    keeps that layout through inserts and steps (no gather of the cache into one
+    device)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
     from drubric_jax import models, parallel
 
     cfg, params = tiny_model
@@ -234,7 +236,7 @@ def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
     real_insert = engine.insert
 
     def insert(state, *a):
-        seen.append(state.cache.valid.sharding)
+        seen.append((state.cache.tables.sharding, state.cache.k[0].sharding))
         return real_insert(state, *a)
 
     monkeypatch.setattr(engine, "insert", insert)
@@ -244,8 +246,10 @@ def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
     np.testing.assert_allclose(got.logprobs, one.logprobs, rtol=0,
                                atol=logprob_atol(one.logprobs, cfg.vocab_size))
     rows = parallel.batch_sharding(mesh)
+    pages = NamedSharding(mesh, P("tensor", parallel.BATCH_AXES))
     assert len(seen) == len(prompts)
-    assert all(s.is_equivalent_to(rows, 2) for s in seen), seen
+    assert all(t.is_equivalent_to(rows, 2) and k.is_equivalent_to(pages, 4)
+               for t, k in seen), seen
     with pytest.raises(ValueError, match="multiple"):
         sampling.generate_engine(sharded, cfg, prompts, mesh=mesh, **dict(kw, num_slots=3))
 
@@ -289,9 +293,11 @@ def test_engine_in_the_stacked_cache_form(tiny_model):
     per_layer = sampling.generate_engine(params, cfg, prompts, **kw)
     stacked = sampling.generate_engine(params, cfg.replace(decode_form="stacked"), prompts,
                                        **kw)
-    # The stacked engine's state: [L, E, Hkv, S, Dh] arrays, not a tuple per layer.
+    # The stacked engine's state: [L, Hkv, Np, Ps, Dh] pools, not a tuple per layer.
+    plan = engine.PagePlan(slots=2, shards=1, page_size=16, max_new_tokens=5, max_prompt=32,
+                           prefix_pages=4)
     state = jax.eval_shape(lambda: engine.init_state(
-        cfg.replace(decode_form="stacked"), 2, 32, 3, 5, jax.random.PRNGKey(0)))
+        cfg.replace(decode_form="stacked"), plan, 3, 5, jax.random.PRNGKey(0)))
     assert not isinstance(state.cache.k, tuple) and state.cache.k.ndim == 5
     np.testing.assert_array_equal(stacked.tokens, per_layer.tokens)
     np.testing.assert_allclose(stacked.logprobs, per_layer.logprobs, rtol=0,

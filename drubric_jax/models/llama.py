@@ -301,10 +301,8 @@ def _forward_paged(params, cfg, x, positions, token_mask, cache: PagedKV, inv_fr
 
     def attention_over(kc, vc):
         def attention(q, k, v):
-            kc2 = paged.write_token(kc, k[:, 0], cache.tables, lengths, write)
-            vc2 = paged.write_token(vc, v[:, 0], cache.tables, lengths, write)
-            out = paged.attend_pages(q[:, 0], kc2, vc2, cache.tables, seen, cache.impl,
-                                     cache.interpret)
+            out, kc2, vc2 = paged.step_attention(cache, kc, vc, q[:, 0], k[:, 0], v[:, 0],
+                                                 write)
             return out.reshape(b, 1, -1), (kc2, vc2)
         return attention
 

@@ -53,6 +53,9 @@ class PagedKV:
         impl: static, the attention implementation (`IMPLS`; "auto": Pallas on GPU and
             TPU, XLA on CPU).
         interpret: static, run the Pallas kernel in interpret mode (CPU tests).
+        shards: static, R: the slots and the pool's pages split R ways (a mesh's row
+            shards), each shard's tables listing its own pages by local id
+            (`local_map`).
     """
 
     k: object
@@ -61,6 +64,7 @@ class PagedKV:
     lengths: jax.Array
     impl: str = flax.struct.field(pytree_node=False, default="auto")
     interpret: bool = flax.struct.field(pytree_node=False, default=False)
+    shards: int = flax.struct.field(pytree_node=False, default=1)
 
     @property
     def page_size(self) -> int:
@@ -124,7 +128,8 @@ def write_token(pages: jax.Array, x: jax.Array, tables: jax.Array, lengths: jax.
 
 
 def attend_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, tables: jax.Array,
-                 lengths: jax.Array, impl: str = "auto", interpret: bool = False) -> jax.Array:
+                 lengths: jax.Array, impl: str = "auto", interpret: bool = False,
+                 kernel: Optional[str] = None) -> jax.Array:
     """One query per slot over its live tokens: softmax(q k^T / sqrt(Dh)) v.
 
     Args:
@@ -135,6 +140,9 @@ def attend_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, tables: j
         impl: "auto" | "xla" | "pallas" (`choose`). "pallas" is JAX's GPU kernel on a GPU
             or under `interpret`, its TPU kernel on a TPU.
         interpret: run the Pallas kernel in interpret mode (CPU).
+        kernel: "gpu" or "tpu", whose Pallas kernel "pallas" runs (None: the TPU's on a
+            TPU, else the GPU's). The TPU kernel in interpret mode computes its products
+            as a TPU does at default precision (bfloat16 passes).
 
     Returns:
         [E, H, Dh] in v's dtype (float32 accumulation).
@@ -149,10 +157,17 @@ def attend_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, tables: j
     # Neither kernel scales the scores: q carries 1/sqrt(Dh).
     qs = (q.astype(jnp.float32) * dh ** -0.5).astype(q.dtype)
     lengths = lengths.astype(jnp.int32)
-    if jax.default_backend() == "tpu" and not interpret:
+    kernel = kernel or ("tpu" if jax.default_backend() == "tpu" else "gpu")
+    if kernel == "tpu":
+        import contextlib
+
+        from jax.experimental.pallas import tpu as pltpu
         from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-        return paged_attention(qs, k_pages, v_pages, lengths, tables,
-                               pages_per_compute_block=_divisor(tables.shape[1], 8))
+        with pltpu.force_tpu_interpret_mode() if interpret else contextlib.nullcontext():
+            out = paged_attention(qs, k_pages, v_pages, lengths, tables,
+                                  pages_per_compute_block=_divisor(tables.shape[1], 8))
+        # A slot with nothing live: the TPU kernel's output there is not defined as 0.
+        return jnp.where((lengths > 0)[:, None, None], out, 0).astype(v_pages.dtype)
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
     pt = tables.shape[1]
     splits = _divisor(pt, 16)
@@ -161,6 +176,101 @@ def attend_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, tables: j
                           interpret=interpret)
     # The kernel divides by (sum + eps): a slot with nothing live comes out 0 already.
     return out.astype(v_pages.dtype)
+
+
+def _row_mesh(shards: int):
+    """The mesh context (`parallel.rows_on`) when its row shards ("data" x "fsdp") are
+    `shards` > 1, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if shards == 1 or mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
+        return None
+    return mesh if mesh.shape["data"] * mesh.shape["fsdp"] == shards else None
+
+
+def local_map(fn, shards: int, pools: tuple, rows: tuple, per_shard: tuple = (),
+              pools_out: int = 0, rows_out: int = 0, head_rows: int = 0,
+              heads: tuple = ()):
+    """Runs `fn(*pools, *rows, *per_shard, *heads)` on each row shard's part: pools
+    [Hkv, R * Np_l, ...] split by pages, rows [E, ...] by rows, per_shard [R, ...] one
+    entry a shard, heads [Hkv, ...] the same for every shard; `fn` sees local pools (page
+    ids 0..Np_l-1, as the tables hold them) and returns `pools_out` pools then `rows_out`
+    row arrays. The first `head_rows` rows (and every row output) have a heads axis after
+    the rows ([E, heads, ...]).
+
+    On a mesh context with R row shards: a shard_map, each device alone on its pages (the
+    KV heads split over "tensor" when they divide). Otherwise (one shard, or R shards
+    without a mesh, as in a shape analysis) the same function over each shard's slices in
+    turn, so the results do not depend on the layout.
+    """
+    mesh = _row_mesh(shards)
+    if mesh is None:
+        outs = []
+        for d in range(shards):
+            def part(x, n):
+                size = x.shape[n] // shards
+                return jax.lax.slice_in_dim(x, d * size, (d + 1) * size, axis=n)
+            outs.append(fn(*(part(x, 1) for x in pools), *(part(x, 0) for x in rows),
+                           *(x[d] for x in per_shard), *heads))
+        if shards == 1:
+            return outs[0]
+        return tuple(jnp.concatenate([o[j] for o in outs], axis=1 if j < pools_out else 0)
+                     for j in range(pools_out + rows_out))
+    from jax.sharding import PartitionSpec as P
+
+    batch = ("data", "fsdp")
+    hkv = pools[0].shape[0]
+    split = ("tensor" if "tensor" in mesh.axis_names and hkv % mesh.shape["tensor"] == 0
+             else None)
+    n, m, r = len(pools), len(rows), len(per_shard)
+
+    def body(*args):  # each shard's per_shard entry arrives as [1, ...]
+        return fn(*args[:n + m], *(x[0] for x in args[n + m:n + m + r]),
+                  *args[n + m + r:])
+
+    specs_in = ((P(split, batch),) * n
+                + tuple(P(batch, split) if j < head_rows else P(batch) for j in range(m))
+                + (P(batch),) * r + (P(split),) * len(heads))
+    specs_out = (P(split, batch),) * pools_out + (P(batch, split),) * rows_out
+    return jax.shard_map(body, mesh=mesh, in_specs=specs_in, out_specs=specs_out,
+                         check_vma=False)(*pools, *rows, *per_shard, *heads)
+
+
+def write_pages(pool: jax.Array, x: jax.Array, pages: jax.Array) -> jax.Array:
+    """A pool [Hkv, R * Np_l, Ps, Dh] with x [Hkv, Pp, Ps, Dh] (a prompt's pages) written
+    at local pages pages[d] (int32[R, Pp]) of each shard d (SCRATCH_PAGE: not written)."""
+    def fn(pool, pages, x):
+        return (pool.at[:, pages].set(x.astype(pool.dtype)),)
+    return local_map(fn, pages.shape[0], (pool,), (), (pages,), pools_out=1, heads=(x,))[0]
+
+
+def copy_pages(pool: jax.Array, copy: jax.Array) -> jax.Array:
+    """A pool [Hkv, R * Np_l, Ps, Dh] with each shard d's local page copy[d, 0] copied to
+    its page copy[d, 1] (int32[R, 2]; SCRATCH_PAGE to SCRATCH_PAGE: nothing)."""
+    def fn(pool, pair):
+        return (pool.at[:, pair[1]].set(pool[:, pair[0]]),)
+    return local_map(fn, copy.shape[0], (pool,), (), (copy,), pools_out=1)[0]
+
+
+def step_attention(cache: "PagedKV", k_pool: jax.Array, v_pool: jax.Array, q: jax.Array,
+                   k: jax.Array, v: jax.Array, write: jax.Array) -> tuple:
+    """One decode step of one layer on a paged cache: each slot's new key and value
+    (k, v [E, Hkv, Dh]) written at its length where `write` (bool[E]), then its query
+    q [E, H, Dh] over its live tokens, this one included (`attend_pages`). Per row shard
+    (`local_map`): no device reads another's pages.
+
+    Returns:
+        (out [E, H, Dh], k_pool, v_pool).
+    """
+    def fn(kp, vp, q, k, v, tables, lengths, write):
+        kp = write_token(kp, k, tables, lengths, write)
+        vp = write_token(vp, v, tables, lengths, write)
+        seen = lengths + write.astype(lengths.dtype)
+        return kp, vp, attend_pages(q, kp, vp, tables, seen, cache.impl, cache.interpret)
+
+    kp, vp, out = local_map(fn, cache.shards, (k_pool, v_pool),
+                            (q, k, v, cache.tables, cache.lengths, write),
+                            pools_out=2, rows_out=1, head_rows=3)
+    return out, kp, vp
 
 
 def _divisor(n: int, most: int) -> int:

@@ -1,21 +1,21 @@
-"""The rollout engine: continuous batching over E decode slots, one prefill per prompt.
+"""The rollout engine: continuous batching over E decode slots on a paged KV cache.
 
 `generate` decodes a static batch: every row of a call waits for the call's longest row.
 The engine keeps E rows decoding at once; when a row stops (a stop id, or its N tokens),
 its slot takes the next pending row at once, so a step's work goes to rows still writing.
 
-How a slot turns over without a recompile or a per-row cache index:
-- The KV cache is a ring of S = P_max + N positions per slot with one write index for
-  every slot, as in `generate` (`models.KVCache`). Keys carry their RoPE rotation and
-  attention reads a validity mask, so where in the ring a token sits does not change what
-  a query attends over.
-- A row inserted when the index is i gets its prompt's keys in positions [i - P_max, i)
-  (mod S, right-aligned, the bucket's left padding invalid) and writes its new tokens from
-  i on: P_max + N positions, so nothing of the row is overwritten while it lives. Every
-  other position of the slot is cleared.
-- A prompt is prefilled once (its bucket's program) into a one-prompt store; each of its
-  rows is then copied from the store into a free slot (one program). Rows are placed in
-  order, so only the prompt at the head of the queue can be partly placed: one store.
+The cache is paged (`models.paged`): every layer's keys and values sit in one pool of
+pages, each slot has a page table and a live length, and a decode step reads a slot's
+live pages only (JAX's Pallas paged-attention kernels on GPU and TPU; XLA on CPU). So:
+- **A prompt is stored once.** It is prefilled once (its bucket's program) and its keys
+  written to prefix pages (`store_prefix`); each of its rows (a prompt's K samples, the G
+  lists of a generator input) lists those pages first in its table and holds only its own
+  pages: the prompt's partial last page, copied, and room for its N new tokens.
+- **A slot turns over without a recompile:** `insert` writes the slot's table, length,
+  next-token logits and output row (one program for every slot, row and bucket).
+- **Memory counts suffixes.** A slot's own pages are fixed (`PagePlan`); prefix pages are
+  lent to prompts by the host (`engine_host`) while a row of theirs is live, so the pool
+  holds E suffixes plus the prefixes of the prompts being decoded, not E copies of P_max.
 - Each row draws its step-t token from fold_in(fold_in(key, t), row_id), the key
   `generate` gives row `row_id` at its step t, so a row's tokens do not depend on the slot
   or on the rows around it. Its log-prob comes from the draw's own normalisation.
@@ -23,56 +23,118 @@ How a slot turns over without a recompile or a per-row cache index:
   while rows wait; the host then reads E flags and inserts. Tokens go straight into the
   [B, N] output on the device (row `out_row`), fetched once at the end.
 
-Programs: one decode program for (E, S, B, N, method) (or, under a constraint, a sample
-and a forward program), one insert program, and one prefill per prompt bucket. The host
-loop that drives them is `engine_host.generate_engine`.
+Programs: one decode program for (E, pool, B, N, method) (or, under a constraint, a sample
+and a forward program), one insert program, one prefix store per prompt bucket and one
+prefill per prompt bucket. The host loop that drives them is `engine_host.generate_engine`.
 
 Under a host-side constraint (llguidance's JSON schema) each slot has its own matcher,
 renewed when a row is inserted, and the engine runs one step a call: the host fills the
 next masks while the device runs the forward (as `constrained.decode`).
 
-On a mesh the slots split over ("data", "fsdp") of every process's devices; under several
-processes each process's host runs the same loop over all the rows
-(`engine_host.generate_engine`).
+On a mesh the slots split over ("data", "fsdp") (R row shards) and so does the pool: shard
+d holds its slots' pages, its own scratch page and its own prefix pages (tables hold page
+ids local to the shard), and the step's cache write and attention run per shard
+(`paged.step_attention`, a shard_map); the KV heads split over "tensor". A prompt whose
+rows land on several shards is stored once on each. Under several processes each
+process's host runs the same loop over all the rows (`engine_host.generate_engine`).
 The memory planner counts the engine's programs (`memory.inference_terms.engine_terms`,
 compiled in `memory.compiled.engine_peaks`).
 
 Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout (prompts x their
-samples), P prompt bucket, N max new tokens, S KV-cache slots (positions) of a row, V vocab.
+samples), P prompt bucket, N max new tokens, V vocab, R row shards, Ps tokens a page, Pt
+pages a table, Pp pages of a prompt bucket.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax.sharding import NamedSharding, PartitionSpec
 
 from drubric_jax import models, parallel
+from drubric_jax.models import paged
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling.constrained import unpack_bitmask
 from drubric_jax.sampling.methods import Method, sample_logits
 
+PAGE_SIZE = 16  # tokens a page: the GPU kernel's dot needs >= 16 keys a block
+
+
+@dataclasses.dataclass(frozen=True)
+class PagePlan:
+    """Where each slot's pages are in the pool (page ids local to a row shard).
+
+    Shard d (of R) holds slots [d * E_l, (d + 1) * E_l) and pool pages
+    [d * Np_l, (d + 1) * Np_l). Locally: page 0 is scratch, then E_l slots' own pages
+    (`own` each: the prompt's partial last page and N new tokens), then `prefix_pages`
+    pages lent to prompts.
+
+    Attributes:
+        slots: E.  shards: R.  page_size: Ps.  max_new_tokens: N.  max_prompt: P_max.
+        prefix_pages: prefix pages per shard.
+    """
+
+    slots: int
+    shards: int
+    page_size: int
+    max_new_tokens: int
+    max_prompt: int
+    prefix_pages: int
+
+    @property
+    def slots_per_shard(self) -> int:
+        return self.slots // self.shards
+
+    @property
+    def own(self) -> int:
+        """A slot's own pages: up to Ps - 1 prompt tokens (its copied partial page) + N."""
+        return paged.pages_for(self.page_size - 1 + self.max_new_tokens, self.page_size)
+
+    @property
+    def prompt_pages(self) -> int:
+        """Pages of the longest prompt (a table's prefix part)."""
+        return paged.pages_for(self.max_prompt, self.page_size)
+
+    @property
+    def table_pages(self) -> int:
+        """Pt: a prompt's full pages, then the slot's own."""
+        return self.max_prompt // self.page_size + self.own
+
+    @property
+    def pages_per_shard(self) -> int:
+        return 1 + self.slots_per_shard * self.own + self.prefix_pages
+
+    def shard_of(self, slot: int) -> int:
+        return slot // self.slots_per_shard
+
+    def own_pages(self, slot: int) -> list:
+        first = 1 + (slot % self.slots_per_shard) * self.own
+        return list(range(first, first + self.own))
+
+    def prefix_range(self) -> range:
+        return range(1 + self.slots_per_shard * self.own, self.pages_per_shard)
+
 
 @flax.struct.dataclass
 class PromptKV:
-    """One prefilled prompt, right-aligned in P_max positions (the engine's store).
+    """One prefilled prompt, its real tokens first (the engine's store before paging).
 
     Attributes:
-        k, v: [L, Hkv, P_max, Dh] keys (RoPE applied) and values, compute dtype.
-        valid: bool[P_max] real prompt tokens (the bucket's left padding and the positions
-            before the bucket are False).
+        k, v: [L, Hkv, Pp * Ps, Dh] keys (RoPE applied) and values, compute dtype; token j
+            of the prompt at position j, zeros after its length.
+        length: int32[] real tokens of the prompt.
         logits: float32[V] next-token logits after the prompt.
-        position: int32[] RoPE position of the first new token.
     """
 
     k: jax.Array
     v: jax.Array
-    valid: jax.Array
+    length: jax.Array
     logits: jax.Array
-    position: jax.Array
 
 
 @flax.struct.dataclass
@@ -80,10 +142,10 @@ class EngineState:
     """The engine's device state.
 
     Attributes:
-        cache: KVCache of E slots x S positions (a ring; `cache.index` in [0, S)), in the
-            decode form (`models.decode_cache`).
+        cache: `paged.PagedKV` of E slots (tables int32[E, Pt], lengths int32[E]: a
+            slot's next token's position too) over pools of R x Np_l pages, in the decode
+            form (`models.decode_per_layer`: per-layer tuples or stacked).
         logits: float32[E, V] each slot's next-token logits.
-        positions: int32[E] RoPE position of each slot's next token.
         steps: int32[E] tokens the slot's row has made.
         live: bool[E] the slot holds a row still writing.
         out_rows: int32[E] the output row of each slot's row.
@@ -94,9 +156,8 @@ class EngineState:
         key: the rollout's PRNG key.
     """
 
-    cache: models.KVCache
+    cache: paged.PagedKV
     logits: jax.Array
-    positions: jax.Array
     steps: jax.Array
     live: jax.Array
     out_rows: jax.Array
@@ -109,123 +170,150 @@ class EngineState:
     key: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_prompt"))
+@functools.partial(jax.jit, static_argnames=("cfg", "page_size"))
 def prefill_prompt(params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array,
-                   max_prompt: int) -> PromptKV:
+                   page_size: int = PAGE_SIZE) -> PromptKV:
     """Prefills one left-padded prompt (one program per bucket P) into the store's form.
 
     Args:
         params: stacked model params.  cfg: static model config.
         tokens: int32[1, P] left-padded prompt.  token_mask: bool[1, P].
-        max_prompt: P_max >= P, the store's positions.
+        page_size: Ps; the store holds Pp = ceil(P / Ps) pages' positions.
 
     Returns:
-        PromptKV with the prompt's P positions last of P_max.
+        PromptKV with the prompt's real tokens at positions [0, length).
     """
     p = tokens.shape[1]
     positions = models.positions_from_mask(token_mask)
     hidden, cache = models.forward_hidden(params, cfg, tokens, positions, token_mask,
                                           models.init_cache(cfg, 1, p))
-    pad = max_prompt - p
+    length = jnp.sum(token_mask[0]).astype(jnp.int32)
+    room = paged.pages_for(p, page_size) * page_size
 
-    def stored(x):  # [L, 1, Hkv, P, Dh] -> [L, Hkv, P_max, Dh]
-        return jnp.pad(x[:, 0], ((0, 0), (0, 0), (pad, 0), (0, 0)))
+    def stored(x):  # [L, 1, Hkv, P, Dh] -> [L, Hkv, Pp * Ps, Dh], the padding moved last
+        x = jnp.roll(x[:, 0], length - p, axis=2)
+        x = jnp.where(jnp.arange(p)[:, None] < length, x, 0)
+        return jnp.pad(x, ((0, 0), (0, 0), (0, room - p), (0, 0)))
 
-    return PromptKV(k=stored(cache.k), v=stored(cache.v),
-                    valid=jnp.pad(token_mask[0], (pad, 0)),
-                    logits=models.logits_from_hidden(params, cfg, hidden[0, -1]),
-                    position=positions[0, -1] + 1)
+    return PromptKV(k=stored(cache.k), v=stored(cache.v), length=length,
+                    logits=models.logits_from_hidden(params, cfg, hidden[0, -1]))
+
+
+def _heads_axis(cfg: ModelConfig, mesh) -> str | None:
+    return "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
 
 
 def state_shardings(state: EngineState, cfg: ModelConfig, mesh) -> EngineState:
     """The engine state's layout on `mesh`: slots over ("data", "fsdp") as `generate`'s
-    rows, the cache's KV heads over "tensor" (when they divide), the [B, N] outputs, the
-    write index and the key replicated (a slot writes any output row)."""
+    rows, the pools' pages over the same axes (each shard its slots' pages) and their KV
+    heads over "tensor" (when they divide), the [B, N] outputs and the key replicated (a
+    slot writes any output row)."""
     rows = parallel.batch_sharding(mesh)
-    heads = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
+    heads = _heads_axis(cfg, mesh)
     every = NamedSharding(mesh, PartitionSpec())
 
-    def kv(x):  # [E, Hkv, S, Dh] a layer, or [L, E, Hkv, S, Dh]
+    def pool(x):  # [Hkv, Np, Ps, Dh] a layer, or [L, Hkv, Np, Ps, Dh]
         lead = (None,) * (x.ndim - 4)
-        return NamedSharding(mesh, PartitionSpec(*lead, parallel.BATCH_AXES, heads))
+        return NamedSharding(mesh, PartitionSpec(*lead, heads, parallel.BATCH_AXES))
 
-    cache = state.cache.replace(k=jax.tree.map(kv, state.cache.k),
-                                v=jax.tree.map(kv, state.cache.v), valid=rows, index=every)
-    return state.replace(cache=cache, logits=rows, positions=rows, steps=rows, live=rows,
-                         out_rows=rows, draw_ids=rows, tokens=every, logprobs=every,
-                         mask=every, done=every, invalid=every, key=every)
+    cache = state.cache.replace(k=jax.tree.map(pool, state.cache.k),
+                                v=jax.tree.map(pool, state.cache.v), tables=rows,
+                                lengths=rows)
+    return state.replace(cache=cache, logits=rows, steps=rows, live=rows, out_rows=rows,
+                         draw_ids=rows, tokens=every, logprobs=every, mask=every,
+                         done=every, invalid=every, key=every)
 
 
-def init_state(cfg: ModelConfig, num_slots: int, cache_positions: int, num_rows: int,
-               max_new_tokens: int, key: jax.Array, mesh=None,
-               per_layer: bool | None = None) -> EngineState:
-    """An engine with E = `num_slots` empty slots of S = `cache_positions` positions and a
-    zero [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says (made
-    there by one program, each device writing its own shard: no whole state on one
-    device first, and several processes each make their own). The cache is in the form of
-    the decode weights: per-layer when `per_layer` (None: `models.decode_per_layer(cfg)`),
-    else stacked."""
+def init_state(cfg: ModelConfig, plan: PagePlan, num_rows: int, max_new_tokens: int,
+               key: jax.Array, mesh=None, per_layer: bool | None = None,
+               impl: str = "auto") -> EngineState:
+    """An engine with `plan`'s E empty slots and R x Np_l zero pages, and a zero
+    [B = `num_rows`, N] output; on `mesh` laid out as `state_shardings` says (made there by
+    one program, each device writing its own shard). The pools are in the form of the
+    decode weights: per-layer when `per_layer` (None: `models.decode_per_layer(cfg)`),
+    else stacked. `impl`: the paged attention's (`paged.IMPLS`)."""
     per_layer = models.decode_per_layer(cfg) if per_layer is None else per_layer
-    make = functools.partial(_new_state, cfg, num_slots, cache_positions, num_rows,
-                             max_new_tokens, per_layer)
+    make = functools.partial(_new_state, cfg, plan, num_rows, max_new_tokens, per_layer,
+                             impl)
     if mesh is None:
         return make(key)
     shardings = state_shardings(jax.eval_shape(make, key), cfg, mesh)
     return jax.jit(make, out_shardings=shardings)(key)
 
 
-def _new_state(cfg: ModelConfig, e: int, cache_positions: int, b: int, n: int,
-               per_layer: bool, key: jax.Array) -> EngineState:
-    # A ring (`KVCache.ring`), never `empty`: a step attends over every valid position.
-    cache = models.decode_cache(models.init_cache(cfg, e, cache_positions),
-                                per_layer).replace(empty=False, ring=True)
+def _new_state(cfg: ModelConfig, plan: PagePlan, b: int, n: int, per_layer: bool, impl: str,
+               key: jax.Array) -> EngineState:
+    e = plan.slots
+    k, v = paged.init_pool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                           plan.shards * plan.pages_per_shard, plan.page_size,
+                           cfg.compute_dtype, per_layer)
+    cache = paged.PagedKV(k=k, v=v, tables=jnp.zeros((e, plan.table_pages), jnp.int32),
+                          lengths=jnp.zeros((e,), jnp.int32), impl=impl,
+                          shards=plan.shards)
     return EngineState(
         cache=cache, logits=jnp.zeros((e, cfg.vocab_size), jnp.float32),
-        positions=jnp.zeros((e,), jnp.int32), steps=jnp.zeros((e,), jnp.int32),
-        live=jnp.zeros((e,), bool), out_rows=jnp.zeros((e,), jnp.int32),
-        draw_ids=jnp.zeros((e,), jnp.int32), tokens=jnp.zeros((b, n), jnp.int32),
-        logprobs=jnp.zeros((b, n), jnp.float32), mask=jnp.zeros((b, n), bool),
-        done=jnp.zeros((b,), bool), invalid=jnp.zeros((b,), bool),
+        steps=jnp.zeros((e,), jnp.int32), live=jnp.zeros((e,), bool),
+        out_rows=jnp.zeros((e,), jnp.int32), draw_ids=jnp.zeros((e,), jnp.int32),
+        tokens=jnp.zeros((b, n), jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
+        mask=jnp.zeros((b, n), bool), done=jnp.zeros((b,), bool),
+        invalid=jnp.zeros((b,), bool),
         key=jnp.array(key, copy=True))  # a copy: the decode calls donate the state
 
 
-def _placed_row(layer: jax.Array, stored: jax.Array, slot, cells) -> jax.Array:
-    """`layer` ([E, Hkv, S, Dh], or [L, E, Hkv, S, Dh] stacked) with slot `slot` cleared and
-    `stored` ([Hkv, P_max, Dh], or [L, ...]) written at ring positions `cells` int32[P_max]."""
-    stacked = layer.ndim == 5
-    row_shape = layer.shape[:1] + layer.shape[2:] if stacked else layer.shape[1:]
-    row = jnp.zeros(row_shape, layer.dtype).at[..., cells, :].set(stored.astype(layer.dtype))
-    start = (0, slot, 0, 0, 0) if stacked else (slot, 0, 0, 0)
-    return jax.lax.dynamic_update_slice(layer, jnp.expand_dims(row, 1 if stacked else 0),
-                                        start)
+def _map_pools(cache: paged.PagedKV, fn):
+    """(k, v) with fn(layer_pool, layer_index, which) applied to every layer's pool."""
+    def each(pools, which):
+        if isinstance(pools, tuple):
+            return tuple(fn(x, i, which) for i, x in enumerate(pools))
+        return jnp.stack([fn(pools[i], i, which) for i in range(pools.shape[0])])
+    return each(cache.k, 0), each(cache.v, 1)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
-def insert(state: EngineState, prompt: PromptKV, slot: jax.Array, out_row: jax.Array,
+def store_prefix(state: EngineState, prompt: PromptKV, pages: jax.Array) -> EngineState:
+    """Writes a prompt's pages into the pool: its page j (positions [j Ps, (j + 1) Ps)) to
+    local page pages[d, j] of every row shard d (SCRATCH_PAGE where a shard does not store
+    it). One program per prompt bucket.
+
+    Args:
+        state: donated.  prompt: `prefill_prompt`'s.  pages: int32[R, Pp].
+    """
+    ps = state.cache.page_size
+    pp = pages.shape[1]
+
+    def write(pool, i, which):  # pool [Hkv, Np, Ps, Dh] (all shards' pages)
+        x = (prompt.k if which == 0 else prompt.v)[i]
+        x = x.reshape(x.shape[0], pp, ps, x.shape[-1]).astype(pool.dtype)
+        return paged.write_pages(pool, x, pages)
+
+    k, v = _map_pools(state.cache, write)
+    return state.replace(cache=state.cache.replace(k=k, v=v))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def insert(state: EngineState, slot: jax.Array, table: jax.Array, length: jax.Array,
+           copy: jax.Array, logits: jax.Array, out_row: jax.Array,
            draw_id: jax.Array) -> EngineState:
-    """Starts a row in `slot` (int32[]): the prompt's keys right-aligned before the ring's
-    write index, every other position of the slot cleared, and the row's output row
-    `out_row` and draw id `draw_id`. One program, whatever the slot, row or bucket.
+    """Starts a row in `slot` (int32[]): its page table `table` (int32[Pt], local page ids:
+    the prompt's full pages, then the slot's own), its live length `length` (the prompt's
+    tokens), the prompt's partial last page copied within each shard as `copy`
+    (int32[R, 2]: source and destination page, SCRATCH_PAGE twice on the other shards),
+    its next-token logits float32[V], output row `out_row` and draw id `draw_id`. One
+    program, whatever the slot, row or bucket.
 
     Returns:
         The state (donated buffers reused) with the slot live at step 0.
     """
-    cache = state.cache
-    s = cache.valid.shape[1]
-    p_max = prompt.valid.shape[0]
-    cells = (cache.index - p_max + jnp.arange(p_max)) % s
-    if isinstance(cache.k, tuple):  # per-layer form: one [E, Hkv, S, Dh] array a layer
-        k = tuple(_placed_row(x, prompt.k[i], slot, cells) for i, x in enumerate(cache.k))
-        v = tuple(_placed_row(x, prompt.v[i], slot, cells) for i, x in enumerate(cache.v))
-    else:
-        k, v = (_placed_row(x, y, slot, cells) for x, y in ((cache.k, prompt.k),
-                                                             (cache.v, prompt.v)))
-    valid_row = jnp.zeros((s,), bool).at[cells].set(prompt.valid)
-    valid = jax.lax.dynamic_update_slice(cache.valid, valid_row[None], (slot, 0))
+    def copied(pool, i, which):
+        return paged.copy_pages(pool, copy)
+
+    k, v = _map_pools(state.cache, copied)
+    cache = state.cache.replace(
+        k=k, v=v, tables=jax.lax.dynamic_update_slice(state.cache.tables, table[None],
+                                                      (slot, 0)),
+        lengths=state.cache.lengths.at[slot].set(length))
     return state.replace(
-        cache=cache.replace(k=k, v=v, valid=valid),
-        logits=state.logits.at[slot].set(prompt.logits),
-        positions=state.positions.at[slot].set(prompt.position),
+        cache=cache, logits=state.logits.at[slot].set(logits),
         steps=state.steps.at[slot].set(0), live=state.live.at[slot].set(True),
         out_rows=state.out_rows.at[slot].set(out_row),
         draw_ids=state.draw_ids.at[slot].set(draw_id))
@@ -274,21 +362,36 @@ def _sample_rows(state: EngineState, method: Method, stop_ids, pad_id: int, allo
 
 
 def _forward_rows(params, cfg: ModelConfig, state: EngineState, tok: jax.Array,
-                  emitted: jax.Array) -> EngineState:
+                  emitted: jax.Array, read_pages: int = 0) -> EngineState:
     """The model half of a step: every slot's token `tok: int32[E]` through the model (a slot
-    that did not emit writes an invalid position), the next logits stored."""
-    hidden, cache = models.forward_hidden(params, cfg, tok[:, None], state.positions[:, None],
-                                          emitted[:, None], state.cache)
+    that did not emit writes the scratch page and keeps its length), the next logits
+    stored. `read_pages` (static, 0: all): the table columns a step reads, which the host
+    keeps above every live slot's length (`read_bucket`), so on every backend a step
+    reads the pages of the longest live row's bucket, not the table's Pt."""
+    cache = state.cache
+    if read_pages:
+        cache = cache.replace(tables=cache.tables[:, :read_pages])
+    # A slot's next position is its live length (no padding in a paged slot).
+    hidden, cache = models.forward_hidden(params, cfg, tok[:, None], cache.lengths[:, None],
+                                          emitted[:, None], cache)
+    cache = cache.replace(tables=state.cache.tables)
     return state.replace(cache=cache, logits=models.logits_from_hidden(params, cfg,
-                                                                       hidden[:, 0]),
-                         positions=state.positions + 1)
+                                                                       hidden[:, 0]))
+
+
+def read_bucket(longest: int, page_size: int, table_pages: int) -> int:
+    """The table columns a decode call reads when no live slot will pass `longest` tokens
+    during it: the pages they fill, rounded up to a power of two (one program each, at most
+    log2(Pt) + 1 of them), at most Pt."""
+    need = max(paged.pages_for(int(longest), page_size), 1)
+    return min(1 << (need - 1).bit_length(), table_pages)
 
 
 def _step(params, cfg: ModelConfig, state: EngineState, method: Method, stop_ids,
-          pad_id: int) -> tuple[EngineState, jax.Array]:
+          pad_id: int, read_pages: int) -> tuple[EngineState, jax.Array]:
     """One unconstrained step: (state, freed bool[E])."""
     state, tok, emitted, freed = _sample_rows(state, method, stop_ids, pad_id)
-    return _forward_rows(params, cfg, state, tok, emitted), freed
+    return _forward_rows(params, cfg, state, tok, emitted, read_pages), freed
 
 
 # The constrained loop's halves, jitted apart so the host fills the next masks while the
@@ -301,20 +404,23 @@ def sample_step(state: EngineState, words: jax.Array, force_stop: jax.Array, met
     return _sample_rows(state, method, stop_ids, pad_id, allowed, force_stop)
 
 
-forward_step = jax.jit(_forward_rows, static_argnames="cfg", donate_argnums=(2,))
+forward_step = jax.jit(_forward_rows, static_argnames=("cfg", "read_pages"),
+                       donate_argnums=(2,))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id", "max_steps"),
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "pad_id", "max_steps",
+                                             "read_pages"),
                    donate_argnums=(2,))
 def decode_steps(params, cfg: ModelConfig, state: EngineState, method: Method,
                  stop_ids: jax.Array, pad_id: int, max_steps: int,
-                 refill: jax.Array) -> tuple[EngineState, jax.Array]:
+                 refill: jax.Array, read_pages: int = 0) -> tuple[EngineState, jax.Array]:
     """Runs up to `max_steps` engine steps (`lax.while_loop`); stops early when no slot is
     live, or when `refill` (bool[]: rows are waiting) and a slot has freed.
 
     Args:
         params: the weights in the decode form (`decode.decode_params`).
         state: donated.  stop_ids: int32[...] ids that end a row.
+        read_pages: static, the table columns each step reads (`_forward_rows`; 0: all).
 
     Returns:
         (state, steps run int32[]).
@@ -325,7 +431,7 @@ def decode_steps(params, cfg: ModelConfig, state: EngineState, method: Method,
 
     def body(carry):
         s, i, freed = carry
-        s, now = _step(params, cfg, s, method, stop_ids, pad_id)
+        s, now = _step(params, cfg, s, method, stop_ids, pad_id, read_pages)
         return s, i + 1, freed | now
 
     e = state.live.shape[0]

@@ -8,6 +8,7 @@ N max new tokens, V vocab, W = ceil(V / 32) bitmask words.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional, Sequence
 
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from drubric_jax import models, parallel
+from drubric_jax.models import paged
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import engine
 from drubric_jax.sampling.buckets import bucket_length, left_pad
@@ -75,37 +77,111 @@ def _gather_rows(prompts, row_ids) -> tuple:
     return rows, ids, slice(start, start + len(prompts))
 
 
+class PrefixPages:
+    """The host's ledger of each row shard's prefix pages (`engine.PagePlan`): which prompt
+    holds which pages on which shard, and how many of its rows are live there.
+
+    A prompt is stored on a shard when a row of it is placed there and it is not already
+    stored; its pages go back when its last row there ends and no row of it waits.
+    """
+
+    def __init__(self, plan: engine.PagePlan):
+        self.plan = plan
+        self.free = [list(plan.prefix_range()) for _ in range(plan.shards)]
+        self.held = [dict() for _ in range(plan.shards)]   # prompt index -> [pages, live]
+        self.peak = 0
+
+    def stored(self, shard: int, prompt: int) -> bool:
+        return prompt in self.held[shard]
+
+    def can_store(self, shard: int, pages: int) -> bool:
+        return len(self.free[shard]) >= pages
+
+    def store(self, shard: int, prompt: int, pages: int) -> list:
+        got = [self.free[shard].pop(0) for _ in range(pages)]
+        self.held[shard][prompt] = [got, 0]
+        used = self.plan.prefix_pages - len(self.free[shard])
+        self.peak = max(self.peak, used)
+        return got
+
+    def pages(self, shard: int, prompt: int) -> list:
+        return self.held[shard][prompt][0]
+
+    def add_row(self, shard: int, prompt: int) -> None:
+        self.held[shard][prompt][1] += 1
+
+    def end_row(self, shard: int, prompt: int, waiting: bool) -> None:
+        """A row of `prompt` ended on `shard`; `waiting`: rows of it are still pending."""
+        entry = self.held[shard][prompt]
+        entry[1] -= 1
+        if entry[1] == 0 and not waiting:
+            self.release(shard, prompt)
+
+    def release_idle(self, shard: int, prompt: int) -> None:
+        """Gives back `prompt`'s pages on `shard` if it has no live row there."""
+        if prompt in self.held[shard] and self.held[shard][prompt][1] == 0:
+            self.release(shard, prompt)
+
+    def release(self, shard: int, prompt: int) -> None:
+        self.free[shard].extend(self.held[shard].pop(prompt)[0])
+
+
+def default_prefix_pages(slots: int, shards: int, rows: int, prompts: int, max_prompt: int,
+                         page_size: int) -> int:
+    """Prefix pages per row shard when none are given: room for 2 ceil(E_l / K) + 1
+    prompts of P_max (E_l slots a shard, K = rows / prompts rows a prompt), at most E_l
+    and at most the rollout's prompts.
+
+    Why that many: rows are placed in order, so a shard's live rows belong to about
+    E_l / K consecutive prompts; twice that leaves room for the prompts whose last rows
+    are still writing (long tails) while the next ones start. With K = 1 (every row its
+    own prompt) it is E_l, every slot its own prompt. A slot that finds no room waits
+    (`stats["waits"]`).
+    """
+    e_l = slots // shards
+    k = max(rows / max(prompts, 1), 1.0)
+    held = min(e_l, prompts, 2 * math.ceil(e_l / k) + 1)
+    return max(held, 1) * paged.pages_for(max_prompt, page_size)
+
+
 def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
                     key: jax.Array, max_new_tokens: int, num_slots: int,
                     stop_ids: Sequence[int], method: Method = Greedy(),
                     pad_id: Optional[int] = None, row_ids: Optional[Sequence[int]] = None,
                     min_bucket: int = 16, steps_per_call: int = 64,
                     stats: Optional[dict] = None, mesh=None, constraint=None,
-                    allow_invalid: bool = False, on_row_end=None) -> Rollout:
-    """Samples continuations of B token-id prompts with the engine (module docstring).
+                    allow_invalid: bool = False, on_row_end=None,
+                    page_size: int = engine.PAGE_SIZE,
+                    prefix_pages: Optional[int] = None, attention: str = "auto") -> Rollout:
+    """Samples continuations of B token-id prompts with the engine (`sampling.engine`).
 
-    Consecutive rows with the same prompt (a prompt's K samples) share one prefill.
+    Consecutive rows with the same prompt (a prompt's K samples) share one prefill and, on
+    each row shard, one stored copy of the prompt's pages.
 
     Args:
         params, cfg: the model (stacked params; the decode copy is made here, once).
         prompts: B lists of token ids, each non-empty.
         key: PRNG key.  max_new_tokens: N.  method: Greedy / Temperature / TopK / TopP.
-        num_slots: E, rows decoding at once (the KV cache holds E x (P_max + N) positions).
+        num_slots: E, rows decoding at once (each holds ceil((Ps - 1 + N) / Ps) pages of
+            its own; prompts' pages come from the prefix pages).
         stop_ids: ids that end a row.  pad_id: filler after the stop (default stop_ids[0]).
         row_ids: B distinct ids >= 0 of the rows' draws (default 0..B-1): row b's tokens
             are those `generate(..., row_ids=...)` gives it, up to float rounding of the
-            attention sums (its keys sit in other cache positions).
+            attention sums.
         min_bucket: smallest prompt bucket.
         steps_per_call: most decode steps one device call runs before the host looks.
-        stats: optional dict, filled with "prefills" (prompt prefills run), "inserts",
-            "calls" (decode calls) and "steps" (decode steps run).
-        mesh: optional mesh (params on it, `models.param_shardings`): the slots split over
-            ("data", "fsdp"), the KV heads over "tensor" (`state_shardings`). Under several
-            processes each passes its own rows (as to `generate`) and gets them back: the
-            rows are gathered (process order), every process runs the same host loop over
-            all of them (the same inserts, the live flags gathered after each call, every
-            slot's matcher under a constraint), and the outputs are read from their
-            replicated copy.
+        stats: optional dict, filled with "prefills" (prompt prefills run), "stores"
+            (prompts written to a shard's pages), "inserts", "calls" (decode calls),
+            "steps" (decode steps run), "waits" (times a free slot waited for prefix
+            pages), "read_pages" ({table columns read: decode calls}, `engine.read_bucket`),
+            "prefix_pages_peak" (most prefix pages a shard held at once),
+            "pool_pages" (the pool's pages, all shards) and "page_size".
+        mesh: optional mesh (params on it, `models.param_shardings`): the slots and the
+            pool's pages split over ("data", "fsdp"), the KV heads over "tensor"
+            (`engine.state_shardings`). Under several processes each passes its own rows
+            (as to `generate`) and gets them back: the rows are gathered (process order),
+            every process runs the same host loop over all of them, and the outputs are
+            read from their replicated copy.
         constraint: optional host-side constraint, one matcher per slot: the contract of
             `constrained.decode` (`reset(E)`, `fill`, `finished`, `advance` over the E
             slots) plus `reset_rows(slots)`, fresh matchers for the slots given (a row was
@@ -113,8 +189,12 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
         allow_invalid: return rows that met a step with no allowed token (flagged in
             `invalid`) instead of raising.
         on_row_end: optional `f(row, slot)`, called when row `row` (its index in `prompts`)
-            has ended in slot `slot`, before the slot takes another row (e.g. to read the
-            slot's constraint state, `constraint.finished()[slot]`).
+            has ended in slot `slot`, before the slot takes another row.
+        page_size: Ps, tokens a page.
+        prefix_pages: pages per row shard lent to prompts (None: `default_prefix_pages`).
+            Fewer save memory; a free slot then waits while the pages are held by other
+            prompts' live rows.
+        attention: the paged attention's implementation (`models.paged.IMPLS`).
 
     Returns:
         Rollout of the B rows in the order given (host numpy), with the prompts left-padded
@@ -123,15 +203,16 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
     Raises:
         ValueError: no prompts, an empty prompt, empty stop_ids, num_slots < 1,
             steps_per_call < 1, row_ids not one id >= 0 per prompt; on a mesh, num_slots
-            not a multiple of data x fsdp; several processes without a mesh; a row (of any
-            process) had no allowed token and allow_invalid is False.
+            not a multiple of data x fsdp; several processes without a mesh; prefix pages
+            too few for the longest prompt; a row (of any process) had no allowed token
+            and allow_invalid is False.
     """
     if mesh is None and jax.process_count() > 1:
         raise ValueError("the rollout engine under several processes needs the mesh")
-    if mesh is not None:
-        if num_slots % parallel.row_shards(mesh):
-            raise ValueError(f"num_slots ({num_slots}) must be a multiple of data x fsdp "
-                             f"({parallel.row_shards(mesh)})")
+    shards = 1 if mesh is None else parallel.row_shards(mesh)
+    if num_slots % shards:
+        raise ValueError(f"num_slots ({num_slots}) must be a multiple of data x fsdp "
+                         f"({shards})")
     stop = np.asarray(list(stop_ids), np.int32)
     if stop.size == 0:
         raise ValueError("stop_ids must not be empty")
@@ -150,11 +231,35 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
     ids = list(range(b)) if row_ids is None else [int(i) for i in row_ids]
     pad = int(stop[0] if pad_id is None else pad_id)
     p_max = bucket_length(max(len(p) for p in prompts), min_bucket)
+    # The prompt each row decodes from: consecutive equal prompts are one.
+    first_row, prompt_of = {}, []
+    for r, p in enumerate(prompts):
+        if r == 0 or tuple(p) != tuple(prompts[r - 1]):
+            first_row[len(first_row)] = r
+        prompt_of.append(len(first_row) - 1)
+    last_row = {q: r for r, q in enumerate(prompt_of)}
+    if prefix_pages is None:
+        prefix_pages = default_prefix_pages(num_slots, shards, b, len(first_row), p_max,
+                                            page_size)
+    plan = engine.PagePlan(slots=num_slots, shards=shards, page_size=page_size,
+                           max_new_tokens=max_new_tokens, max_prompt=p_max,
+                           prefix_pages=prefix_pages)
+    longest = paged.pages_for(max(len(p) for p in prompts), page_size)
+    if prefix_pages < longest:
+        raise ValueError(f"prefix_pages ({prefix_pages}) cannot hold the longest prompt "
+                         f"({longest} pages of {page_size})")
     loop_params = decode_params(params, cfg)
-    state = engine.init_state(cfg, num_slots, p_max + max_new_tokens, b, max_new_tokens, key,
-                              mesh, per_layer=models.is_per_layer(loop_params))
+    with parallel.rows_on(mesh):
+        state = engine.init_state(cfg, plan, b, max_new_tokens, key, mesh,
+                                  per_layer=models.is_per_layer(loop_params), impl=attention)
     stop_arr = jnp.asarray(stop)
-    counts = {"prefills": 0, "inserts": 0, "calls": 0, "steps": 0}
+    counts = {"prefills": 0, "stores": 0, "inserts": 0, "calls": 0, "steps": 0, "waits": 0,
+              "read_pages": {}}
+    per_call = 1 if constraint is not None else steps_per_call
+    n_new = max_new_tokens
+    row_len = np.zeros(num_slots, np.int64)   # each slot's prompt length
+    started = np.zeros(num_slots, np.int64)   # the step count when its row started
+    ledger = PrefixPages(plan)
     free = list(range(num_slots))
     slot_row = np.zeros(num_slots, np.int64)  # the row each slot decodes
     live = np.zeros(num_slots, bool)
@@ -166,58 +271,107 @@ def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], 
         words = np.full((num_slots, bitmask_words(cfg.vocab_size)), -1, np.int32)
         put = (jnp.asarray if mesh is None else functools.partial(
             parallel.put, target=parallel.batch_sharding(mesh)))
-    while nxt < b or live.any():
-        while free and nxt < b:
-            prompt = tuple(prompts[nxt])
-            if prompt != stored_prompt:  # a new prompt: its one prefill
-                length = bucket_length(len(prompt), min_bucket)
-                tokens, mask = left_pad([prompt], length, pad)
-                stored = engine.prefill_prompt(params, cfg, jnp.asarray(tokens),
-                                               jnp.asarray(mask), p_max)
-                stored_prompt = prompt
-                counts["prefills"] += 1
-            slot = free.pop(0)
-            slot_row[slot] = nxt
-            state = engine.insert(state, stored, jnp.int32(slot), jnp.int32(nxt),
-                                  jnp.int32(ids[nxt]))
-            if constraint is not None:
-                constraint.reset_rows([slot])
-            live[slot] = True
-            counts["inserts"] += 1
-            nxt += 1
-        if constraint is None:
-            state, steps = engine.decode_steps(loop_params, cfg, state, method, stop_arr,
-                                               pad, steps_per_call, jnp.asarray(nxt < b))
-            # One host transfer a call: the step count and the E live flags together
-            # (gathered from every process's slots under several).
-            steps, now = parallel.fetch((steps, state.live))
-            counts["calls"] += 1
-            counts["steps"] += int(steps)
-            now = np.array(now)
-        else:
-            # One step a call: the host fills the live slots' masks (while the device runs
-            # the previous forward), then feeds each slot's token to its matcher.
-            constraint.fill(words, live)
-            state, tok, emitted, freed = engine.sample_step(
-                state, put(words), put(constraint.finished()), method, stop_arr, pad)
-            state = engine.forward_step(loop_params, cfg, state, tok, emitted)
-            tok, emitted, freed = parallel.fetch((tok, emitted, freed))
-            constraint.advance(tok, emitted)
-            counts["calls"] += 1
-            counts["steps"] += 1
-            now = live & ~freed
-        ended = [int(s) for s in np.flatnonzero(live & ~now)]
-        if on_row_end is not None:  # this process's rows, by their index in its prompts
+    with parallel.rows_on(mesh):
+        while nxt < b or live.any():
+            while free and nxt < b:
+                prompt = prompt_of[nxt]
+                length = len(prompts[nxt])
+                need = paged.pages_for(length, page_size)
+                # A free slot on a shard that holds the prompt, else on one with room.
+                slot = next((s for s in free if ledger.stored(plan.shard_of(s), prompt)),
+                            None)
+                if slot is None:
+                    slot = next((s for s in free
+                                 if ledger.can_store(plan.shard_of(s), need)), None)
+                if slot is None:  # every free slot's shard lends its pages: wait
+                    if not live.any():
+                        raise ValueError(f"prefix_pages ({prefix_pages}) cannot hold prompt "
+                                         f"{prompt} ({need} pages) with nothing decoding")
+                    counts["waits"] += 1
+                    break
+                shard = plan.shard_of(slot)
+                if prompt != stored_prompt:  # a new prompt: its one prefill
+                    bucket = bucket_length(length, min_bucket)
+                    tokens, mask = left_pad([prompts[nxt]], bucket, pad)
+                    stored = engine.prefill_prompt(params, cfg, jnp.asarray(tokens),
+                                                   jnp.asarray(mask), page_size)
+                    stored_prompt = prompt
+                    counts["prefills"] += 1
+                if not ledger.stored(shard, prompt):
+                    pages = ledger.store(shard, prompt, need)
+                    table = np.full((shards, stored.k.shape[2] // page_size),
+                                    paged.SCRATCH_PAGE, np.int32)
+                    table[shard, :need] = pages
+                    state = engine.store_prefix(state, stored, jnp.asarray(table))
+                    counts["stores"] += 1
+                prefix = ledger.pages(shard, prompt)
+                full, tail = divmod(length, page_size)
+                own_pages = plan.own_pages(slot)
+                row_table = np.full(plan.table_pages, paged.SCRATCH_PAGE, np.int32)
+                row_table[:full] = prefix[:full]
+                row_table[full:full + plan.own] = own_pages
+                copy = np.full((shards, 2), paged.SCRATCH_PAGE, np.int32)
+                if tail:  # the prompt's partial last page continues in the slot's own
+                    copy[shard] = (prefix[full], own_pages[0])
+                ledger.add_row(shard, prompt)
+                free.remove(slot)
+                slot_row[slot] = nxt
+                state = engine.insert(state, jnp.int32(slot), jnp.asarray(row_table),
+                                      jnp.int32(length), jnp.asarray(copy), stored.logits,
+                                      jnp.int32(nxt), jnp.int32(ids[nxt]))
+                if constraint is not None:
+                    constraint.reset_rows([slot])
+                live[slot] = True
+                row_len[slot], started[slot] = length, counts["steps"]
+                counts["inserts"] += 1
+                nxt += 1
+                if last_row[prompt] < nxt:  # its rows are all placed: free idle copies
+                    for d in range(shards):
+                        ledger.release_idle(d, prompt)
+            # The longest a live row can get in this call: its tokens so far (at most its
+            # prompt + the steps run since it started) + the call's steps, at most P + N.
+            run = counts["steps"]
+            longest = max(min(row_len[s] + run - started[s] + per_call, row_len[s] + n_new)
+                          for s in np.flatnonzero(live))
+            read = engine.read_bucket(longest, page_size, plan.table_pages)
+            counts["read_pages"][read] = counts["read_pages"].get(read, 0) + 1
+            if constraint is None:
+                state, steps = engine.decode_steps(loop_params, cfg, state, method, stop_arr,
+                                                   pad, steps_per_call, jnp.asarray(nxt < b),
+                                                   read)
+                # One host transfer a call: the step count and the E live flags together
+                # (gathered from every process's slots under several).
+                steps, now = parallel.fetch((steps, state.live))
+                counts["calls"] += 1
+                counts["steps"] += int(steps)
+                now = np.array(now)
+            else:
+                # One step a call: the host fills the live slots' masks (while the device
+                # runs the previous forward), then feeds each slot's token to its matcher.
+                constraint.fill(words, live)
+                state, tok, emitted, freed = engine.sample_step(
+                    state, put(words), put(constraint.finished()), method, stop_arr, pad)
+                state = engine.forward_step(loop_params, cfg, state, tok, emitted, read)
+                tok, emitted, freed = parallel.fetch((tok, emitted, freed))
+                constraint.advance(tok, emitted)
+                counts["calls"] += 1
+                counts["steps"] += 1
+                now = live & ~freed
+            ended = [int(s) for s in np.flatnonzero(live & ~now)]
             for slot in ended:
-                if mine.start <= slot_row[slot] < mine.stop:
-                    on_row_end(int(slot_row[slot]) - mine.start, slot)
-        free += ended
-        live = now
+                row = int(slot_row[slot])
+                if on_row_end is not None and mine.start <= row < mine.stop:
+                    on_row_end(row - mine.start, slot)  # this process's row index
+                ledger.end_row(plan.shard_of(slot), prompt_of[row],
+                               waiting=last_row[prompt_of[row]] >= nxt)
+            free += ended
+            live = now
     # Replicated on every device: each process reads its own copy.
     tokens, logprobs, mask, done, invalid = parallel.fetch(
         (state.tokens, state.logprobs, state.mask, state.done, state.invalid))
     if stats is not None:
-        stats.update(counts)
+        stats.update(counts, prefix_pages_peak=ledger.peak, page_size=page_size,
+                     pool_pages=shards * plan.pages_per_shard)
     if invalid.any() and not allow_invalid:
         bad = np.flatnonzero(invalid).tolist()
         raise ValueError(f"rows {bad} reached a step with no allowed token (all logits -inf)")
