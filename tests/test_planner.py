@@ -335,7 +335,7 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis(sam
             continue
         assert s.compiled_how == "compiled"
         if sampler == "engine":
-            assert any(t.name.startswith("engine KV cache") for t in s.terms)
+            assert any(t.name.startswith("engine paged KV cache") for t in s.terms)
         # A blockwise-attention step (long prompts: "auto" picks blockwise) adds the
         # attention tiles to the layer's other activations, which XLA does not keep live at
         # the same time: there the plan is a bound from above, measured 1.25x here.

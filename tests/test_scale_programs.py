@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from drubric_jax import models
-from drubric_jax.models import attention, blockwise, qwen3_moe
+from drubric_jax.models import attention, blockwise, paged, qwen3_moe
 from drubric_jax.models.config import QWEN3_30B_A3B, QWEN3_8B
 
 
@@ -569,34 +569,45 @@ def test_engine_programs_at_paper_shapes(per_layer):
         models.init_params(cfg, jax.random.PRNGKey(0)), cfg))
     p = _abstract(params, parallel.param_shardings(
         params, mesh, parallel.decode_rules(models.param_specs())))
-    state = jax.eval_shape(lambda: engine.init_state(cfg, slots, positions, rows, new,
-                                                     jax.random.PRNGKey(0)))
+    from drubric_jax.memory.inference_terms import engine_pages
+
+    plan = engine_pages(slots, 4, rows, p_max, new)
+    with parallel.rows_on(mesh):
+        state = jax.eval_shape(lambda: engine.init_state(cfg, plan, rows, new,
+                                                         jax.random.PRNGKey(0)))
     assert isinstance(state.cache.k, tuple) == per_layer
     abstract_state = _abstract(state, engine.state_shardings(state, cfg, mesh))
     every = NamedSharding(mesh, P())
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=every)
+    stored = paged.pages_for(p_max, plan.page_size) * plan.page_size
     prompt = jax.eval_shape(lambda: engine.PromptKV(
-        k=jnp.zeros((2, cfg.num_kv_heads, p_max, cfg.head_dim), jnp.bfloat16),
-        v=jnp.zeros((2, cfg.num_kv_heads, p_max, cfg.head_dim), jnp.bfloat16),
-        valid=jnp.zeros((p_max,), bool), logits=jnp.zeros((cfg.vocab_size,), jnp.float32),
-        position=jnp.zeros((), jnp.int32)))
+        k=jnp.zeros((2, cfg.num_kv_heads, stored, cfg.head_dim), jnp.bfloat16),
+        v=jnp.zeros((2, cfg.num_kv_heads, stored, cfg.head_dim), jnp.bfloat16),
+        length=jnp.zeros((), jnp.int32), logits=jnp.zeros((cfg.vocab_size,), jnp.float32)))
     prompt = _abstract(prompt, jax.tree.map(lambda _: every, prompt))
 
-    step = engine.decode_steps.lower(
-        p, cfg, abstract_state, sampling.Temperature(1.0),
-        jax.ShapeDtypeStruct((2,), jnp.int32, sharding=every), 0, 64,
-        jax.ShapeDtypeStruct((), bool, sharding=every)).compile()
-    insert = engine.insert.lower(abstract_state, prompt, scalar, scalar, scalar).compile()
-    for name, program in (("decode", step), ("insert", insert)):
+    def ints(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=every)
+
+    with parallel.rows_on(mesh):
+        step = engine.decode_steps.lower(
+            p, cfg, abstract_state, sampling.Temperature(1.0), ints(2), 0, 64,
+            jax.ShapeDtypeStruct((), bool, sharding=every), plan.table_pages).compile()
+        insert = engine.insert.lower(abstract_state, scalar, ints(plan.table_pages), scalar,
+                                     ints(4, 2), prompt.logits, scalar, scalar).compile()
+        store = engine.store_prefix.lower(abstract_state, prompt,
+                                          ints(4, stored // plan.page_size)).compile()
+    for name, program in (("decode", step), ("insert", insert), ("store", store)):
         gathered = all_gather_bytes(program.as_text())
         assert max(gathered, default=0) < 2e6, (name, sorted(gathered)[-5:])
-    # The state keeps its layout through both programs (donated buffers are reused).
-    for program in (step, insert):
+    # The state keeps its layout through the programs (donated buffers are reused): each
+    # shard its own pages, the KV heads over "tensor".
+    for program in (step, insert, store):
         out = program.output_shardings
         out = out[0] if isinstance(out, tuple) else out
         k = out.cache.k[0] if per_layer else out.cache.k
         assert k.is_equivalent_to(NamedSharding(
-            mesh, P(*((None,) * (not per_layer)), parallel.BATCH_AXES, "tensor")),
+            mesh, P(*((None,) * (not per_layer)), "tensor", parallel.BATCH_AXES)),
             5 - per_layer), k
     if per_layer:
         # Memory against the planner's engine terms (`memory.inference_terms.engine_terms`),
@@ -622,8 +633,9 @@ def test_engine_programs_at_paper_shapes(per_layer):
             assert 0.9 <= planned[b] / measured[b] <= 1.1, (b, planned[b], measured[b])
         assert planned["prefill"] >= measured["prefill"]
         return  # on the training layout XLA splits these matmuls instead of gathering
-    # Memory: the static decode loop of E rows over the same S positions (what the planner
-    # models today) needs as much; the engine adds only its [B, N] outputs.
+    # Memory: the static decode loop of E rows over the same S positions needs as much or
+    # more (the paged pool holds E suffixes and the prompts' pages); the engine adds its
+    # [B, N] outputs.
     full = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
     static_state = jax.eval_shape(lambda: sampling.prefill(
         jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), full), cfg,
@@ -642,8 +654,9 @@ def test_engine_programs_at_paper_shapes(per_layer):
     # The check sees a gather where there is one: on the training layout (fsdp-split
     # weights) the stacked decode program gathers weight matrices.
     trained = _abstract(params, parallel.param_shardings(params, mesh, models.param_specs()))
-    text = engine.decode_steps.lower(
-        trained, cfg, abstract_state, sampling.Temperature(1.0),
-        jax.ShapeDtypeStruct((2,), jnp.int32, sharding=every), 0, 64,
-        jax.ShapeDtypeStruct((), bool, sharding=every)).compile().as_text()
+    with parallel.rows_on(mesh):
+        text = engine.decode_steps.lower(
+            trained, cfg, abstract_state, sampling.Temperature(1.0), ints(2), 0, 64,
+            jax.ShapeDtypeStruct((), bool, sharding=every), plan.table_pages
+        ).compile().as_text()
     assert max(all_gather_bytes(text)) >= 32e6

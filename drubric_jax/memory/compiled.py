@@ -216,16 +216,19 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
 
 
 def engine_peaks(cfg: ModelConfig, params, slots: int, rows: int, prompt: int, new: int,
-                 constrained: bool, mesh) -> tuple:
+                 constrained: bool, mesh, rows_per_prompt: int = 1) -> tuple:
     """Bytes per device beyond `params` at each peak of the rollout engine
     (`sampling.engine_host.generate_engine(..., mesh=mesh)`) with E = `slots` slots (a
-    multiple of the row shards), B = `rows` rows, prompt bucket P = `prompt` and N = `new`,
-    on the rollout copy of `params`: (one prompt's prefill, an insert, a decode call of
-    `decode_steps` or, `constrained`, the larger of `sample_step` and `forward_step`), each
+    multiple of the row shards), B = `rows` rows of `rows_per_prompt` rows a prompt
+    (K; the default prefix pages, `engine_host.default_prefix_pages`), prompt bucket
+    P = `prompt` and N = `new`, on the rollout copy of `params`: (one prompt's prefill,
+    an insert with the prompt's pages stored, a decode call of `decode_steps` reading the
+    whole table or, `constrained`, the larger of `sample_step` and `forward_step`), each
     beside the copy, the engine's state and (after the prefill) the prompt store."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from drubric_jax.sampling import engine
+    from drubric_jax.models import paged
+    from drubric_jax.sampling import engine, engine_host
 
     params, copy = rollout_copy(params, cfg, mesh)
     held = 0 if copy is None else copy.output
@@ -234,33 +237,49 @@ def engine_peaks(cfg: ModelConfig, params, slots: int, rows: int, prompt: int, n
     else:
         layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
         loop_params = {**params, "layers": layers.outputs}
-    state = jax.eval_shape(lambda: engine.init_state(
-        cfg, slots, prompt + new, rows, new, jax.random.PRNGKey(0),
-        per_layer=models.is_per_layer(loop_params)))
-    state = _structs(state, engine.state_shardings(state, cfg, mesh))
-    every = NamedSharding(mesh, PartitionSpec())
-    tokens = jax.ShapeDtypeStruct((1, prompt), jnp.int32, sharding=every)
-    mask = jax.ShapeDtypeStruct((1, prompt), bool, sharding=every)
-    # The prefill runs on the copy as the host loop passes it (stacked or per-layer).
-    pre = analyse(engine.prefill_prompt.lower(params, cfg, tokens, mask, prompt))
-    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=every)
-    ins = analyse(engine.insert.lower(state, pre.outputs, scalar, scalar, scalar))
-    base = held + layers.output + device_bytes(state)
-    stop = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=every)
-    method = sampling.Temperature(1.0)
-    if not constrained:
-        step = analyse(engine.decode_steps.lower(
-            loop_params, cfg, state, method, stop, 0, 64,
-            jax.ShapeDtypeStruct((), bool, sharding=every))).extra
-    else:
-        words, = _row_structs(mesh, slots, ((constrained_lib.bitmask_words(cfg.vocab_size),),
-                                            jnp.int32))
-        force, = _row_structs(mesh, slots, ((), bool))
-        sample = analyse(engine.sample_step.lower(state, words, force, method, stop, 0))
-        new_state, tok, emitted, _ = sample.outputs
-        forward = analyse(engine.forward_step.lower(loop_params, cfg, new_state, tok, emitted))
-        step = max(sample.extra + device_bytes(words) + device_bytes(force), forward.extra)
-    return base + pre.extra, base + pre.output + ins.extra, base + pre.output + step
+    shards = parallel.row_shards(mesh)
+    plan = engine.PagePlan(
+        slots=slots, shards=shards, page_size=engine.PAGE_SIZE, max_new_tokens=new,
+        max_prompt=prompt, prefix_pages=engine_host.default_prefix_pages(
+            slots, shards, rows, max(rows // max(rows_per_prompt, 1), 1), prompt,
+            engine.PAGE_SIZE))
+    with parallel.rows_on(mesh):
+        state = jax.eval_shape(lambda: engine.init_state(
+            cfg, plan, rows, new, jax.random.PRNGKey(0),
+            per_layer=models.is_per_layer(loop_params)))
+        state = _structs(state, engine.state_shardings(state, cfg, mesh))
+        every = NamedSharding(mesh, PartitionSpec())
+        tokens = jax.ShapeDtypeStruct((1, prompt), jnp.int32, sharding=every)
+        mask = jax.ShapeDtypeStruct((1, prompt), bool, sharding=every)
+        # The prefill runs on the copy as the host loop passes it (stacked or per-layer).
+        pre = analyse(engine.prefill_prompt.lower(params, cfg, tokens, mask, plan.page_size))
+        scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=every)
+        pp = paged.pages_for(prompt, plan.page_size)
+        pages = jax.ShapeDtypeStruct((shards, pp), jnp.int32, sharding=every)
+        store = analyse(engine.store_prefix.lower(state, pre.outputs, pages))
+        ins = analyse(engine.insert.lower(
+            state, scalar, jax.ShapeDtypeStruct((plan.table_pages,), jnp.int32, sharding=every),
+            scalar, jax.ShapeDtypeStruct((shards, 2), jnp.int32, sharding=every),
+            pre.outputs.logits, scalar, scalar))
+        base = held + layers.output + device_bytes(state)
+        stop = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=every)
+        method = sampling.Temperature(1.0)
+        if not constrained:
+            step = analyse(engine.decode_steps.lower(
+                loop_params, cfg, state, method, stop, 0, 64,
+                jax.ShapeDtypeStruct((), bool, sharding=every), plan.table_pages)).extra
+        else:
+            words, = _row_structs(mesh, slots, ((constrained_lib.bitmask_words(
+                cfg.vocab_size),), jnp.int32))
+            force, = _row_structs(mesh, slots, ((), bool))
+            sample = analyse(engine.sample_step.lower(state, words, force, method, stop, 0))
+            new_state, tok, emitted, _ = sample.outputs
+            forward = analyse(engine.forward_step.lower(loop_params, cfg, new_state, tok,
+                                                        emitted, plan.table_pages))
+            step = max(sample.extra + device_bytes(words) + device_bytes(force),
+                       forward.extra)
+    return (base + pre.extra, base + pre.output + max(store.extra, ins.extra),
+            base + pre.output + step)
 
 
 class _NoCopy:
@@ -357,10 +376,11 @@ def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
             segments = w.policy_segments if role == "policy" else w.rubric_segments
             if (w.policy_sampler if role == "policy" else w.rubric_sampler) == "engine":
                 of_rows = step.of_rows
-                return (step.name, rows, of_rows), lambda n: engine_peaks(
+                share = w.shared_rows(role, phase)
+                return (step.name, rows, of_rows, share), lambda n: engine_peaks(
                     base(role, n), sampler_params(depth(models_.trainee[role], n),
                                                   base(role, n), mesh),
-                    rows, of_rows, prompt, new, role == "generator", mesh)
+                    rows, of_rows, prompt, new, role == "generator", mesh, share)
             return (step.name, rows), lambda n: sampling_peaks(
                 base(role, n), sampler_params(depth(models_.trainee[role], n), base(role, n),
                                               mesh), rows, prompt, new, role == "generator",

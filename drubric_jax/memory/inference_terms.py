@@ -197,67 +197,91 @@ def sampling_terms(models_: RoleModels, role: str, mesh, rows: int, prompt: int,
 ENGINE_OUTPUT_BYTES = 4 + 4 + 1
 
 
+def engine_pages(slots: int, shards: int, rows: int, prompt: int, new: int,
+                 rows_per_prompt: int = 1):
+    """The engine's `PagePlan` for E = `slots` on `shards` row shards, B = `rows` rows of
+    `rows_per_prompt` rows a prompt, prompt bucket P and N = `new`, with the host's default
+    prefix pages (`engine_host.default_prefix_pages`)."""
+    from drubric_jax.sampling import engine, engine_host
+
+    prompts = max(rows // max(rows_per_prompt, 1), 1)
+    return engine.PagePlan(
+        slots=slots, shards=shards, page_size=engine.PAGE_SIZE, max_new_tokens=new,
+        max_prompt=prompt, prefix_pages=engine_host.default_prefix_pages(
+            slots, shards, rows, prompts, prompt, engine.PAGE_SIZE))
+
+
 def engine_terms(cfg: ModelConfig, mesh, slots: int, rows: int, prompt: int, new: int,
                  attention: str, block: int, constrained: bool, field: str,
-                 budget: str, branch: Optional[str] = None) -> list:
+                 budget: str, branch: Optional[str] = None, rows_per_prompt: int = 1,
+                 backend: Optional[str] = None) -> list:
     """Transient terms per device of the rollout engine (`sampling.engine`), beyond the
-    weights: its state, then the largest of one prompt's prefill, an insert and a decode
-    step.
+    weights: its state, then the largest of one prompt's prefill, an insert (with the
+    prompt's pages stored) and a decode step.
 
-    The state holds E = `slots` rows of S = P + N positions (a ring, `KVCache.ring`),
-    made once in the decode form (per-layer or stacked: one copy either way, where the
-    static per-layer decode holds a stacked and a per-layer cache), split as `generate`'s
-    rows (data x fsdp) with the KV heads over "tensor"; the slots' logits float32 [E, V];
-    the rollout's [B, N] outputs (`ENGINE_OUTPUT_BYTES` a token) on every device. One
-    prompt is prefilled at a time (its k and v [L, Hkv, P, Dh] kept in the store while its
-    K rows are inserted), replicated over the row shards.
+    The state is a paged KV cache (`models.paged`), made once in the decode form: a device
+    holds its row shard's pool, 1 scratch page + E_l slots x `own` pages (a slot's suffix:
+    N tokens and the prompt's partial last page) + the prefix pages lent to prompts
+    (`engine_pages`: room for 2 ceil(E_l / K) + 1 prompts of P, K = `rows_per_prompt`),
+    with the KV heads over "tensor"; the slots' logits float32 [E_l, V]; the rollout's
+    [B, N] outputs (`ENGINE_OUTPUT_BYTES` a token) on every device. One prompt is
+    prefilled at a time (its k and v [L, Hkv, Pp Ps, Dh], replicated over the row shards).
+    A decode step on CPU (XLA) gathers each slot's table pages of one layer ([E_l, Hkv,
+    Pt Ps, Dh] k and v, and float32 scores); JAX's Pallas kernels (GPU, TPU) read the
+    pages in place.
 
     Args:
         slots: E.  rows: B, rows of the rollout.  prompt: P_max, the longest prompt's
-            bucket.  new: N.
+            bucket.  new: N.  rows_per_prompt: K, rows that share a prompt.
         constrained: a constraint's packed bitmask int32 [E, ceil(V / 32)] is an argument
             of each step (`engine.sample_step`).
         field / budget: what shrinks the slot-sized / the prompt-sized terms.
         branch: "prefill" | "insert" | "decode": the state and that program's terms only
             (None: the largest).
+        backend: "cpu" | "gpu" | "tpu" (None: JAX's default): whether a step gathers pages.
 
     Raises:
         ValueError: an unknown branch.
     """
     local, tensor = rows_per_device(slots, mesh), mesh.shape["tensor"]
-    positions = prompt + new
+    plan = engine_pages(slots, row_shards(mesh), rows, prompt, new, rows_per_prompt)
     heads = cfg.num_kv_heads
     heads = heads // tensor if heads % tensor == 0 else heads
-    state = [Term(f"engine KV cache ({local} of {slots} slots x {positions} positions, "
-                  f"one copy in the decode form)", kv_cache_bytes(cfg, slots, positions, mesh),
-                  field),
+    token_bytes = 2 * cfg.num_layers * heads * cfg.head_dim * cfg.compute_dtype.itemsize
+    ps = plan.page_size
+    state = [Term(f"engine paged KV cache (a shard's {plan.pages_per_shard} pages of {ps}: "
+                  f"{local} of {slots} slots x {plan.own} own + {plan.prefix_pages} prefix "
+                  f"pages for {plan.prefix_pages // plan.prompt_pages} prompts of {prompt}, "
+                  f"K = {rows_per_prompt})", plan.pages_per_shard * ps * token_bytes, field),
              Term(f"engine slots' next-token logits (float32 [{local}, V])",
                   local * cfg.vocab_size * 4, field),
              Term(f"engine outputs ([{rows}, {new}] tokens, log-probs, mask; every device)",
                   rows * new * ENGINE_OUTPUT_BYTES,
                   "rows of the rollout (prompts x K); max_new_tokens")]
-    # The store: k and v of one prompt, [L, Hkv, P, Dh] (heads over "tensor"), its logits.
-    store = Term(f"engine prompt store (k, v of 1 prompt x {prompt} positions)",
-                 2 * cfg.num_layers * heads * prompt * cfg.head_dim
-                 * cfg.compute_dtype.itemsize + cfg.vocab_size * 4, budget)
+    # The store: k and v of one prompt, [L, Hkv, Pp Ps, Dh] (heads over "tensor"), logits.
+    stored = plan.prompt_pages * ps
+    store = Term(f"engine prompt store (k, v of 1 prompt x {stored} positions)",
+                 stored * token_bytes + cfg.vocab_size * 4, budget)
     decode = [store, logits_term(cfg, local, SAMPLING_LOGITS, field, tensor)]
+    if (backend or jax.default_backend()) == "cpu":
+        # XLA's paged attention (`paged._attend_xla`): one layer's table pages gathered (k
+        # and v; the scores fuse into the products: the compiled step's temporaries grow
+        # by one layer's k and v a slot and position, 2-layer Qwen3-8B, 8 fake devices).
+        span = plan.table_pages * ps
+        decode.append(Term(f"paged attention gather (one layer: k, v of {local} slots x "
+                           f"{span} positions)",
+                           local * span * token_bytes // cfg.num_layers, field))
     if constrained:
         decode.append(Term(f"constraint bitmask (int32 [{local}, ceil(V / 32)])",
                            local * -(-cfg.vocab_size // 32) * 4, field))
     # `engine.prefill_prompt`: a fresh one-row cache of P slots, then the store. Counted
-    # with the forward widths of the many-row passes: an upper bound here (one prompt of
-    # 128 tokens, 2-layer Qwen3-8B float32, tensor 2: 34 MB planned, 13 MB compiled).
+    # with the forward widths of the many-row passes: an upper bound.
     prefill = [dataclasses.replace(store, name="engine prefill's KV cache (1 prompt)"), store,
                *forward_terms(cfg, 1, prompt, prompt, attention, block, budget,
                               PREFILL_ATTENTION, tensor)]
-    # `engine.insert`: the slot's new row (k and v of S positions in every layer) and the
-    # prompt's stored keys cast for it, plus one more layer's row (read off the compiled
-    # insert of a Qwen3-8B at L = 2, 4 and S = 1,024, 2,048: 11.54, 20.97, 22.02, 39.85 MB,
-    # this count to 0.01 MB).
-    insert = [store, Term(f"engine insert (a row's k, v in every layer: {positions} + "
-                          f"{prompt} positions)",
-                          (2 * cfg.num_layers * (positions + prompt) + positions) * heads
-                          * cfg.head_dim * cfg.compute_dtype.itemsize, budget)]
+    # `engine.store_prefix`: the store's pages cast and laid out for the pool's scatter.
+    insert = [store, Term(f"engine prefix store (the prompt's {plan.prompt_pages} pages, "
+                          "laid out for the pool)", stored * token_bytes, budget)]
     branches = {"prefill": prefill, "insert": insert, "decode": decode}
     if branch is not None and branch not in branches:
         raise ValueError(f"branch must be one of {sorted(branches)} or None, got {branch!r}")
@@ -266,7 +290,8 @@ def engine_terms(cfg: ModelConfig, mesh, slots: int, rows: int, prompt: int, new
 
 def engine_sampling_terms(models_: RoleModels, role: str, mesh, slots: int, rows: int,
                           prompt: int, new: int, attention: str, block: int,
-                          constrained: bool, backend: Optional[str] = None) -> list:
+                          constrained: bool, backend: Optional[str] = None,
+                          rows_per_prompt: int = 1) -> list:
     """`sampling_terms` for a role whose `sampler` is "engine": the rollout copy of the
     weights (its per-layer form on CPU and GPU, or the sampler's per-layer copy where no
     rollout copy is made) and `engine_terms`."""
@@ -283,7 +308,8 @@ def engine_sampling_terms(models_: RoleModels, role: str, mesh, slots: int, rows
     budget = ("config.generator.input_budget" if role == "generator"
               else "config.policy.max_prompt_tokens")
     return weights + engine_terms(cfg, mesh, slots, rows, prompt, new, attention, block,
-                                  constrained, field, budget)
+                                  constrained, field, budget, rows_per_prompt=rows_per_prompt,
+                                  backend=backend)
 
 
 def verification_terms(models_: RoleModels, mesh, rows: int, prefix: int, suffix: int,

@@ -237,7 +237,7 @@ def plan(config: ml_collections.ConfigDict, devices: int,
             return choose(phase, name, rows, candidates,
                            lambda e: engine_sampling_terms(
                                models_, role, mesh, e, rows, prompt, new, attention, block,
-                               constrained, backend),
+                               constrained, backend, w.shared_rows(role, phase)),
                            budget, per_call(rows, field, sampler))
         return choose(phase, name, rows, divisors(rows),
                        lambda r: sampling_terms(models_, role, mesh, r, prompt, new,

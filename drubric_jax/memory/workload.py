@@ -68,6 +68,14 @@ class Workload:
                    prefix, suffix, rows, items, p.cache_segments, g.cache_segments,
                    p.sampler, g.sampler, p.num_responses, g.num_lists)
 
+    def shared_rows(self, role: str, phase: str) -> int:
+        """Rows of `role`'s sampling in `phase` that share one prompt (the engine stores it
+        once a shard): a prompt's K answers; an input's G lists in the generator step, one
+        list an input in the policy step."""
+        if role == "policy":
+            return max(self.policy_group, 1)
+        return max(self.rubric_group, 1) if phase == "generator" else 1
+
     def update(self, role: str) -> tuple:
         """(rows R, prompt bucket P, new tokens N, rows a group) of `role`'s update."""
         if role == "generator":
