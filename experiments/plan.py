@@ -67,8 +67,9 @@ _TIME = flags.DEFINE_string("time", None, "Also estimate the time of a generator
                             "_ stands for a space).")
 _LENGTHS_FROM = flags.DEFINE_string(
     "lengths_from", None, "With --time: a run directory whose metrics.jsonl gives the "
-    "policy's response-length quantiles (config.policy.response_lengths is set from them; "
-    "decode steps are then counted from the lengths, not N for every row).")
+    "policy's and the generator's response-length quantiles (config.policy and "
+    "config.generator response_lengths are set from them; decode steps are then counted "
+    "from the lengths, not N for every row).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -104,13 +105,25 @@ def main(argv):
             from drubric_jax.sampling.lengths import spec_from_metrics
 
             path = os.path.join(_LENGTHS_FROM.value, "metrics.jsonl")
-            with config.unlocked():
-                config.policy.response_lengths = spec_from_metrics(
-                    [r for r in read_metrics(path) if r.get("phase") == "policy"],
-                    config.policy.max_new_tokens, path)
-            print(f"policy response lengths from {path}: {config.policy.response_lengths}")
+            rows = read_metrics(path)
+            # Each role's update logs its rows' lengths: the policy's answers in the policy
+            # phase, the generator's lists in the generator phase.
+            for role in ("policy", "generator"):
+                role_rows = [r for r in rows if r.get("phase") == role]
+                if role == "generator" and not role_rows:
+                    print(f"generator list lengths: none in {path} (no generator update "
+                          "logged); they run to N")
+                    continue
+                with config.unlocked():
+                    config[role].response_lengths = spec_from_metrics(
+                        role_rows, config[role].max_new_tokens, f"{path} ({role} rows)")
+                print(f"{role} response lengths from {path}: "
+                      f"{config[role].response_lengths}")
+        # The engine's slots as planned for this memory (the sampling steps' rows).
+        slots = {(f"{s.phase} step", "policy" if s.name == "policy sampling" else "generator"):
+                 s.rows for s in p.steps if s.name in ("policy sampling", "rubric sampling")}
         times = timing.estimate(config, RoleModels.from_config(config), target, _DEVICES.value,
-                                p.mesh["tensor"])
+                                p.mesh["tensor"], slots)
         print()
         print(timing.table(config, times, target, _DEVICES.value))
 

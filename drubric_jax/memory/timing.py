@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import ml_collections
 import numpy as np
@@ -67,7 +68,7 @@ class PhaseTime:
 
 
 def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, target,
-              segments=0, sampler="static", lengths="", k=1):
+              segments=0, sampler="static", lengths="", k=1, slots=None):
     """Prefill and decode of `rows` rows (prompt bucket P, N new) in calls of `per_call`,
     or with `sampler` = "engine" in `per_call` slots, each prompt (K rows) prefilled once.
 
@@ -76,9 +77,14 @@ def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, ta
     engine to its last row's end (`static_steps`, `engine_steps`). A static decode step
     reads the slots of its cache segment (`sampling.cache_schedule` as `generate` picks
     it: "auto", per-layer caches on GPU, stacked on TPU), on average
-    `sampling.mean_slots_read` of them: P + N with one segment, P + 0.67 N with four; the
-    engine's ring reads P + N.
+    `sampling.mean_slots_read` of them: P + N with one segment, P + 0.67 N with four. The
+    engine runs `slots` slots (the planner's pick for the device memory; None: the
+    config's `per_call`) and a step reads each slot's live tokens only (`models.paged`):
+    its prompt and what it has written, on average P + E[n^2] / (2 E[n]) over a row's
+    steps for lengths n (P + N / 2 when every row runs to N), with every slot busy.
     """
+    if sampler == "engine" and slots:
+        per_call = slots
     per_call = rows if per_call <= 0 else min(per_call, rows)
     calls = math.ceil(rows / per_call)
     ways = max(devices // tensor, 1)                      # data x fsdp: rows split this way
@@ -89,13 +95,16 @@ def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, ta
     # Every call reads the weights once a step on each device (split over tensor only) and
     # its rows' cache up to the end of the step's segment.
     per_layer = not target.name.startswith("TPU")  # `models.per_layer_decode`
-    slots = (prompt + new if sampler == "engine" else
-             mean_slots_read(cache_schedule(prompt, new, segments, per_layer), prompt, new))
-    step_bytes = (weight_bytes(cfg) + kv_bytes(cfg, per_call / ways, slots)) / tensor
-    step_flops = forward_flops(cfg, per_call / ways, per_call / ways * slots,
+    points = parse_lengths(lengths, new)
+    if sampler == "engine":
+        lens = row_lengths(points, rows).astype(float) if points else np.full(rows, new, float)
+        read = prompt + float((lens ** 2).mean() / (2 * lens.mean()))
+    else:
+        read = mean_slots_read(cache_schedule(prompt, new, segments, per_layer), prompt, new)
+    step_bytes = (weight_bytes(cfg) + kv_bytes(cfg, per_call / ways, read)) / tensor
+    step_flops = forward_flops(cfg, per_call / ways, per_call / ways * read,
                                per_call / ways) / tensor
     step_s = max(step_bytes / (target.tbps * 1e12), step_flops / (target.tflops * 1e12))
-    points = parse_lengths(lengths, new)
     if points:
         lens = row_lengths(points, rows)
         steps = (engine_steps(lens, per_call) if sampler == "engine"
@@ -104,6 +113,8 @@ def _sampling(phase, name, cfg, rows, prompt, new, per_call, devices, tensor, ta
     else:
         steps = calls * new
         label = f"{name}: decode ({sampler}, {calls} x {new} steps: every row to N)"
+    if sampler == "engine":
+        label = label[:-1] + f"; {per_call} slots, {read:,.0f} live tokens a slot)"
     out.append(PhaseTime(phase, label, "decode", step_flops * devices * steps,
                          step_bytes * devices * steps, step_s * steps))
     return out
@@ -172,7 +183,7 @@ def _verification(phase, cfg, prefixes, prefix, suffix, items, devices, target):
 
 
 def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices: int,
-             tensor: int = 1) -> list:
+             tensor: int = 1, slots: Optional[dict] = None) -> list:
     """[PhaseTime] of one generator step and one policy step of `config` on `devices`
     devices of `target` (`tensor` of them per tensor group).
 
@@ -180,7 +191,10 @@ def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices
         config: a run config (configs/base.py layout).
         models_: `memory.terms.RoleModels.from_config(config)` (the three roles' configs).
         target: `memory.costs.TARGETS[...]`.
+        slots: optional {(phase, "policy" | "generator"): E}, the engine's slots the memory
+            planner picked (`experiments.plan`); phase "generator step" | "policy step".
     """
+    slots = slots or {}
     p, g, v = config.policy, config.generator, config.verifier
     pol = models_.base[models_.sources["policy"]]
     gen = models_.base[models_.sources["generator"]]
@@ -197,11 +211,13 @@ def estimate(config: ml_collections.ConfigDict, models_, target: Target, devices
         out += _sampling(phase, "policy sampling", pol, rows, p.max_prompt_tokens,
                          p.max_new_tokens, p.rollout_micro_batch, devices, tensor, target,
                          p.cache_segments, p.sampler,
-                         p.response_lengths, k)
+                         p.response_lengths, k, slots.get((phase, "policy")))
+        # A generator input's G lists share it (one prefill) in the generator step.
         out += _sampling(phase, "rubric sampling", gen, gen_lists, g.input_budget,
                          g.max_new_tokens, g.rollout_micro_batch, devices, tensor, target,
                          g.cache_segments, g.sampler,
-                         g.response_lengths)
+                         g.response_lengths, lists if phase == "generator step" else 1,
+                         slots.get((phase, "generator")))
         # Items per prefix: every list of the prefix's prompt (G in the generator step).
         per_prefix = items * (lists if phase == "generator step" else 1)
         out.append(_verification(phase, ver, verified, v.max_prefix_tokens,
