@@ -138,6 +138,12 @@ def validate(config: ml_collections.ConfigDict, device_count: Optional[int] = No
     for node, field in ((p, "policy"), (g, "generator")):
         need(node.sampler in SAMPLERS, f"{field}.sampler",
              f"{node.sampler!r} not in {SAMPLERS} (sampling.SAMPLERS)")
+        # Without row ids a row's draws follow its place in its sampler call, so the engine
+        # (whose slots hold rows of many calls' worth) and the static sampler would give a
+        # step different samples: the engine needs every row drawing by its id.
+        need(node.sampler != "engine" or c.per_row_keys, f"{field}.sampler",
+             "'engine' needs config.per_row_keys=True (each row draws by its id, so the "
+             "engine gives the rows the static sampler gives)")
         try:
             parse_lengths(node.response_lengths, node.max_new_tokens)
         except ValueError as e:

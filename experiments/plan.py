@@ -102,23 +102,18 @@ def main(argv):
             raise app.UsageError(f"--time={_TIME.value!r}: not one of {sorted(costs.TARGETS)}")
         if _LENGTHS_FROM.value:
             from drubric_jax.rounds.run_logging import read_metrics
-            from drubric_jax.sampling.lengths import spec_from_metrics
+            from drubric_jax.sampling.lengths import role_specs
 
             path = os.path.join(_LENGTHS_FROM.value, "metrics.jsonl")
-            rows = read_metrics(path)
-            # Each role's update logs its rows' lengths: the policy's answers in the policy
-            # phase, the generator's lists in the generator phase.
+            specs = role_specs(read_metrics(path), {r: config[r].max_new_tokens
+                                                    for r in ("policy", "generator")}, path)
             for role in ("policy", "generator"):
-                role_rows = [r for r in rows if r.get("phase") == role]
-                if role == "generator" and not role_rows:
-                    print(f"generator list lengths: none in {path} (no generator update "
-                          "logged); they run to N")
+                if role not in specs:
+                    print(f"{role} lengths: none logged in {path}; its rows run to N")
                     continue
                 with config.unlocked():
-                    config[role].response_lengths = spec_from_metrics(
-                        role_rows, config[role].max_new_tokens, f"{path} ({role} rows)")
-                print(f"{role} response lengths from {path}: "
-                      f"{config[role].response_lengths}")
+                    config[role].response_lengths = specs[role]
+                print(f"{role} response lengths from {path}: {specs[role]}")
         # The engine's slots as planned for this memory (the sampling steps' rows).
         slots = {(f"{s.phase} step", "policy" if s.name == "policy sampling" else "generator"):
                  s.rows for s in p.steps if s.name in ("policy sampling", "rubric sampling")}

@@ -107,6 +107,20 @@ def test_eval_policy_config_validates_and_names_bad_fields():
         eval_policy.validate(c)
 
 
+@pytest.mark.parametrize("role", ["policy", "generator"])
+def test_a_sampler_without_row_ids_is_refused(role):
+    """The engine without `per_row_keys` (rows drawing by their place in a call) would
+    give other samples than the static sampler: the config check refuses it, naming the
+    field; with row ids it passes."""
+    c = smollm2_cpu.get_config("")
+    c[role].sampler = "engine"
+    c.per_row_keys = False
+    with pytest.raises(config_check.ConfigError, match=rf"config\.{role}\.sampler.*per_row_keys"):
+        config_check.validate(c, device_count=1, process_count=1)
+    c.per_row_keys = True
+    config_check.validate(c, device_count=1, process_count=1)
+
+
 def test_mesh_larger_than_device_count_is_a_config_error():
     with pytest.raises(config_check.ConfigError, match=r"config\.mesh"):
         config_check.validate(qwen3_8b.get_config(""), device_count=1, process_count=1)

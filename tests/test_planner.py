@@ -324,6 +324,7 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis(sam
 
     c = _tiny()
     c.policy.sampler = c.generator.sampler = sampler
+    c.per_row_keys = True  # the engine draws by row id (`config_check`)
     p = planner.plan(c, 8, search=False)
     mesh = parallel.make_mesh(*p.mesh.values(), jax.devices()[:8])
     only = ("sampling",) if sampler == "engine" else ()
@@ -542,11 +543,27 @@ def test_decode_steps_from_response_lengths_by_hand():
         ln.spec_from_metrics([{"loss": 1.0}], 64, "x.jsonl")
 
 
+def test_lengths_come_from_both_roles_updates():
+    """`plan --lengths_from` reads each role's lengths from its own phase's rows: the
+    policy's answers from the policy phase, the generator's lists from the generator
+    phase; a run without a generator update leaves the generator at N."""
+    from drubric_jax.sampling import lengths as ln
+
+    def row(phase, p50):
+        return {"phase": phase, "response_length_p10": p50 / 2, "response_length_p50": p50,
+                "response_length_p90": 2 * p50, "truncated_fraction": 0.0}
+
+    rows = [row("policy", 20), row("policy", 22), row("generator", 50), {"phase": "eval"}]
+    specs = ln.role_specs(rows, {"policy": 64, "generator": 160})
+    assert specs == {"policy": "0.1:10.5,0.5:21,0.9:42", "generator": "0.1:25,0.5:50,0.9:100"}
+    assert ln.role_specs(rows[:2], {"policy": 64, "generator": 160}).keys() == {"policy"}
+
+
 def test_time_estimate_counts_decode_steps_from_lengths():
     """memory.timing with `policy.response_lengths`: the static sampler's decode is its
     calls' longest rows, the engine's its slots' last ends, each a step at the slots'
-    cost (the engine reads its ring's P + N positions); the engine prefills each prompt
-    once."""
+    cost (the static sampler reads P + N positions a row, the engine a row's live tokens);
+    the engine prefills each prompt once."""
     from drubric_jax.memory import costs, timing
     from drubric_jax.memory.terms import RoleModels
     from drubric_jax.sampling import lengths as ln
@@ -572,7 +589,11 @@ def test_time_estimate_counts_decode_steps_from_lengths():
     static, static_pre = decode_and_prefill("static")
     engine, engine_pre = decode_and_prefill("engine")
     assert static.roofline_s == pytest.approx(ln.static_steps(lens, 2) * step_bytes / 1e12)
-    assert engine.roofline_s == pytest.approx(ln.engine_steps(lens, 2) * step_bytes / 1e12)
+    # The engine reads each slot's live tokens (a paged cache): on average the prompt and
+    # E[n^2] / (2 E[n]) of a row's own over its steps.
+    live = p.max_prompt_tokens + float((lens.astype(float) ** 2).mean() / (2 * lens.mean()))
+    engine_bytes = costs.weight_bytes(cfg) + costs.kv_bytes(cfg, 2, live)
+    assert engine.roofline_s == pytest.approx(ln.engine_steps(lens, 2) * engine_bytes / 1e12)
     assert engine.roofline_s < static.roofline_s
     assert engine_pre.roofline_s == pytest.approx(static_pre.roofline_s / p.num_responses)
 

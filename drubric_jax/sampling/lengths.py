@@ -100,3 +100,24 @@ def spec_from_metrics(rows, max_new: int, source: str = "metrics") -> str:
         top = max(top, t)
         out.append(f"{q:g}:{top:g}")
     return ",".join(out)
+
+
+def role_specs(rows, max_new: dict, source: str = "metrics") -> dict:
+    """{role: spec} (`spec_from_metrics`) for "policy" and "generator" from a run's
+    metrics rows: each role's update logs its own rows' lengths (the policy's answers in
+    the "policy" phase, the generator's lists in the "generator" phase). A role with no
+    row is left out (a run whose generator never updated).
+
+    Args:
+        rows: metrics.jsonl rows.  max_new: {role: N}.
+
+    Raises:
+        ValueError: the policy has no row with the percentiles (`spec_from_metrics`).
+    """
+    out = {}
+    for role in ("policy", "generator"):
+        mine = [r for r in rows if r.get("phase") == role]
+        if role == "generator" and not any(k in r for r in mine for k, _ in QUANTILE_METRICS):
+            continue
+        out[role] = spec_from_metrics(mine, max_new[role], f"{source} ({role} rows)")
+    return out
