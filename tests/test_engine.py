@@ -95,6 +95,7 @@ def test_engine_rows_equal_generate(request, method):
     np.testing.assert_array_equal(got.lengths, got.mask.sum(-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_rows_equal_generate_chunked_in_mixed_buckets(dtype):
     """The engine (3 slots, a paged cache, prompts of the 16, 32 and 64 buckets, K = 2 rows
@@ -182,6 +183,7 @@ def test_engine_json_rows_equal_generate_and_parse(tiny_model, smollm2_tokenizer
         assert len(doc["rubrics"]) == 1
 
 
+@pytest.mark.slow
 def test_each_program_compiles_once_in_a_fresh_process():
     """In a fresh process (no program compiled before; tests/engine_compiles_driver.py,
     JAX's compile log), a rollout over prompts of three buckets compiles one prefill and
@@ -214,9 +216,13 @@ def test_each_program_compiles_once_in_a_fresh_process():
 
 
 def test_k_samples_share_one_prefill(tiny_model):
-    """A prompt's K consecutive rows are prefilled once: 4 prompts x K = 3 rows run 4
-    prefills, and every row equals `generate`'s (two rows of one prompt differ: their
-    draw ids differ)."""
+    """A prompt's K consecutive rows are prefilled once and stored once: 4 prompts x K = 3
+    rows run 4 prefills and 4 prefix stores, the pool holds 5 slots' own pages and prefix
+    pages for 2 ceil(5 / 3) + 1 = 5 prompts at most (`default_prefix_pages`), not 12 rows'
+    prompts; every row equals `generate`'s (two rows of one prompt differ: their draw ids
+    differ). With prefix pages for one prompt, a slot waits for them and the rows are the
+    same."""
+    from drubric_jax.models import paged
     cfg, params = tiny_model
     base = _prompts(cfg, lengths=(5, 21, 9, 2), seed=1)
     prompts = [p for p in base for _ in range(3)]
@@ -226,9 +232,24 @@ def test_k_samples_share_one_prefill(tiny_model):
     stats = {}
     got = sampling.generate_engine(params, cfg, prompts, num_slots=5, row_ids=ids,
                                  stats=stats, **kw)
-    assert stats["prefills"] == len(base) and stats["inserts"] == len(prompts)
-    _assert_rows_equal(got, _alone(params, cfg, prompts, ids, **kw), cfg.vocab_size)
+    assert stats["prefills"] == stats["stores"] == len(base)
+    assert stats["inserts"] == len(prompts)
+    own = paged.pages_for(stats["page_size"] - 1 + 6, stats["page_size"])
+    prompt_pages = paged.pages_for(32, stats["page_size"])        # the 32 bucket
+    assert stats["pool_pages"] == 1 + 5 * own + 4 * prompt_pages  # 4 prompts < 5
+    assert stats["prefix_pages_peak"] <= 4 * prompt_pages and stats["waits"] == 0
+    alone = _alone(params, cfg, prompts, ids, **kw)
+    _assert_rows_equal(got, alone, cfg.vocab_size)
     assert (got.tokens[0] != got.tokens[1]).any()
+    # Pages for one prompt: the slots of the next prompt wait until the last one's rows end.
+    tight = {}
+    got = sampling.generate_engine(params, cfg, prompts, num_slots=5, row_ids=ids,
+                                   stats=tight, prefix_pages=prompt_pages, **kw)
+    _assert_rows_equal(got, alone, cfg.vocab_size)
+    assert tight["waits"] > 0 and tight["prefix_pages_peak"] <= prompt_pages
+    with pytest.raises(ValueError, match="prefix_pages"):
+        sampling.generate_engine(params, cfg, prompts, num_slots=5, row_ids=ids,
+                                 prefix_pages=prompt_pages - 1, **kw)
 
 
 def test_engine_with_more_slots_than_rows_and_one_slot(tiny_model):

@@ -660,3 +660,57 @@ def test_engine_programs_at_paper_shapes(per_layer):
             jax.ShapeDtypeStruct((), bool, sharding=every), plan.table_pages
         ).compile().as_text()
     assert max(all_gather_bytes(text)) >= 32e6
+
+
+@pytest.mark.slow
+def test_decode_bytes_follow_live_length():
+    """The engine's compiled decode step (`engine.forward_step`) of a 2-layer Qwen3-8B on
+    8 fake devices (fsdp 8: 4 slots a device, float32) reads each slot's pages up to the
+    live bucket it is given, not its table: at two live lengths (2,048 and 8,192 tokens of
+    a table of 8,208) the pages its gathers read are, per device, the planner's KV term
+    for those slots and tokens (`costs.kv_bytes`, what `memory.timing` counts a step),
+    within 10%; and the step's bytes accessed (`cost_analysis()`) grow by at least that
+    difference. On a GPU or TPU the same step reads the live pages inside JAX's Pallas
+    kernel (`models.paged`), whose reads these gathers stand for on CPU."""
+    from drubric_jax import parallel, sampling
+    from drubric_jax.memory import costs
+    from drubric_jax.memory.inference_terms import engine_pages
+    from drubric_jax.sampling import engine
+
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=2, decode_form="per_layer",
+                              dtype="float32", param_dtype="float32")
+    mesh = parallel.make_mesh(1, 8, 1)
+    slots, rows, new, p_max = 32, 64, 4096, 4096
+    local = slots // 8
+    params = jax.eval_shape(lambda: models.decode_params(
+        models.init_params(cfg, jax.random.PRNGKey(0)), cfg))
+    p = _abstract(params, parallel.param_shardings(
+        params, mesh, parallel.decode_rules(models.param_specs())))
+    plan = engine_pages(slots, 8, rows, p_max, new)
+    with parallel.rows_on(mesh):
+        state = jax.eval_shape(lambda: engine.init_state(cfg, plan, rows, new,
+                                                         jax.random.PRNGKey(0)))
+    state = _abstract(state, engine.state_shardings(state, cfg, mesh))
+    rows_sh = parallel.batch_sharding(mesh)
+    tok = jax.ShapeDtypeStruct((slots,), jnp.int32, sharding=rows_sh)
+    emitted = jax.ShapeDtypeStruct((slots,), bool, sharding=rows_sh)
+    ps, dh, hkv = plan.page_size, cfg.head_dim, cfg.num_kv_heads
+    page_shape = re.compile(rf"= f32\[(\d+),{hkv},1,{ps},{dh}\]\S* gather\(")
+    measured = {}
+    for live in (2048, 8192):
+        read = live // ps
+        with parallel.rows_on(mesh):
+            compiled = engine.forward_step.lower(p, cfg, state, tok, emitted, read).compile()
+        text = compiled.as_text()
+        # One gather of k and one of v a layer: [E_l * read pages, Hkv, 1, Ps, Dh].
+        gathered = [int(m.group(1)) for m in page_shape.finditer(text)]
+        assert gathered == [local * read] * (2 * cfg.num_layers), gathered
+        pages_bytes = sum(gathered) * hkv * ps * dh * 4
+        planned = costs.kv_bytes(cfg, local, live)
+        assert 0.9 <= pages_bytes / planned <= 1.1, (live, pages_bytes, planned)
+        cost = compiled.cost_analysis()
+        measured[live] = ((cost[0] if isinstance(cost, list) else cost)["bytes accessed"],
+                          planned)
+    (small, plan_small), (large, plan_large) = measured[2048], measured[8192]
+    assert large - small >= plan_large - plan_small, (measured, plan.table_pages * ps)
+    assert plan.table_pages * ps > 8192
