@@ -36,7 +36,13 @@ is left, and a phase with under 30 s left is "skipped: budget". Random bfloat16 
                   the same 128 rows (32 prompts x K = 4, 256-token prompts, N = 1024)
                   of Qwen3-8B, lengths roughly geometric with mean 256 (random weights
                   stop on a drawn set of ids: `experiments.device_engine`); tokens/s
-                  counts useful tokens (before each row's stop)
+                  counts useful tokens (before each row's stop); the note gives the
+                  paged pool's pages, waits and decode calls by read bucket
+    paged         `models.paged.attend_pages` (JAX's Pallas paged-attention kernel) of
+                  64 slots of one Qwen3-8B layer at live lengths 1,024 and 8,192 of a
+                  16,384-position table, against the dense decode attention over the
+                  whole table, util = live k, v bytes / bandwidth / time; and K = 8 rows
+                  reading one stored 4,096-token prompt against K copies (same output)
 Each phase runs as `--phase=NAME` in a child process (sys.executable, cwd the repository,
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 unless set), so each reports its own peak memory and an
 OOM, crash or timeout in one does not stop the others. The parent never imports jax.
@@ -116,7 +122,7 @@ _PHASE = flags.DEFINE_string("phase", None, "Internal: run this one phase here (
 
 # Most seconds a phase may take (quick; tiny: TINY_CAP_S each), and the least left to start one.
 CAPS_S = {"decode": 150, "decode_segments": 120, "prefill": 100, "train": 150,
-          "constrained": 100, "moe_verifier": 90, "engine": 150}
+          "constrained": 100, "moe_verifier": 90, "engine": 150, "paged": 60}
 TINY_CAP_S, MIN_START_S = 300, 30
 
 

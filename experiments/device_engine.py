@@ -103,19 +103,115 @@ def engine(ctx) -> None:
                                   zip(out["engine"].tokens, out["static"].tokens)]))
             planned = engine_steps(lens.tolist(), s.slots)
             row.update(speedup=seconds["static"] / seconds[name], same_tokens=same,
-                       prefills=int(stats["prefills"]), planned_steps=int(planned))
+                       prefills=int(stats["prefills"]), planned_steps=int(planned),
+                       pool_pages=int(stats["pool_pages"]), waits=int(stats["waits"]),
+                       read_pages={str(k): v for k, v in stats["read_pages"].items()})
             row["note"] += (f" (the planner's count {planned}); {stats['prefills']} prefills; "
                             f"{row['speedup']:.2f}x static's useful tokens/s; rows alike "
-                            f"{same:.2f}")
+                            f"{same:.2f}; paged pool {stats['pool_pages']} pages of "
+                            f"{stats['page_size']}, {stats['waits']} waits, decode calls "
+                            f"by read bucket {row['read_pages']}")
         # The planner's terms: the static calls' (E rows of P + N slots), or the engine's
         # (E slots, the rollout's outputs; tests/test_scale_programs.py holds its decode
         # and insert within 10% of the compiled programs).
         if name == "engine":
             return with_plan(row, planned_gb(cfg, lambda rm: engine_sampling_terms(
                 rm, "policy", ctx.mesh, s.slots, len(rows), s.prompt_len, s.new, "auto",
-                BLOCK, False)))
+                BLOCK, False, rows_per_prompt=s.k)))
         return with_plan(row, planned_gb(cfg, lambda rm: sampling_terms(
             rm, "policy", ctx.mesh, s.slots, s.prompt_len, s.new, "auto", BLOCK, False)))
 
     for name in ("static", "engine"):
         ctx.row(f"{name} E={s.slots}", lambda name=name: timed(name))
+
+
+# Live-length decode attention: E slots of a Qwen3-8B layer's KV heads, a table of Pt pages
+# (P + N = 16,384 positions), read at two live lengths, and K = 8 rows sharing one prompt.
+PAGED_QUICK = dict(slots=64, table_tokens=16384, lives=(1024, 8192), k=8, prompt=4096)
+PAGED_TINY = dict(slots=4, table_tokens=128, lives=(16, 64), k=2, prompt=32)
+
+
+def paged(ctx) -> None:
+    """Rows "paged live=...": `models.paged.attend_pages` (JAX's Pallas paged-attention
+    kernel on a GPU or TPU; XLA elsewhere) of E slots at a live length, against the dense
+    decode attention (`decode_attention.attend_one`) over the whole table, its HBM
+    roofline the live k and v bytes; and "paged shared prefix": K rows listing one
+    prompt's pages (one stored copy) against K copies, the same output, the pool's bytes."""
+    import jax
+    import jax.numpy as jnp
+
+    from drubric_jax.models import decode_attention
+    from drubric_jax.models import paged as paged_lib
+    from experiments.device_measure import first_and_steady
+
+    s = PAGED_TINY if ctx.tiny else PAGED_QUICK
+    cfg = ctx.model(ctx.shapes.dense)
+    hkv, h, dh, ps = cfg.num_kv_heads, cfg.num_heads, cfg.head_dim, 16
+    e, pt = s["slots"], s["table_tokens"] // ps
+    dtype = cfg.compute_dtype
+    key = jax.random.PRNGKey(0)
+    pool = jax.random.normal(key, (hkv, 1 + e * pt, ps, dh), dtype)
+    tables = (1 + jnp.arange(e * pt, dtype=jnp.int32)).reshape(e, pt)
+    q = jax.random.normal(jax.random.PRNGKey(1), (e, h, dh), dtype)
+    dense_k = jnp.transpose(pool[:, tables], (1, 0, 2, 3, 4)).reshape(e, hkv, -1, dh)
+    paged_fn = jax.jit(lambda q, lengths, read: paged_lib.attend_pages(
+        q, pool, pool, tables[:, :read], lengths), static_argnums=2)
+    dense_fn = jax.jit(lambda q, lengths: decode_attention.attend_one(
+        q[:, None], (dense_k,), (dense_k,),
+        (jnp.arange(dense_k.shape[2])[None] < lengths[:, None])[:, None, None], -1e30))
+
+    def row(live, impl):
+        lengths = jnp.full((e,), live, jnp.int32)
+        read = paged_lib.pages_for(live, ps)
+        one = ((lambda: paged_fn(q, lengths, read)) if impl == "paged"
+               else (lambda: dense_fn(q, lengths)))
+        reps = 20  # one call is tens of microseconds on a GPU: time several back to back
+
+        def fn():
+            out = None
+            for _ in range(reps):
+                out = one()
+            return out
+
+        compile_s, steady, _ = first_and_steady(lambda: (), fn)
+        steady /= reps
+        tokens = live if impl == "paged" else s["table_tokens"]
+        must = 2 * e * hkv * tokens * dh * dtype.itemsize  # k and v (one layer) read
+        out = {"compile_s": compile_s, "steady_s": steady, "ms_per_step": steady * 1e3,
+               "tokens_per_s": e / steady, "bytes": must, "note": f"{e} slots, live {live} of {s['table_tokens']} "
+                                      f"positions; reads {must / 1e6:.1f} MB"}
+        if ctx.peak_tbps:
+            out["util"] = must / (ctx.peak_tbps * 1e12) / steady
+        return out
+
+    for live in s["lives"]:
+        ctx.row(f"paged live={live}", lambda live=live: row(live, "paged"))
+        ctx.row(f"dense live={live}", lambda live=live: row(live, "dense"))
+
+    def shared():
+        k, prompt = s["k"], s["prompt"]
+        full = prompt // ps
+        own = pt - full
+        one = jax.random.normal(key, (hkv, 1 + full + k * own, ps, dh), dtype)
+        t = jnp.concatenate([jnp.broadcast_to(1 + jnp.arange(full, dtype=jnp.int32),
+                                              (k, full)),
+                             (1 + full + jnp.arange(k * own, dtype=jnp.int32)).reshape(k, own)],
+                            axis=1)
+        lengths = jnp.full((k,), prompt + 64, jnp.int32)
+        qk = q[:k]
+        got = jax.jit(lambda: paged_lib.attend_pages(qk, one, one, t, lengths))()
+        copies = jnp.concatenate([jnp.broadcast_to(one[:, 1:1 + full], (k, hkv, full, ps, dh))
+                                  .transpose(1, 0, 2, 3, 4).reshape(hkv, k * full, ps, dh),
+                                  one[:, 1 + full:]], axis=1)
+        copies = jnp.concatenate([one[:, :1], copies], axis=1)
+        t2 = jnp.concatenate([(1 + jnp.arange(k * full, dtype=jnp.int32)).reshape(k, full),
+                              t[:, full:] + (k - 1) * full], axis=1)
+        want = jax.jit(lambda: paged_lib.attend_pages(qk, copies, copies, t2, lengths))()
+        err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
+        return {"max_abs_diff": err, "status": "ok" if err == 0.0 else "error", "pool_bytes": int(one.nbytes),
+                "copies_bytes": int(copies.nbytes),
+                "note": f"K {k} rows of one {prompt}-token prompt: pool {one.nbytes / 1e6:.1f} MB "
+                        f"(one copy) against {copies.nbytes / 1e6:.1f} MB (K copies); "
+                        f"outputs differ by {err:.2e}"}
+
+    ctx.row("paged shared prefix", shared)

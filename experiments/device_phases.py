@@ -14,7 +14,7 @@ import numpy as np
 
 from drubric_jax.memory.costs import causal_pairs, forward_flops, kv_bytes, weight_bytes
 from experiments.bench_common import median_seconds, timed
-from experiments.device_engine import engine
+from experiments.device_engine import engine, paged
 from experiments.device_measure import (Context, decode_state, first_and_steady, flops_row,
                                         load_tokenizer, planned_gb, with_plan)
 
@@ -355,4 +355,4 @@ def train(ctx: Context) -> None:
 
 PHASES = {"decode": decode, "decode_segments": decode_segments, "prefill": prefill,
           "train": train, "constrained": constrained, "moe_verifier": moe_verifier,
-          "engine": engine}
+          "engine": engine, "paged": paged}

@@ -7,7 +7,8 @@ passes its own block of the 8 rows and prints what it got back.
     python tests/engine_rows_driver.py --num_processes=1 --devices=8
 
 Prints one JSON line: this process's rows (tokens, mask, log-probs), unconstrained and
-under a per-row constraint, and the rows its `on_row_end` saw.
+under a per-row constraint, the rows its `on_row_end` saw, and the static sampler's rows
+(`generate_chunked`, the same row ids) unconstrained.
 """
 import argparse
 import json
@@ -60,6 +61,13 @@ def main() -> None:
         out[name] = {"tokens": got.tokens.tolist(), "mask": got.mask.tolist(),
                      "logprobs": got.logprobs.tolist(), "lengths": got.lengths.tolist(),
                      "prompt_tokens": got.prompt_tokens.tolist(), "ended": sorted(ended)}
+    # The static sampler on the same rows and row ids (what a run with sampler "static"
+    # samples): a call of this process's rows.
+    kw.pop("num_slots"), kw.pop("steps_per_call")
+    static = sampling.generate_chunked(weights, cfg, rows[block], len(rows[block]),
+                                       row_ids=ids[block], **kw)
+    out["static"] = {"tokens": static.tokens.tolist(), "mask": static.mask.tolist(),
+                     "logprobs": static.logprobs.tolist()}
     print(json.dumps(out), flush=True)
 
 

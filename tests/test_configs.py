@@ -188,6 +188,7 @@ def test_every_trainer_field_is_in_the_config_and_overridable(module, arg):
     with pytest.raises(config_check.ConfigError, match="config.policy.sampler"):
         config_check.validate(config, device_count=8, process_count=1)
     config.policy.sampler = "engine"
+    config.per_row_keys = True  # the engine draws by row id
     config.generator.response_lengths = "0.5:10,0.1:20"
     with pytest.raises(config_check.ConfigError, match="config.generator.response_lengths"):
         config_check.validate(config, device_count=8, process_count=1)

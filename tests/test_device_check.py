@@ -20,8 +20,9 @@ ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
 # moe_verifier: two lengths under each of the two expert dispatches.
 # decode_segments: one cache and 4 segments.
 # engine: static calls, then the engine, on the same rows.
+# paged: paged and dense attention at two live lengths, then the shared prefix.
 ROWS = {"decode": 4, "decode_segments": 2, "prefill": 2, "train": 2, "constrained": 1,
-        "moe_verifier": 4, "engine": 2}
+        "moe_verifier": 4, "engine": 2, "paged": 5}
 TIMED = ("compile_s", "steady_s", "ms_per_step", "tokens_per_s")
 
 
@@ -57,6 +58,8 @@ def test_tiny_check_runs_every_phase_ok_with_positive_finite_figures(tmp_path):
             if name == "train" and "layout" in row["name"]:
                 assert row["base_gb"] > 0 and row["adapters_gb"] > 0
                 assert row["adapters_gb"] == pytest.approx(row["planned_adapters_gb"])
+            elif name == "paged":  # attention alone: no planner step of its own
+                assert ("steady_s" in row) != (row["name"] == "paged shared prefix"), row
             elif "probe" not in row["name"]:
                 assert {"compile_s", "steady_s", "tokens_per_s"} <= set(timed), row
                 assert row["planned_gb"] > 0, row
@@ -66,6 +69,13 @@ def test_tiny_check_runs_every_phase_ok_with_positive_finite_figures(tmp_path):
     assert eng["same_tokens"] == 1.0 and eng["useful_tokens"] == static["useful_tokens"]
     assert eng["steps"] == eng["planned_steps"] <= static["steps"]
     assert eng["prefills"] == 4  # one per distinct prompt (TINY: 4 prompts x K = 2)
+    assert eng["waits"] == 0 and eng["pool_pages"] > 0
+    paged_rows = {r["name"]: r for r in result["phases"]["paged"]["rows"]}
+    # A live length reads its own bytes; K rows of one stored prompt give the K copies'
+    # output exactly from a pool that holds one copy.
+    assert paged_rows["paged live=16"]["bytes"] < paged_rows["dense live=16"]["bytes"]
+    shared = paged_rows["paged shared prefix"]
+    assert shared["max_abs_diff"] == 0.0 and shared["pool_bytes"] < shared["copies_bytes"]
     constrained = result["phases"]["constrained"]["rows"][0]
     # Both clocks are reported (their ratio is a measurement, not a property to assert).
     assert constrained["host_ms_per_step"] > 0 and constrained["ms_per_step"] > 0

@@ -278,21 +278,6 @@ def test_engine_refuses_bad_arguments(tiny_model):
             sampling.generate_engine(params, cfg, **bad, **kw)
 
 
-def test_a_ring_cache_takes_one_token_into_a_written_cache(tiny_model):
-    """`KVCache.ring` (the engine's cache) refuses a multi-token call: a prefill's causal
-    order needs positions in order, which a ring does not keep."""
-    import jax.numpy as jnp
-
-    from drubric_jax import models
-
-    cfg, params = tiny_model
-    cache = models.init_cache(cfg, 1, 8).replace(empty=False, ring=True)
-    tokens = jnp.ones((1, 2), jnp.int32)
-    with pytest.raises(ValueError, match="ring"):
-        models.forward_hidden(params, cfg, tokens, jnp.zeros((1, 2), jnp.int32),
-                              cache=cache)
-
-
 @pytest.mark.slow
 def test_engine_on_a_mesh_gives_the_one_device_rows(tiny_model, monkeypatch):
     """On a 2 x 2 x 2 mesh of fake devices (slots and the pool's pages over data x fsdp =

@@ -22,7 +22,9 @@ def _launch(num_processes: int) -> list:
 def test_two_processes_get_the_rows_one_process_gives():
     """Rows and their order, unconstrained and under a per-row constraint (every process
     runs every slot's matcher), equal one process's; log-probs within float32 rounding;
-    each process's `on_row_end` sees its own rows only, by their index in its block."""
+    each process's `on_row_end` sees its own rows only, by their index in its block; and
+    the unconstrained rows of either layout equal the static sampler's
+    (`generate_chunked`, the same row ids) on one process."""
     from drubric_jax.models.config import TINY
 
     [one] = _launch(1)
@@ -43,6 +45,13 @@ def test_two_processes_get_the_rows_one_process_gives():
             ref = np.asarray(want["logprobs"][lo:hi])
             np.testing.assert_allclose(got["logprobs"], ref, rtol=0,
                                        atol=logprob_atol(ref, TINY.vocab_size))
+    static = one["static"]
+    for got in [one["free"]] + [
+            {k: [r for p in two for r in p["free"][k]] for k in ("tokens", "mask", "logprobs")}]:
+        assert got["tokens"] == static["tokens"] and got["mask"] == static["mask"]
+        ref = np.asarray(static["logprobs"])
+        np.testing.assert_allclose(got["logprobs"], ref, rtol=0,
+                                   atol=logprob_atol(ref, TINY.vocab_size))
     # The constraint bites: at even steps only the lower half of the vocabulary, and every
     # row is complete (a forced stop) by its 5th token.
     tokens, mask = np.asarray(one["constrained"]["tokens"]), np.asarray(one["constrained"]["mask"])

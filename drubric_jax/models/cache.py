@@ -14,6 +14,9 @@ arrays [B, Hkv, S_c, Dh] whose slots follow one another (S = sum of S_c). A deco
 segments (`sampling.decode_segments`) adds a chunk per segment: the slots already written
 are neither copied nor reallocated, each step writes into the last chunk and attends over
 all of them (`models.attention`), so it reads the slots of the chunks so far, not S.
+
+The rollout engine keeps its own paged cache (`models.paged.PagedKV`): a pool of pages, a
+page table and a live length per slot, rows sharing a prompt's pages.
 """
 from __future__ import annotations
 
@@ -39,10 +42,6 @@ class KVCache:
             forward pass into it attends only over its own T tokens (causal, as without a
             cache) and writes them to slots [0, T); the S - T slots still empty are never
             read. False once anything was written (every cache a forward pass returns).
-        ring: True (static) for the rollout engine's cache (`sampling.engine`): each row's
-            positions form a ring of S, `index` wraps to 0 after S - 1, and a one-token
-            call attends over every valid position whatever its place in the ring (a row's
-            tokens need not sit in order: their keys carry their RoPE rotation).
     """
 
     k: jax.Array
@@ -50,7 +49,6 @@ class KVCache:
     valid: jax.Array
     index: jax.Array
     empty: bool = flax.struct.field(pytree_node=False, default=False)
-    ring: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def num_slots(self) -> int:
@@ -66,22 +64,8 @@ def layer_slots(k) -> int:
 def call_slots(cache: KVCache, t: int) -> tuple:
     """(start, next index) of a forward call writing T = `t` tokens at `cache.index`: start
     is the slot the causal mask puts the first query at (`attention.attend`; None for an
-    `empty` cache), next index the cache's index after the call.
-
-    A ring (`KVCache.ring`) puts the query after every slot (S - 1: validity alone decides
-    what it sees) and wraps the index.
-
-    Raises:
-        ValueError: a ring called with T != 1 or while empty (a prefill's causal order needs
-            its slots in order).
-    """
-    if not cache.ring:
-        return (None if cache.empty else cache.index), cache.index + t
-    if t != 1 or cache.empty:
-        raise ValueError(f"a ring cache (the rollout engine's) takes one token a call into "
-                         f"a written cache, got T={t}, empty={cache.empty}")
-    s = cache.num_slots
-    return jnp.int32(s - 1), (cache.index + 1) % s
+    `empty` cache), next index the cache's index after the call."""
+    return (None if cache.empty else cache.index), cache.index + t
 
 
 def init_cache(cfg: ModelConfig, batch: int, num_slots: int) -> KVCache:

@@ -185,7 +185,9 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             (`unstack_cache`) is returned per-layer and runs the layers as a Python loop;
             pair it with `unstack_layers(params)` (stacked params are sliced per call).
             Per-layer params (the rollout copy on CPU and GPU) run as a layer loop with
-            either cache form, or none.
+            either cache form, or none. A `paged.PagedKV` (the rollout engine's, T = 1):
+            each slot's token written at its live length where token_mask is True, its
+            query over the slot's live pages (`_forward_paged`).
         remat: recompute each layer in the backward pass (`jax.checkpoint`) instead of
             storing its activations; the training forward uses it (without a cache), so
             backward memory is one layer's intermediates plus [L, B, T, D] layer inputs.
@@ -253,8 +255,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
                                  attend_over(cfg, attend_from, kv_fn), mlp)
             k_new.append(kc)
             v_new.append(vc)
-        new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index,
-                            ring=cache.ring)
+        new_cache = KVCache(k=tuple(k_new), v=tuple(v_new), valid=valid, index=next_index)
         return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
     def body(carry, xs):
@@ -283,7 +284,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
     else:
         (x, k_new, v_new), _ = jax.lax.scan(
             body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
-    new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index, ring=cache.ring)
+    new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index)
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
 
@@ -297,7 +298,6 @@ def _forward_paged(params, cfg, x, positions, token_mask, cache: PagedKV, inv_fr
         raise ValueError(f"a paged cache takes one token a slot a call, got T={t}")
     write = token_mask[:, 0]
     lengths = cache.lengths
-    seen = lengths + write.astype(lengths.dtype)  # the query reads its own key too
 
     def attention_over(kc, vc):
         def attention(q, k, v):
@@ -332,7 +332,8 @@ def _forward_paged(params, cfg, x, positions, token_mask, cache: PagedKV, inv_fr
         else:
             (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v),
                                                 (layers, jnp.arange(cfg.num_layers)))
-    new_cache = cache.replace(k=k_new, v=v_new, lengths=seen)
+    # A slot's length grows by the token it wrote (`paged.step_attention`'s query read it).
+    new_cache = cache.replace(k=k_new, v=v_new, lengths=lengths + write.astype(lengths.dtype))
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
 

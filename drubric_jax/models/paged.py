@@ -264,7 +264,10 @@ def step_attention(cache: "PagedKV", k_pool: jax.Array, v_pool: jax.Array, q: ja
     def fn(kp, vp, q, k, v, tables, lengths, write):
         kp = write_token(kp, k, tables, lengths, write)
         vp = write_token(vp, v, tables, lengths, write)
-        seen = lengths + write.astype(lengths.dtype)
+        # At most the table's tokens: a freed slot keeps its last length, which may pass
+        # the columns a step reads (`engine.read_bucket`); a kernel must not read past them.
+        seen = jnp.minimum(lengths + write.astype(lengths.dtype),
+                           tables.shape[1] * kp.shape[-2])
         return kp, vp, attend_pages(q, kp, vp, tables, seen, cache.impl, cache.interpret)
 
     kp, vp, out = local_map(fn, cache.shards, (k_pool, v_pool),

@@ -140,7 +140,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         tokens: int32[R, T]; positions: int32[R, T] RoPE positions; token_mask: bool[R, T]
             (False = padding, never attended to; default all True).
         cache: None for a causal pass over the T tokens; else the T tokens are written at
-            cache.index and attend to every valid earlier slot.
+            cache.index and attend to every valid earlier slot; or the engine's paged
+            cache (`models.paged.PagedKV`, T = 1: each slot's token at its live length).
         remat: recompute each layer in the backward pass (training).
     """
     return family(cfg).forward_hidden(params, cfg, tokens, positions, token_mask, cache,

@@ -261,11 +261,14 @@ def _new_state(cfg: ModelConfig, plan: PagePlan, b: int, n: int, per_layer: bool
 
 
 def _map_pools(cache: paged.PagedKV, fn):
-    """(k, v) with fn(layer_pool, layer_index, which) applied to every layer's pool."""
+    """(k, v) with fn(layer_pool, layer_index, which) applied to every layer's pool; a
+    stacked pool is updated a layer at a time in place (its buffer donated), not rebuilt."""
     def each(pools, which):
         if isinstance(pools, tuple):
             return tuple(fn(x, i, which) for i, x in enumerate(pools))
-        return jnp.stack([fn(pools[i], i, which) for i in range(pools.shape[0])])
+        for i in range(pools.shape[0]):
+            pools = pools.at[i].set(fn(pools[i], i, which))
+        return pools
     return each(cache.k, 0), each(cache.v, 1)
 
 
