@@ -103,8 +103,7 @@ def choose(impl: str, backend: Optional[str] = None) -> str:
     on CPU (and wherever asked).
 
     Raises:
-        ValueError: `impl` not in IMPLS, or "pallas" on a backend without a kernel and not
-            in interpret mode (the caller decides; see `attend_pages`).
+        ValueError: `impl` not in IMPLS.
     """
     if impl not in IMPLS:
         raise ValueError(f"paged attention impl must be one of {IMPLS}, got {impl!r}")
