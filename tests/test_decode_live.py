@@ -167,7 +167,12 @@ def test_group_rows_read_one_prefix_copy(tiny_model):
         atol = _sum_atol(max(len(prompt) + steps, cfg.dim), scale)
         np.testing.assert_allclose(np.asarray(got[r]), np.asarray(want), rtol=0, atol=atol,
                                    err_msg=f"row {r}")
-    # The pool's bytes: one prefix (3 pages) + K rows' own pages + scratch, where a cache of
-    # contiguous slots would hold K prefixes.
+    # The pool: one prefix (3 pages) + K rows' own pages + scratch, where a cache of
+    # contiguous slots would hold K prefixes; the engine's plan for these rows, with one
+    # prompt's prefix pages, counts the same pages.
+    from drubric_jax.sampling import engine
+
     assert num_pages == 1 + (full + 1) + k_rows * own
-    assert paged.cache_bytes(k_rows, len(prompt), steps, k_rows, ps, 1.0) == num_pages * ps
+    plan = engine.PagePlan(slots=k_rows, shards=1, page_size=ps, max_new_tokens=steps,
+                           max_prompt=len(prompt), prefix_pages=full + 1)
+    assert plan.pages_per_shard == num_pages

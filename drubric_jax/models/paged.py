@@ -26,7 +26,6 @@ Dh head dim, Np pages in the pool, Ps tokens a page, Pt pages a slot's table hol
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import flax.struct
@@ -297,16 +296,3 @@ def _attend_xla(q, k_pages, v_pages, tables, lengths):
     out = jnp.einsum("ekgs,kesd->ekgd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
     return out.reshape(e, h, dh).astype(v_pages.dtype)
-
-
-def cache_bytes(num_slots: int, prompt_tokens: float, new_tokens: int, rows_per_prefix: float,
-                page_size: int, kv_bytes_per_token: float) -> float:
-    """Bytes a paged pool needs for `num_slots` slots whose rows share a prefix of
-    `prompt_tokens` in groups of `rows_per_prefix` and write up to `new_tokens`: the
-    prefixes once per group (E / rows_per_prefix of them), a slot's own pages (its
-    suffix, plus the prefix's partial last page it copies) per slot, and the scratch page.
-    `kv_bytes_per_token`: 2 * L * Hkv * Dh * dtype bytes (every layer's key and value)."""
-    prefixes = math.ceil(num_slots / max(rows_per_prefix, 1.0))
-    prefix_pages = prefixes * pages_for(int(math.ceil(prompt_tokens)), page_size)
-    own_pages = num_slots * pages_for(new_tokens + page_size - 1, page_size)
-    return (prefix_pages + own_pages + 1) * page_size * kv_bytes_per_token
