@@ -313,7 +313,7 @@ def test_planned_steps_are_within_25_percent_of_the_compiled_memory_analysis(sam
     copies). 25%: the planner counts the large buffers of each step, not every small one,
     and where XLA reuses or fuses buffers differs from one shape to another. With
     `sampler = "engine"` for both roles the sampling steps are the rollout engine's
-    (`inference_terms.engine_sampling_terms` against `compiled.engine_peaks`); the other
+    (`inference_terms.engine_sampling_terms` against `compiled_engine.engine_peaks`); the other
     steps are the same programs, so only the sampling steps are compiled again."""
     import jax
 

@@ -614,16 +614,16 @@ def test_engine_programs_at_paper_shapes(per_layer):
         # in float32 (on CPU a bfloat16 matmul copies its weights to float32) and in the
         # per-layer form the planner counts for CPU and GPU (a stacked decode on CPU copies
         # each scanned layer's slice, which TPUs do not): decode and insert within 10% of
-        # their compiled peaks (`memory.compiled.engine_peaks`); the one-prompt prefill
+        # their compiled peaks (`memory.compiled_engine.engine_peaks`); the one-prompt prefill
         # bounded from above.
-        from drubric_jax.memory import compiled
+        from drubric_jax.memory import compiled_engine
         from drubric_jax.memory.inference_terms import engine_terms
         from drubric_jax.memory.terms import total_bytes
 
         f32 = dataclasses.replace(cfg, dtype="float32", param_dtype="float32")
         f32_params = jax.eval_shape(lambda: models.decode_params(
             models.init_params(f32, jax.random.PRNGKey(0)), f32))
-        measured = dict(zip(("prefill", "insert", "decode"), compiled.engine_peaks(
+        measured = dict(zip(("prefill", "insert", "decode"), compiled_engine.engine_peaks(
             f32, _abstract(f32_params, parallel.param_shardings(
                 f32_params, mesh, parallel.decode_rules(models.param_specs()))),
             slots, rows, p_max, new, False, mesh)))

@@ -34,46 +34,16 @@ from drubric_jax.sampling import constrained as constrained_lib
 from drubric_jax import models, sampling, parallel
 from drubric_jax.rl import train_step as ts
 from drubric_jax.evaluator import passes
-from drubric_jax.models import lora, rollout
+from drubric_jax.models import lora
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.rl.train_config import TrainConfig
 
+from drubric_jax.memory.compiled_base import (Compiled, _NoCopy, _row_structs,  # noqa: F401
+                                              _structs, analyse, device_bytes,
+                                              rollout_copy)
+from drubric_jax.memory.compiled_engine import engine_peaks
+
 SCALE_DEPTHS = (2, 4)  # depths compiled by `scaled` (a scan of length 1 is special-cased)
-
-
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """`memory_analysis()` of one compiled function, bytes per device."""
-
-    argument: int
-    output: int
-    alias: int
-    temp: int
-    outputs: object = dataclasses.field(default=None, compare=False, repr=False)
-
-    @property
-    def extra(self) -> int:
-        """Bytes beyond the arguments: temporaries + outputs not written into donated ones."""
-        return self.temp + self.output - self.alias
-
-
-def analyse(lowered) -> Compiled:
-    """Compiles a `jax.stages.Lowered` and returns its memory analysis; `outputs` holds
-    structs of its outputs with the shardings the compiler chose (inputs of the next call)."""
-    compiled = lowered.compile()
-    m = compiled.memory_analysis()
-    # With the shardings XLA chose, so the next function of a chain is lowered on them.
-    outputs = _structs(lowered.out_info, compiled.output_shardings)
-    return Compiled(int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
-                    int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), outputs)
-
-
-def _structs(shapes, shardings=None):
-    """ShapeDtypeStructs of `shapes` (carrying `shardings`, a matching tree, when given)."""
-    if shardings is None:
-        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), shapes)
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        shapes, shardings)
 
 
 def param_structs(cfg: ModelConfig, mesh, trainable: bool = False):
@@ -140,24 +110,6 @@ def lower_train_step(trainee_cfg: ModelConfig, base_cfg: ModelConfig, train_cfg:
     return step.lower(state, batch, param_structs(base_cfg, mesh))
 
 
-def rollout_copy(params, cfg: ModelConfig, mesh) -> tuple:
-    """(structs of the rollout copy of `params`, its Compiled or None when nothing is
-    copied): the program `models.rollout.rollout_copy` runs before a sampler call."""
-    program = rollout.copy_program(params, cfg, mesh)
-    if program is None:
-        return params, None
-    copy = analyse(program.lower(params))
-    return copy.outputs, copy
-
-
-def _row_structs(mesh, rows: int, *shapes_dtypes):
-    """Structs of [rows, ...] inputs split over the row shards, as `parallel.put_process_rows`
-    lays them out (rows a multiple of data x fsdp)."""
-    sh = parallel.batch_sharding(mesh)
-    return [jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=sh)
-            for shape, dtype in shapes_dtypes]
-
-
 def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
                    constrained: bool, mesh, segments: int = 0) -> tuple:
     """Bytes per device beyond `params` at each peak of `sampling.generate(..., mesh=mesh)` on
@@ -215,78 +167,6 @@ def sampling_peaks(cfg: ModelConfig, params, rows: int, prompt: int, new: int,
     return (*peaks, base + device_bytes(cache) + max(sample.extra, step.extra))
 
 
-def engine_peaks(cfg: ModelConfig, params, slots: int, rows: int, prompt: int, new: int,
-                 constrained: bool, mesh, rows_per_prompt: int = 1) -> tuple:
-    """Bytes per device beyond `params` at each peak of the rollout engine
-    (`sampling.engine_host.generate_engine(..., mesh=mesh)`) with E = `slots` slots (a
-    multiple of the row shards), B = `rows` rows of `rows_per_prompt` rows a prompt
-    (K; the default prefix pages, `engine_host.default_prefix_pages`), prompt bucket
-    P = `prompt` and N = `new`, on the rollout copy of `params`: (one prompt's prefill,
-    an insert with the prompt's pages stored, a decode call of `decode_steps` reading the
-    whole table or, `constrained`, the larger of `sample_step` and `forward_step`), each
-    beside the copy, the engine's state and (after the prefill) the prompt store."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from drubric_jax.models import paged
-    from drubric_jax.sampling import engine, engine_host
-
-    params, copy = rollout_copy(params, cfg, mesh)
-    held = 0 if copy is None else copy.output
-    if models.is_per_layer(params) or not models.decode_per_layer(cfg):
-        layers, loop_params = _NoCopy(), params
-    else:
-        layers = analyse(sampling.layer_copy.lower(params["layers"], cfg))
-        loop_params = {**params, "layers": layers.outputs}
-    shards = parallel.row_shards(mesh)
-    plan = engine.PagePlan(
-        slots=slots, shards=shards, page_size=engine.PAGE_SIZE, max_new_tokens=new,
-        max_prompt=prompt, prefix_pages=engine_host.default_prefix_pages(
-            slots, shards, rows, max(rows // max(rows_per_prompt, 1), 1), prompt,
-            engine.PAGE_SIZE))
-    with parallel.rows_on(mesh):
-        state = jax.eval_shape(lambda: engine.init_state(
-            cfg, plan, rows, new, jax.random.PRNGKey(0),
-            per_layer=models.is_per_layer(loop_params)))
-        state = _structs(state, engine.state_shardings(state, cfg, mesh))
-        every = NamedSharding(mesh, PartitionSpec())
-        tokens = jax.ShapeDtypeStruct((1, prompt), jnp.int32, sharding=every)
-        mask = jax.ShapeDtypeStruct((1, prompt), bool, sharding=every)
-        # The prefill runs on the copy as the host loop passes it (stacked or per-layer).
-        pre = analyse(engine.prefill_prompt.lower(params, cfg, tokens, mask, plan.page_size))
-        scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=every)
-        pp = paged.pages_for(prompt, plan.page_size)
-        pages = jax.ShapeDtypeStruct((shards, pp), jnp.int32, sharding=every)
-        store = analyse(engine.store_prefix.lower(state, pre.outputs, pages))
-        ins = analyse(engine.insert.lower(
-            state, scalar, jax.ShapeDtypeStruct((plan.table_pages,), jnp.int32, sharding=every),
-            scalar, jax.ShapeDtypeStruct((shards, 2), jnp.int32, sharding=every),
-            pre.outputs.logits, scalar, scalar))
-        base = held + layers.output + device_bytes(state)
-        stop = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=every)
-        method = sampling.Temperature(1.0)
-        if not constrained:
-            step = analyse(engine.decode_steps.lower(
-                loop_params, cfg, state, method, stop, 0, 64,
-                jax.ShapeDtypeStruct((), bool, sharding=every), plan.table_pages)).extra
-        else:
-            words, = _row_structs(mesh, slots, ((constrained_lib.bitmask_words(
-                cfg.vocab_size),), jnp.int32))
-            force, = _row_structs(mesh, slots, ((), bool))
-            sample = analyse(engine.sample_step.lower(state, words, force, method, stop, 0))
-            new_state, tok, emitted, _ = sample.outputs
-            forward = analyse(engine.forward_step.lower(loop_params, cfg, new_state, tok,
-                                                        emitted, plan.table_pages))
-            step = max(sample.extra + device_bytes(words) + device_bytes(force),
-                       forward.extra)
-    return (base + pre.extra, base + pre.output + max(store.extra, ins.extra),
-            base + pre.output + step)
-
-
-class _NoCopy:
-    """The analysis of a copy not made: 0 bytes out."""
-    output = 0
-
-
 def _with_chunk(cache, num_slots: int):
     """Structs of `models.add_chunk(cache, num_slots)` on per-layer cache structs: the new
     chunk laid out as the first."""
@@ -302,12 +182,6 @@ def _with_chunk(cache, num_slots: int):
                                  sharding=cache.valid.sharding)
     return cache.replace(k=tuple(add(x) for x in cache.k), v=tuple(add(x) for x in cache.v),
                          valid=valid)
-
-
-def device_bytes(tree) -> int:
-    """Bytes per device of a tree of sharded structs (one shard of each leaf)."""
-    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
-               for x in jax.tree.leaves(tree))
 
 
 def verification_peaks(cfg: ModelConfig, params, rows: int, prefix: int, suffix: int,
@@ -412,3 +286,4 @@ def measure_plan(plan, models_, workload, mesh, only: tuple = ()) -> None:
             memo[key] = scaled(fn, models_.base[models_.sources["policy"]].num_layers)
         step.compiled, how = memo[key]
         step.compiled_how = how if code == plan.attention else f"{how}; {code} attention"
+

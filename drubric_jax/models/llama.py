@@ -187,7 +187,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
             Per-layer params (the rollout copy on CPU and GPU) run as a layer loop with
             either cache form, or none. A `paged.PagedKV` (the rollout engine's, T = 1):
             each slot's token written at its live length where token_mask is True, its
-            query over the slot's live pages (`_forward_paged`).
+            query over the slot's live pages (`paged.forward_step`).
         remat: recompute each layer in the backward pass (`jax.checkpoint`) instead of
             storing its activations; the training forward uses it (without a cache), so
             backward memory is one layer's intermediates plus [L, B, T, D] layer inputs.
@@ -223,7 +223,8 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         return rms_norm(x, params["final_norm"], cfg.norm_eps), None
 
     if isinstance(cache, PagedKV):  # the rollout engine's paged cache (`models.paged`)
-        return _forward_paged(params, cfg, x, positions, token_mask, cache, inv_freq, mlp)
+        return paged.forward_step(params, cfg, x, positions, token_mask, cache, inv_freq, mlp,
+                                  _layer_slice)
 
     # Every row writes the same slots (left padding), so one index serves the batch.
     start = cache.index
@@ -285,55 +286,6 @@ def forward_hidden(params: dict, cfg: ModelConfig, tokens: jax.Array, positions:
         (x, k_new, v_new), _ = jax.lax.scan(
             body, (x, cache.k, cache.v), (params["layers"], jnp.arange(cfg.num_layers)))
     new_cache = KVCache(k=k_new, v=v_new, valid=valid, index=next_index)
-    return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
-
-
-def _forward_paged(params, cfg, x, positions, token_mask, cache: PagedKV, inv_freq, mlp):
-    """`forward_hidden`'s decode step on a paged cache: one token a slot (T = 1) written at
-    its length (where token_mask is True; else to the scratch page), attending over the
-    slot's live tokens with it (`paged.attend_pages`). Returns (hidden, the cache with the
-    written pools and lengths + token_mask)."""
-    b, t, _ = x.shape
-    if t != 1:
-        raise ValueError(f"a paged cache takes one token a slot a call, got T={t}")
-    write = token_mask[:, 0]
-    lengths = cache.lengths
-
-    def attention_over(kc, vc):
-        def attention(q, k, v):
-            out, kc2, vc2 = paged.step_attention(cache, kc, vc, q[:, 0], k[:, 0], v[:, 0],
-                                                 write)
-            return out.reshape(b, 1, -1), (kc2, vc2)
-        return attention
-
-    layers = params["layers"]
-    if isinstance(cache.k, tuple):  # per-layer pools: a layer loop
-        k_new, v_new = [], []
-        for i in range(cfg.num_layers):
-            p = layers[i] if isinstance(layers, (list, tuple)) else _layer_slice(layers, i)
-            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
-                                attention_over(cache.k[i], cache.v[i]), mlp)
-            k_new.append(kc)
-            v_new.append(vc)
-        k_new, v_new = tuple(k_new), tuple(v_new)
-    else:  # stacked pools [L, ...]: a scan whose carry is the pools (TPU's decode form)
-        def body(carry, xs):
-            x, k_all, v_all = carry
-            p, i = xs
-            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
-                                attention_over(k_all[i], v_all[i]), mlp)
-            return (x, k_all.at[i].set(kc), v_all.at[i].set(vc)), None
-
-        if isinstance(layers, (list, tuple)):
-            carry = (x, cache.k, cache.v)
-            for i, p in enumerate(layers):
-                carry, _ = body(carry, (p, i))
-            x, k_new, v_new = carry
-        else:
-            (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v),
-                                                (layers, jnp.arange(cfg.num_layers)))
-    # A slot's length grows by the token it wrote (`paged.step_attention`'s query read it).
-    new_cache = cache.replace(k=k_new, v=v_new, lengths=lengths + write.astype(lengths.dtype))
     return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache
 
 

@@ -296,3 +296,56 @@ def _attend_xla(q, k_pages, v_pages, tables, lengths):
     out = jnp.einsum("ekgs,kesd->ekgd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
     return out.reshape(e, h, dh).astype(v_pages.dtype)
+
+
+def forward_step(params, cfg, x, positions, token_mask, cache: "PagedKV", inv_freq, mlp,
+                 layer_slice):
+    """`models.forward_hidden`'s decode step on a paged cache: x [E, 1, D] embedded tokens,
+    one a slot, written at the slot's length (where token_mask is True; else to the
+    scratch page), attending over the slot's live tokens with it (`step_attention`);
+    `layer_slice(layers, i)` is the family's slice of stacked layer weights. Returns
+    (final-norm hidden [E, 1, D], the cache with the written pools and lengths +
+    token_mask)."""
+    from drubric_jax.models.blocks import layer, rms_norm
+
+    b, t, _ = x.shape
+    if t != 1:
+        raise ValueError(f"a paged cache takes one token a slot a call, got T={t}")
+    write = token_mask[:, 0]
+    lengths = cache.lengths
+
+    def attention_over(kc, vc):
+        def attention(q, k, v):
+            out, kc2, vc2 = step_attention(cache, kc, vc, q[:, 0], k[:, 0], v[:, 0], write)
+            return out.reshape(b, 1, -1), (kc2, vc2)
+        return attention
+
+    layers = params["layers"]
+    if isinstance(cache.k, tuple):  # per-layer pools: a layer loop
+        k_new, v_new = [], []
+        for i in range(cfg.num_layers):
+            p = layers[i] if isinstance(layers, (list, tuple)) else layer_slice(layers, i)
+            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
+                                attention_over(cache.k[i], cache.v[i]), mlp)
+            k_new.append(kc)
+            v_new.append(vc)
+        k_new, v_new = tuple(k_new), tuple(v_new)
+    else:  # stacked pools [L, ...]: a scan whose carry is the pools (TPU's decode form)
+        def body(carry, xs):
+            x, k_all, v_all = carry
+            p, i = xs
+            x, (kc, vc) = layer(cfg, p, x, positions, inv_freq,
+                                attention_over(k_all[i], v_all[i]), mlp)
+            return (x, k_all.at[i].set(kc), v_all.at[i].set(vc)), None
+
+        if isinstance(layers, (list, tuple)):
+            carry = (x, cache.k, cache.v)
+            for i, p in enumerate(layers):
+                carry, _ = body(carry, (p, i))
+            x, k_new, v_new = carry
+        else:
+            (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v),
+                                                (layers, jnp.arange(cfg.num_layers)))
+    # A slot's length grows by the token it wrote (`step_attention`'s query read it).
+    new_cache = cache.replace(k=k_new, v=v_new, lengths=lengths + write.astype(lengths.dtype))
+    return rms_norm(x, params["final_norm"], cfg.norm_eps), new_cache

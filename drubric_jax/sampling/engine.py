@@ -38,7 +38,7 @@ ids local to the shard), and the step's cache write and attention run per shard
 rows land on several shards is stored once on each. Under several processes each
 process's host runs the same loop over all the rows (`engine_host.generate_engine`).
 The memory planner counts the engine's programs (`memory.inference_terms.engine_terms`,
-compiled in `memory.compiled.engine_peaks`).
+compiled in `memory.compiled_engine.engine_peaks`).
 
 Axis legend (docs/CONVENTIONS.md): E decode slots, B rows of the rollout (prompts x their
 samples), P prompt bucket, N max new tokens, V vocab, R row shards, Ps tokens a page, Pt
@@ -46,13 +46,11 @@ pages a table, Pp pages of a prompt bucket.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -60,64 +58,9 @@ from drubric_jax import models, parallel
 from drubric_jax.models import paged
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling.constrained import unpack_bitmask
+from drubric_jax.sampling.engine_pages import PAGE_SIZE, PagePlan  # noqa: F401
 from drubric_jax.sampling.methods import Method, sample_logits
 
-PAGE_SIZE = 16  # tokens a page: the GPU kernel's dot needs >= 16 keys a block
-
-
-@dataclasses.dataclass(frozen=True)
-class PagePlan:
-    """Where each slot's pages are in the pool (page ids local to a row shard).
-
-    Shard d (of R) holds slots [d * E_l, (d + 1) * E_l) and pool pages
-    [d * Np_l, (d + 1) * Np_l). Locally: page 0 is scratch, then E_l slots' own pages
-    (`own` each: the prompt's partial last page and N new tokens), then `prefix_pages`
-    pages lent to prompts.
-
-    Attributes:
-        slots: E.  shards: R.  page_size: Ps.  max_new_tokens: N.  max_prompt: P_max.
-        prefix_pages: prefix pages per shard.
-    """
-
-    slots: int
-    shards: int
-    page_size: int
-    max_new_tokens: int
-    max_prompt: int
-    prefix_pages: int
-
-    @property
-    def slots_per_shard(self) -> int:
-        return self.slots // self.shards
-
-    @property
-    def own(self) -> int:
-        """A slot's own pages: up to Ps - 1 prompt tokens (its copied partial page) + N."""
-        return paged.pages_for(self.page_size - 1 + self.max_new_tokens, self.page_size)
-
-    @property
-    def prompt_pages(self) -> int:
-        """Pages of the longest prompt (a table's prefix part)."""
-        return paged.pages_for(self.max_prompt, self.page_size)
-
-    @property
-    def table_pages(self) -> int:
-        """Pt: a prompt's full pages, then the slot's own."""
-        return self.max_prompt // self.page_size + self.own
-
-    @property
-    def pages_per_shard(self) -> int:
-        return 1 + self.slots_per_shard * self.own + self.prefix_pages
-
-    def shard_of(self, slot: int) -> int:
-        return slot // self.slots_per_shard
-
-    def own_pages(self, slot: int) -> list:
-        first = 1 + (slot % self.slots_per_shard) * self.own
-        return list(range(first, first + self.own))
-
-    def prefix_range(self) -> range:
-        return range(1 + self.slots_per_shard * self.own, self.pages_per_shard)
 
 
 @flax.struct.dataclass

@@ -8,7 +8,6 @@ N max new tokens, V vocab, W = ceil(V / 32) bitmask words.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional, Sequence
 
 import jax
@@ -19,6 +18,7 @@ from drubric_jax import models, parallel
 from drubric_jax.models import paged
 from drubric_jax.models.config import ModelConfig
 from drubric_jax.sampling import engine
+from drubric_jax.sampling.engine_pages import PrefixPages, default_prefix_pages  # noqa: F401
 from drubric_jax.sampling.buckets import bucket_length, left_pad
 from drubric_jax.sampling.constrained import bitmask_words
 from drubric_jax.sampling.decode import decode_params
@@ -75,73 +75,6 @@ def _gather_rows(prompts, row_ids) -> tuple:
            [int(i) for block in parallel.gather_ragged(np.asarray(row_ids, np.int64))
             for i in block])
     return rows, ids, slice(start, start + len(prompts))
-
-
-class PrefixPages:
-    """The host's ledger of each row shard's prefix pages (`engine.PagePlan`): which prompt
-    holds which pages on which shard, and how many of its rows are live there.
-
-    A prompt is stored on a shard when a row of it is placed there and it is not already
-    stored; its pages go back when its last row there ends and no row of it waits.
-    """
-
-    def __init__(self, plan: engine.PagePlan):
-        self.plan = plan
-        self.free = [list(plan.prefix_range()) for _ in range(plan.shards)]
-        self.held = [dict() for _ in range(plan.shards)]   # prompt index -> [pages, live]
-        self.peak = 0
-
-    def stored(self, shard: int, prompt: int) -> bool:
-        return prompt in self.held[shard]
-
-    def can_store(self, shard: int, pages: int) -> bool:
-        return len(self.free[shard]) >= pages
-
-    def store(self, shard: int, prompt: int, pages: int) -> list:
-        got = [self.free[shard].pop(0) for _ in range(pages)]
-        self.held[shard][prompt] = [got, 0]
-        used = self.plan.prefix_pages - len(self.free[shard])
-        self.peak = max(self.peak, used)
-        return got
-
-    def pages(self, shard: int, prompt: int) -> list:
-        return self.held[shard][prompt][0]
-
-    def add_row(self, shard: int, prompt: int) -> None:
-        self.held[shard][prompt][1] += 1
-
-    def end_row(self, shard: int, prompt: int, waiting: bool) -> None:
-        """A row of `prompt` ended on `shard`; `waiting`: rows of it are still pending."""
-        entry = self.held[shard][prompt]
-        entry[1] -= 1
-        if entry[1] == 0 and not waiting:
-            self.release(shard, prompt)
-
-    def release_idle(self, shard: int, prompt: int) -> None:
-        """Gives back `prompt`'s pages on `shard` if it has no live row there."""
-        if prompt in self.held[shard] and self.held[shard][prompt][1] == 0:
-            self.release(shard, prompt)
-
-    def release(self, shard: int, prompt: int) -> None:
-        self.free[shard].extend(self.held[shard].pop(prompt)[0])
-
-
-def default_prefix_pages(slots: int, shards: int, rows: int, prompts: int, max_prompt: int,
-                         page_size: int) -> int:
-    """Prefix pages per row shard when none are given: room for 2 ceil(E_l / K) + 1
-    prompts of P_max (E_l slots a shard, K = rows / prompts rows a prompt), at most E_l
-    and at most the rollout's prompts.
-
-    Why that many: rows are placed in order, so a shard's live rows belong to about
-    E_l / K consecutive prompts; twice that leaves room for the prompts whose last rows
-    are still writing (long tails) while the next ones start. With K = 1 (every row its
-    own prompt) it is E_l, every slot its own prompt. A slot that finds no room waits
-    (`stats["waits"]`).
-    """
-    e_l = slots // shards
-    k = max(rows / max(prompts, 1), 1.0)
-    held = min(e_l, prompts, 2 * math.ceil(e_l / k) + 1)
-    return max(held, 1) * paged.pages_for(max_prompt, page_size)
 
 
 def generate_engine(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
